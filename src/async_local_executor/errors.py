@@ -1,0 +1,19 @@
+"""The executor's own failures; bad arguments stay ``ValueError`` / ``TypeError``."""
+
+from __future__ import annotations
+
+
+class AsyncLocalExecutorError(Exception):
+    """Base class for every error this package raises on purpose."""
+
+
+class LaunchError(AsyncLocalExecutorError):
+    """A workload could not be turned into a running process."""
+
+
+class InvalidTransition(AsyncLocalExecutorError):
+    """A workload's lifecycle was asked to move along an edge it does not have."""
+
+
+class RuntimeNotRunning(AsyncLocalExecutorError):
+    """The event-loop thread is not running, so no workload can be accepted."""

@@ -1,0 +1,175 @@
+"""The Airflow adapter: workloads in, events out. Everything else lives in the Airflow-free core."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections import deque
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from airflow.executors.base_executor import BaseExecutor, get_execution_api_server_url
+
+from async_local_executor import child
+from async_local_executor.config import EventLoop, ExecutorConfig
+from async_local_executor.launchers import LaunchRequest, SubprocessLauncher
+from async_local_executor.runtime import Runtime, uvloop_available
+from async_local_executor.supervisor import Outcome, OutcomeKind, Supervisor
+from async_local_executor.termination import TerminationPolicy
+
+if TYPE_CHECKING:
+    from airflow.executors.workloads import ExecutorWorkload
+
+child_log = logging.getLogger("async_local_executor.child")
+
+_EXIT_REASONS = {
+    child.EXIT_CRASHED: "workload process crashed (its traceback is in the scheduler log)",
+    child.EXIT_BAD_INPUT: "workload process could not read its workload (see the scheduler log)",
+    child.EXIT_ORPHANED: "workload process found the executor gone before it started",
+}
+
+
+@dataclass(frozen=True)
+class _Started:
+    key: Hashable
+    pid: int
+
+
+@dataclass(frozen=True)
+class _States:
+    running: Any
+    success: Any
+    failure: Any
+    label: str
+
+
+class _Mailbox:
+    """The supervisor's listener: runs on the loop thread and only appends to a deque."""
+
+    def __init__(self) -> None:
+        self.events: deque[_Started | Outcome] = deque()
+
+    def started(self, key: Hashable, pid: int) -> None:
+        self.events.append(_Started(key, pid))
+
+    def finished(self, outcome: Outcome) -> None:
+        self.events.append(outcome)
+
+
+def _log_child_output(key: Hashable, line: str) -> None:
+    child_log.info("[%s] %s", key, line)
+
+
+class AsyncLocalExecutor(BaseExecutor):
+    """Runs each workload as its own process, supervised by an event loop on a dedicated thread.
+
+    The scheduler's thread only appends to in-process structures: it never writes to a pipe a worker
+    must drain, and never waits on a child.
+    """
+
+    is_local: bool = True
+    serve_logs: bool = True
+    supports_callbacks: bool = True
+    supports_connection_test: bool = True
+    supports_multi_team: bool = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # The api-server builds executors too, only to read logs: nothing here may start a thread.
+        super().__init__(*args, **kwargs)
+        self._runtime: Runtime | None = None
+        self._mailbox = _Mailbox()
+        self._states: dict[Hashable, _States] = {}
+        self._config = ExecutorConfig()
+        self._server = ""
+        self._argv: tuple[str, ...] = ()
+        self._title_prefix = ""
+
+    def start(self) -> None:
+        self._config = config = ExecutorConfig.from_conf(self.conf)
+        self._server = get_execution_api_server_url(self.conf)
+        self._argv = (sys.executable, "-m", "async_local_executor.child", "--parent-pid", str(os.getpid()))
+        team = f" [{self.team_name}]" if self.team_name else ""
+        self._title_prefix = f"airflow worker -- AsyncLocalExecutor{team}:"
+        use_uvloop = config.event_loop is EventLoop.UVLOOP or (
+            config.event_loop is EventLoop.AUTO and uvloop_available()
+        )
+        policy = TerminationPolicy(grace=config.termination_grace_period)
+        mailbox = self._mailbox
+
+        def make_supervisor() -> Supervisor:
+            launcher = SubprocessLauncher(output=_log_child_output)
+            return Supervisor(launcher, mailbox, limit=self.parallelism, policy=policy)
+
+        self._runtime = Runtime(make_supervisor, use_uvloop=use_uvloop)
+        self._runtime.start()
+        self.log.info(
+            "AsyncLocalExecutor started: parallelism=%d, event loop=%s",
+            self.parallelism,
+            "uvloop" if use_uvloop else "asyncio",
+        )
+
+    def _process_workloads(self, workload_items: Sequence[ExecutorWorkload]) -> None:
+        if self._runtime is None:
+            raise RuntimeError("AsyncLocalExecutor.start() was not called")
+        requests = []
+        for workload in workload_items:
+            key = workload.key
+            # A valid workload sits in exactly one of these dicts.
+            removed = (
+                self.queued_tasks.pop(key, None)
+                or self.queued_callbacks.pop(key, None)
+                or self.queued_connection_tests.pop(key, None)
+            )
+            if not removed:
+                raise KeyError(f"Workload {key} was not found in any queue")
+            # Stock 3.3 never fills `running`, so parallelism limits nothing there; we do, so open_slots
+            # is the truth and the scheduler stops handing us work once every slot is taken.
+            self.running.add(key)
+            label = workload.display_name
+            self._states[key] = _States(workload.running_state, workload.success_state, workload.failure_state, label)
+            payload = child.encode_payload(workload.model_dump_json(), self._server, f"{self._title_prefix} {label}")
+            requests.append(LaunchRequest(key=key, argv=self._argv, stdin=payload, label=label))
+        self._runtime.submit(requests)
+
+    def sync(self) -> None:
+        events = self._mailbox.events
+        while events:
+            event = events.popleft()
+            if isinstance(event, _Started):
+                states = self._states.get(event.key)
+                if states is not None and states.running is not None:
+                    self.change_state(event.key, states.running, remove_running=False)
+                continue
+            self._finish(event)
+
+    def _finish(self, outcome: Outcome) -> None:
+        states = self._states.pop(outcome.key, None)
+        if states is None:
+            self.log.warning("outcome for a workload this executor does not know: %s", outcome)
+            return
+        if outcome.ok:
+            self.change_state(outcome.key, states.success)
+            return
+        reason = outcome.reason
+        if outcome.kind is OutcomeKind.EXITED:
+            reason = _EXIT_REASONS.get(outcome.returncode or 0, reason)
+        self.log.error("workload %s failed: %s", states.label, reason)
+        self.change_state(outcome.key, states.failure, info=reason)
+
+    def end(self) -> None:
+        self._shutdown(wait=self._config.shutdown_timeout)
+
+    def terminate(self) -> None:
+        self._shutdown(wait=0.0)
+
+    def _shutdown(self, wait: float) -> None:
+        runtime = self._runtime
+        if runtime is None:
+            return
+        self.log.info("shutting down: waiting up to %.0fs for %d running workloads", wait, len(self.running))
+        # Past `wait` and the grace period, every process has been SIGKILLed; the margin covers reaping.
+        runtime.shutdown(wait, timeout=wait + self._config.termination_grace_period + 30.0)
+        self._runtime = None
+        self.sync()

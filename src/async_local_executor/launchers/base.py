@@ -1,0 +1,57 @@
+"""The contract between the supervisor and a launch path."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+OutputSink = Callable[[Hashable, str], None]
+"""Receives each line a child writes to stdout or stderr, with the key of the workload."""
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """What to start for one workload.
+
+    :param key: identifies the workload in every event about it; any hashable value
+    :param argv: the program and its arguments; never holds a secret (``/proc/*/cmdline`` is
+        world-readable)
+    :param stdin: bytes written to the child's stdin, which is then closed; secrets travel here
+    :param env: the child's whole environment, or ``None`` to inherit ours
+    :param label: a short human name for logs
+    """
+
+    key: Hashable
+    argv: Sequence[str]
+    stdin: bytes = b""
+    env: Mapping[str, str] | None = None
+    label: str = field(default="")
+
+    def __post_init__(self) -> None:
+        if not self.argv:
+            raise ValueError("argv must not be empty")
+
+
+class Child(Protocol):
+    """A launched process, the leader of its own process group."""
+
+    @property
+    def pid(self) -> int: ...
+
+    async def wait(self) -> int:
+        """Wait until the process has exited and its output is drained; return its exit status.
+
+        The status follows :attr:`subprocess.Popen.returncode`: negative ``-N`` means killed by signal N.
+        """
+        ...
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to the whole process group; a group that is already gone is not an error."""
+        ...
+
+
+class Launcher(Protocol):
+    """Starts children. Raises :class:`~async_local_executor.errors.LaunchError` when it cannot."""
+
+    async def launch(self, request: LaunchRequest) -> Child: ...

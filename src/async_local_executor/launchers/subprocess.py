@@ -1,0 +1,124 @@
+"""The plain launch path: a fresh ``exec`` per workload.
+
+Simple and safe from a multi-threaded parent, at the price of a fresh interpreter per workload.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+from collections.abc import Hashable
+
+import anyio
+import anyio.abc
+
+from async_local_executor.errors import LaunchError
+from async_local_executor.launchers.base import LaunchRequest, OutputSink
+
+# A line longer than this is split: one runaway line must not hold unbounded memory.
+MAX_LINE = 64 * 1024
+# After the leader exits we kill the rest of its group, so EOF on the output pipe follows at once;
+# this only guards against a descendant that left the group but kept the pipe open.
+DRAIN_AFTER_EXIT = 5.0
+
+
+def _discard(key: Hashable, line: str) -> None:
+    pass
+
+
+class SubprocessLauncher:
+    """Starts each workload with ``exec`` in a new session (so it leads its own process group).
+
+    The child's stdout and stderr share one pipe that is read until EOF for the child's whole life, so
+    the child can never block on a full pipe.
+
+    :param output: receives each output line; by default output is read and discarded
+    """
+
+    def __init__(self, output: OutputSink | None = None) -> None:
+        self._output = output or _discard
+
+    async def launch(self, request: LaunchRequest) -> SubprocessChild:
+        try:
+            process = await anyio.open_process(
+                list(request.argv),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env=request.env,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            reason = exc.strerror or errno.errorcode.get(exc.errno or 0, str(exc))
+            raise LaunchError(f"cannot start {request.argv[0]!r}: {reason}") from exc
+        return SubprocessChild(process, request, self._output)
+
+
+class SubprocessChild:
+    def __init__(self, process: anyio.abc.Process, request: LaunchRequest, output: OutputSink) -> None:
+        self._process = process
+        self._request = request
+        self._output = output
+        self._drained = anyio.Event()
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    def signal(self, sig: int) -> None:
+        try:
+            os.killpg(self._process.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    async def wait(self) -> int:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._feed_stdin)
+            tg.start_soon(self._drain)
+            status = await self._process.wait()
+            # Whatever the leader left in its group would outlive the workload and could hold our pipe
+            # open; a group id stays reserved while any member lives, so this cannot hit a stranger.
+            self.signal(signal.SIGKILL)
+            with anyio.move_on_after(DRAIN_AFTER_EXIT):
+                await self._drained.wait()
+            tg.cancel_scope.cancel()
+        await self._process.aclose()
+        return status
+
+    async def _feed_stdin(self) -> None:
+        stdin = self._process.stdin
+        if stdin is None:
+            return
+        try:
+            if self._request.stdin:
+                await stdin.send(self._request.stdin)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            pass  # the child exited without reading its input; its exit status tells the story
+        finally:
+            await stdin.aclose()
+
+    async def _drain(self) -> None:
+        stdout = self._process.stdout
+        pending = b""
+        try:
+            if stdout is None:
+                return
+            async for chunk in stdout:
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    self._emit(line)
+                while len(pending) > MAX_LINE:
+                    self._emit(pending[:MAX_LINE])
+                    pending = pending[MAX_LINE:]
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass
+        finally:
+            if pending:
+                self._emit(pending)
+            self._drained.set()
+
+    def _emit(self, line: bytes) -> None:
+        self._output(self._request.key, line.decode("utf-8", "replace").rstrip("\r"))

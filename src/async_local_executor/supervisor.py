@@ -1,0 +1,257 @@
+"""Admits workloads under a limit, launches them, awaits their exits and reports one outcome each.
+
+Runs entirely on one event loop and knows nothing of Airflow: a workload is a :class:`LaunchRequest`
+with an opaque key, and the result is an :class:`Outcome`. Every method here must be called from the
+loop's own thread; :mod:`async_local_executor.runtime` is what crosses threads.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import logging
+import math
+import signal
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import anyio
+import anyio.abc
+
+from async_local_executor.errors import LaunchError
+from async_local_executor.launchers.base import Child, Launcher, LaunchRequest
+from async_local_executor.lifecycle import Lifecycle, Phase, Step
+from async_local_executor.termination import TerminationPolicy
+
+log = logging.getLogger(__name__)
+
+Sleep = Callable[[float], Awaitable[None]]
+
+
+class OutcomeKind(enum.Enum):
+    EXITED = "exited"  # the process ended on its own, with an exit code
+    SIGNALLED = "signalled"  # a signal we did not send ended it
+    TERMINATED = "terminated"  # we stopped it (revoke, shutdown)
+    LAUNCH_FAILED = "launch_failed"
+    NOT_STARTED = "not_started"  # dropped before it got a slot
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The one final result of a workload.
+
+    :param returncode: the exit status where a process ran (negative: killed by that signal)
+    :param reason: a short human sentence; empty for a clean exit
+    """
+
+    key: Hashable
+    kind: OutcomeKind
+    returncode: int | None = None
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.kind is OutcomeKind.EXITED and self.returncode == 0
+
+
+class Listener(Protocol):
+    """Told about each workload; called on the loop thread, so it must not block."""
+
+    def started(self, key: Hashable, pid: int) -> None: ...
+
+    def finished(self, outcome: Outcome) -> None: ...
+
+
+@dataclass(eq=False)
+class _Tracked:
+    request: LaunchRequest
+    life: Lifecycle = field(default_factory=Lifecycle)
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    child: Child | None = None
+    stop_reason: str | None = None  # set once we decide to stop it
+    exited: anyio.Event = field(default_factory=anyio.Event)
+
+
+def describe_status(status: int) -> str:
+    if status < 0:
+        try:
+            name = signal.Signals(-status).name
+        except ValueError:
+            name = f"signal {-status}"
+        return f"killed by {name}"
+    return f"exited with code {status}"
+
+
+class Supervisor:
+    """Owns every child of one executor.
+
+    :param launcher: turns requests into processes
+    :param listener: receives ``started`` and ``finished`` events
+    :param limit: at most this many workloads hold a slot (launching or running) at once;
+        ``None`` for no limit
+    :param policy: how a workload is stopped on revoke or shutdown
+    :param sleep: the clock used to wait out the grace period; tests inject one that does not wait
+    """
+
+    def __init__(
+        self,
+        launcher: Launcher,
+        listener: Listener,
+        *,
+        limit: int | None,
+        policy: TerminationPolicy | None = None,
+        sleep: Sleep = anyio.sleep,
+    ) -> None:
+        if limit is not None and limit < 1:
+            raise ValueError(f"limit must be >= 1 or None, got {limit}")
+        self._launcher = launcher
+        self._listener = listener
+        self._limiter = anyio.CapacityLimiter(math.inf if limit is None else limit)
+        self._policy = policy or TerminationPolicy()
+        self._sleep = sleep
+        self._tracked: dict[int, _Tracked] = {}
+        self._serials = itertools.count()
+        self._accepting = True
+        self._idle = anyio.Event()
+        self._idle.set()
+        self._closed = anyio.Event()
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    @property
+    def in_flight(self) -> int:
+        """Workloads accepted and not finished."""
+        return len(self._tracked)
+
+    async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Run until :meth:`shutdown` has finished every workload."""
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            task_status.started()
+            await self._closed.wait()
+        self._tg = None
+
+    def submit(self, request: LaunchRequest) -> None:
+        """Accept one workload; its outcome always arrives through the listener, exactly once."""
+        if self._tg is None:
+            raise RuntimeError("supervisor is not serving")
+        tracked = _Tracked(request)
+        if not self._accepting:
+            self._finish(tracked, Outcome(request.key, OutcomeKind.NOT_STARTED, reason="executor is shutting down"),
+                         Step.DROP)
+            return
+        serial = next(self._serials)
+        self._tracked[serial] = tracked
+        if self._idle.is_set():
+            self._idle = anyio.Event()
+        self._tg.start_soon(self._supervise, serial, tracked, name=f"workload {request.label or request.key}")
+
+    def stop(self, key: Hashable, reason: str) -> int:
+        """Stop every workload with ``key``: drop it if it has no slot yet, else terminate it.
+
+        :return: how many workloads were affected
+        """
+        matches = [t for t in self._tracked.values() if t.request.key == key]
+        for tracked in matches:
+            self._stop(tracked, reason)
+        return len(matches)
+
+    async def shutdown(self, wait: float) -> None:
+        """Stop accepting, give running workloads ``wait`` seconds to finish, then stop the rest."""
+        self._accepting = False
+        with anyio.move_on_after(wait):
+            await self._idle.wait()
+        for tracked in list(self._tracked.values()):
+            self._stop(tracked, "executor shut down")
+        await self._idle.wait()
+        self._closed.set()
+
+    def _stop(self, tracked: _Tracked, reason: str) -> None:
+        if tracked.stop_reason is not None:
+            return
+        tracked.stop_reason = reason
+        phase = tracked.life.phase
+        if phase is Phase.QUEUED:
+            tracked.scope.cancel()
+            self._finish(tracked, Outcome(tracked.request.key, OutcomeKind.NOT_STARTED, reason=reason), Step.DROP)
+        elif phase is Phase.RUNNING:
+            self._terminate(tracked)
+        # LAUNCHING: _supervise terminates it as soon as the launch returns.
+
+    def _terminate(self, tracked: _Tracked) -> None:
+        tracked.life.advance(Step.TERMINATE)
+        assert self._tg is not None
+        self._tg.start_soon(self._escalate, tracked)
+
+    async def _escalate(self, tracked: _Tracked) -> None:
+        child = tracked.child
+        assert child is not None
+        child.signal(self._policy.signal)
+        async with anyio.create_task_group() as tg:
+
+            async def kill_after_grace() -> None:
+                await self._sleep(self._policy.grace)
+                log.warning(
+                    "workload %s (pid %d) still running %.1fs after %s; sending SIGKILL",
+                    tracked.request.label or tracked.request.key,
+                    child.pid,
+                    self._policy.grace,
+                    self._policy.signal.name,
+                )
+                child.signal(signal.SIGKILL)
+
+            tg.start_soon(kill_after_grace)
+            await tracked.exited.wait()
+            tg.cancel_scope.cancel()
+
+    async def _supervise(self, serial: int, tracked: _Tracked) -> None:
+        request = tracked.request
+        try:
+            with tracked.scope:
+                async with self._limiter:
+                    if tracked.life.finished:  # dropped before this task first ran
+                        return
+                    tracked.life.advance(Step.ADMIT)
+                    try:
+                        child = await self._launcher.launch(request)
+                    except LaunchError as exc:
+                        self._finish(tracked, Outcome(request.key, OutcomeKind.LAUNCH_FAILED, reason=str(exc)),
+                                     Step.LAUNCH_FAILED)
+                        return
+                    tracked.child = child
+                    tracked.life.advance(Step.LAUNCHED)
+                    self._listener.started(request.key, child.pid)
+                    if tracked.stop_reason is not None:
+                        self._terminate(tracked)
+                    # Shielded: once a process exists, only its exit may end this wait, or the workload
+                    # would lose its final event and the process its reaper.
+                    with anyio.CancelScope(shield=True):
+                        status = await child.wait()
+                    tracked.exited.set()
+                    if tracked.stop_reason is not None:
+                        outcome = Outcome(
+                            request.key,
+                            OutcomeKind.TERMINATED,
+                            status,
+                            f"{tracked.stop_reason}: terminated ({describe_status(status)})",
+                        )
+                    elif status < 0:
+                        outcome = Outcome(request.key, OutcomeKind.SIGNALLED, status, describe_status(status))
+                    else:
+                        reason = "" if status == 0 else describe_status(status)
+                        outcome = Outcome(request.key, OutcomeKind.EXITED, status, reason)
+                    self._finish(tracked, outcome, Step.EXIT)
+        except Exception as exc:
+            # A bug of ours or the launcher's must still end in a final event, not in silence.
+            log.exception("supervising workload %s failed", request.label or request.key)
+            if not tracked.life.finished:
+                tracked.life.phase = Phase.FINISHED
+                self._listener.finished(Outcome(request.key, OutcomeKind.LAUNCH_FAILED, reason=f"internal error: {exc!r}"))
+        finally:
+            self._tracked.pop(serial, None)
+            if not self._tracked:
+                self._idle.set()
+
+    def _finish(self, tracked: _Tracked, outcome: Outcome, step: Step) -> None:
+        tracked.life.advance(step)
+        self._listener.finished(outcome)

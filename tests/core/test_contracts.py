@@ -1,0 +1,34 @@
+"""Argument checks and the core's independence from Airflow."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from async_local_executor.launchers import LaunchRequest, SubprocessLauncher
+from async_local_executor.supervisor import Supervisor
+from async_local_executor.termination import TerminationPolicy
+from tests.core.helpers import Recorder
+
+
+def test_grace_must_not_be_negative() -> None:
+    with pytest.raises(ValueError, match="grace must be >= 0"):
+        TerminationPolicy(grace=-1)
+
+
+def test_limit_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="limit must be >= 1"):
+        Supervisor(SubprocessLauncher(), Recorder(), limit=0)
+
+
+def test_request_needs_a_program() -> None:
+    with pytest.raises(ValueError, match="argv must not be empty"):
+        LaunchRequest("k", [])
+
+
+def test_core_imports_no_airflow() -> None:
+    code = "import sys, async_local_executor.supervisor, async_local_executor.runtime; print('airflow' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

@@ -1,0 +1,261 @@
+"""The supervision core with real child processes and no Airflow."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import resource
+import signal
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import psutil
+import pytest
+
+from async_local_executor.launchers import LaunchRequest, SubprocessLauncher
+from async_local_executor.supervisor import OutcomeKind, Supervisor
+from async_local_executor.termination import TerminationPolicy
+from tests.core.helpers import GUARD, ManualClock, Recorder, py
+
+pytestmark = pytest.mark.asyncio
+
+
+@asynccontextmanager
+async def serving(
+    recorder: Recorder, *, limit: int | None = None, clock: ManualClock | None = None, grace: float = 10.0
+) -> AsyncIterator[Supervisor]:
+    supervisor = Supervisor(
+        SubprocessLauncher(output=recorder.output),
+        recorder,
+        limit=limit,
+        policy=TerminationPolicy(grace=grace),
+        sleep=clock.sleep if clock else anyio.sleep,
+    )
+    async with anyio.create_task_group() as tg:
+        await tg.start(supervisor.serve)
+        try:
+            yield supervisor
+        finally:
+            with anyio.fail_after(GUARD):
+                await supervisor.shutdown(wait=GUARD)
+
+
+def is_dead(pid: int) -> bool:
+    # Killed but not yet reaped by its new parent (init) still counts as dead.
+    try:
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return True
+
+
+async def run_one(argv: list[str], *, stdin: bytes = b"") -> Recorder:
+    recorder = Recorder()
+    async with serving(recorder) as supervisor:
+        supervisor.submit(LaunchRequest("k", argv, stdin=stdin))
+        await recorder.until(lambda: recorder.outcomes)
+    return recorder
+
+
+async def test_success_reports_exit_zero_and_pid() -> None:
+    recorder = await run_one(py("print('hello')"))
+    outcome = recorder.outcome("k")
+    assert outcome.ok
+    assert outcome.kind is OutcomeKind.EXITED
+    assert recorder.pids["k"] > 0
+    assert ("k", "hello") in recorder.lines
+
+
+async def test_stdin_reaches_the_child_and_never_argv() -> None:
+    secret = b"token-that-must-not-be-in-argv"
+    recorder = await run_one(py("import sys; print(sys.stdin.read())"), stdin=secret)
+    assert ("k", secret.decode()) in recorder.lines
+
+
+async def test_nonzero_exit_is_a_failure_with_its_code() -> None:
+    outcome = (await run_one(py("import sys; sys.exit(3)"))).outcome("k")
+    assert not outcome.ok
+    assert (outcome.kind, outcome.returncode, outcome.reason) == (OutcomeKind.EXITED, 3, "exited with code 3")
+
+
+async def test_killed_by_a_signal() -> None:
+    outcome = (await run_one(py("import os, signal; os.kill(os.getpid(), signal.SIGKILL)"))).outcome("k")
+    assert (outcome.kind, outcome.returncode, outcome.reason) == (
+        OutcomeKind.SIGNALLED,
+        -signal.SIGKILL,
+        "killed by SIGKILL",
+    )
+
+
+async def test_launch_failure_names_the_cause_and_the_next_workload_still_runs() -> None:
+    recorder = Recorder()
+    async with serving(recorder, limit=1) as supervisor:
+        supervisor.submit(LaunchRequest("missing", ["/nonexistent/python3"]))
+        supervisor.submit(LaunchRequest("fine", py("pass")))
+        await recorder.until(lambda: len(recorder.outcomes) == 2)
+    failed = recorder.outcome("missing")
+    assert failed.kind is OutcomeKind.LAUNCH_FAILED
+    assert "/nonexistent/python3" in failed.reason
+    assert "No such file" in failed.reason
+    assert "missing" not in recorder.pids
+    assert recorder.outcome("fine").ok
+
+
+async def test_each_child_leads_its_own_process_group() -> None:
+    recorder = await run_one(py("import os; print(os.getpgid(0) == os.getpid(), os.getsid(0) == os.getpid())"))
+    assert ("k", "True True") in recorder.lines
+
+
+async def test_limit_holds_counted_by_the_children(tmp_path: Path) -> None:
+    live = tmp_path / "live"
+    live.mkdir()
+    record = tmp_path / "record"
+    # Each child marks itself live, holds, counts the live markers, unmarks, exits: markers are a subset
+    # of the children alive, so a count above the limit means the limit broke.
+    code = f"""
+import os, time
+me = os.path.join({str(live)!r}, str(os.getpid()))
+open(me, "w").close()
+time.sleep(0.5)
+n = len(os.listdir({str(live)!r}))
+os.remove(me)
+with open({str(record)!r}, "a") as f:
+    f.write(f"{{n}}\\n")
+"""
+    recorder = Recorder()
+    async with serving(recorder, limit=3) as supervisor:
+        for i in range(12):
+            supervisor.submit(LaunchRequest(i, py(code)))
+        await recorder.until(lambda: len(recorder.outcomes) == 12)
+    counts = [int(line) for line in record.read_text().split()]
+    assert len(counts) == 12
+    assert all(o.ok for o in recorder.outcomes)
+    assert max(counts) == 3
+
+
+async def test_thousands_finishing_at_once_lose_no_result(tmp_path: Path) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    n = min(1500, (hard - 200) // 4)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    gate = tmp_path / "gate"
+    gate.touch()
+    recorder = Recorder()
+    try:
+        with gate.open() as held:
+            # Every child blocks on a shared lock until we drop our exclusive one: they all exit together.
+            fcntl.flock(held, fcntl.LOCK_EX)
+            async with serving(recorder) as supervisor:
+                for i in range(n):
+                    supervisor.submit(LaunchRequest(i, ["flock", "-s", str(gate), "true"]))
+                await recorder.until(lambda: len(recorder.pids) == n)
+                assert recorder.outcomes == []
+                fcntl.flock(held, fcntl.LOCK_UN)
+                await recorder.until(lambda: len(recorder.outcomes) == n)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert sorted(o.key for o in recorder.outcomes) == list(range(n))  # type: ignore[type-var]
+    assert all(o.ok for o in recorder.outcomes)
+
+
+IGNORES_TERM = """
+import signal, sys, time
+def on_term(signum, frame):
+    print("got SIGTERM, carrying on", flush=True)
+signal.signal(signal.SIGTERM, on_term)
+print("ready", flush=True)
+while True:
+    time.sleep(1)
+"""
+
+
+def said(recorder: Recorder, key: object, text: str) -> Callable[[], bool]:
+    return lambda: (key, text) in recorder.lines
+
+
+async def test_terminate_escalates_to_sigkill_after_the_grace_period() -> None:
+    recorder = Recorder()
+    clock = ManualClock()
+    async with serving(recorder, clock=clock, grace=7.5) as supervisor:
+        supervisor.submit(LaunchRequest("stubborn", py(IGNORES_TERM)))
+        await recorder.until(said(recorder, "stubborn", "ready"))
+        assert supervisor.stop("stubborn", "revoked") == 1
+        await recorder.until(said(recorder, "stubborn", "got SIGTERM, carrying on"))
+        await clock.sleeper_waiting()
+        assert clock.requested == [7.5]
+        assert recorder.outcomes == []  # still alive: SIGTERM alone did not end it
+        clock.advance()
+        await recorder.until(lambda: recorder.outcomes)
+    outcome = recorder.outcome("stubborn")
+    assert outcome.kind is OutcomeKind.TERMINATED
+    assert outcome.returncode == -signal.SIGKILL
+    assert outcome.reason == "revoked: terminated (killed by SIGKILL)"
+
+
+async def test_terminate_stops_at_sigterm_when_the_child_obeys() -> None:
+    recorder = Recorder()
+    clock = ManualClock()
+    async with serving(recorder, clock=clock) as supervisor:
+        supervisor.submit(LaunchRequest("polite", py("import time; print('ready', flush=True); time.sleep(60)")))
+        await recorder.until(said(recorder, "polite", "ready"))
+        supervisor.stop("polite", "revoked")
+        await recorder.until(lambda: recorder.outcomes)
+    assert recorder.outcome("polite").returncode == -signal.SIGTERM
+
+
+async def test_terminate_kills_the_whole_process_group(tmp_path: Path) -> None:
+    # The grandchild stands in for the task process the Airflow supervisor forks.
+    code = """
+import subprocess, sys, time
+g = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+print(g.pid, flush=True)
+time.sleep(60)
+"""
+    recorder = Recorder()
+    async with serving(recorder) as supervisor:
+        supervisor.submit(LaunchRequest("tree", py(code)))
+        await recorder.until(lambda: any(k == "tree" and line.isdigit() for k, line in recorder.lines))
+        grandchild = int(next(line for _, line in recorder.lines if line.isdigit()))
+        supervisor.stop("tree", "revoked")
+        await recorder.until(lambda: recorder.outcomes)
+    assert is_dead(grandchild)
+
+
+async def test_shutdown_drops_waiting_workloads_and_terminates_running_ones() -> None:
+    recorder = Recorder()
+    supervisor = Supervisor(SubprocessLauncher(output=recorder.output), recorder, limit=1)
+    async with anyio.create_task_group() as tg:
+        await tg.start(supervisor.serve)
+        for key in ("a", "b", "c"):
+            supervisor.submit(LaunchRequest(key, py("import time; print('ready', flush=True); time.sleep(60)")))
+        await recorder.until(said(recorder, "a", "ready"))
+        with anyio.fail_after(GUARD):
+            await supervisor.shutdown(wait=0)
+        supervisor.submit(LaunchRequest("late", py("pass")))
+    kinds = {o.key: o.kind for o in recorder.outcomes}
+    assert kinds == {
+        "a": OutcomeKind.TERMINATED,
+        "b": OutcomeKind.NOT_STARTED,
+        "c": OutcomeKind.NOT_STARTED,
+        "late": OutcomeKind.NOT_STARTED,
+    }
+    assert supervisor.in_flight == 0
+
+
+async def test_shutdown_waits_for_running_workloads_within_its_bound() -> None:
+    recorder = Recorder()
+    supervisor = Supervisor(SubprocessLauncher(output=recorder.output), recorder, limit=2)
+    async with anyio.create_task_group() as tg:
+        await tg.start(supervisor.serve)
+        supervisor.submit(LaunchRequest("quick", py("import time; time.sleep(0.2)")))
+        with anyio.fail_after(GUARD):
+            await supervisor.shutdown(wait=GUARD)
+    assert recorder.outcome("quick").ok
+
+
+async def test_output_is_drained_while_the_child_runs() -> None:
+    # 4 MiB through a 64 KiB pipe: the child would block forever if nobody read.
+    recorder = await run_one(py("import sys; sys.stdout.write(('x' * 1023 + '\\n') * 4096)"))
+    assert recorder.outcome("k").ok
+    assert sum(1 for _, line in recorder.lines if line) == 4096
