@@ -89,7 +89,7 @@ class AsyncLocalExecutor(BaseExecutor):
     def start(self) -> None:
         self._config = config = ExecutorConfig.from_conf(self.conf)
         self._server = get_execution_api_server_url(self.conf)
-        self._argv = (sys.executable, "-m", "async_local_executor.child", "--parent-pid", str(os.getpid()))
+        self._argv = self._child_argv()
         team = f" [{self.team_name}]" if self.team_name else ""
         self._title_prefix = f"airflow worker -- AsyncLocalExecutor{team}:"
         use_uvloop = config.event_loop is EventLoop.UVLOOP or (
@@ -109,6 +109,10 @@ class AsyncLocalExecutor(BaseExecutor):
             self.parallelism,
             "uvloop" if use_uvloop else "asyncio",
         )
+
+    def _child_argv(self) -> tuple[str, ...]:
+        """The command that runs one workload; it reads the workload from stdin."""
+        return (sys.executable, "-m", "async_local_executor.child", "--parent-pid", str(os.getpid()))
 
     def _process_workloads(self, workload_items: Sequence[ExecutorWorkload]) -> None:
         if self._runtime is None:

@@ -1,8 +1,8 @@
 """The event-loop thread, and the two hand-offs between it and the scheduler's thread.
 
-Inbound, the scheduler thread schedules a callback with ``loop.call_soon_threadsafe``: it appends to the
-loop's ready queue and writes one byte to the loop's self-pipe in non-blocking mode (asyncio drops the
-byte when that pipe is full, since the loop is then already awake), so it can never block. Outbound, the
+Inbound, the scheduler thread appends an operation to a deque and wakes the loop with
+``loop.call_soon_threadsafe``, which writes one byte to the loop's self-pipe in non-blocking mode (the
+byte is dropped when that pipe is full, since the loop is then already awake), so it can never block. Outbound, the
 loop appends to a :class:`collections.deque` that the scheduler thread pops in ``sync()``; both ends of a
 deque are atomic and never wait.
 """
@@ -10,17 +10,22 @@ deque are atomic and never wait.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable, Hashable, Iterable
 
 import anyio
+import anyio.abc
 
 from async_local_executor.errors import RuntimeNotRunning
 from async_local_executor.launchers.base import LaunchRequest
 from async_local_executor.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
+
+_Op = Callable[[Supervisor, anyio.abc.TaskGroup], object]
 
 # start() waits this long for the loop thread to come up; it only guards against a hang.
 START_TIMEOUT = 60.0
@@ -50,6 +55,8 @@ class Runtime:
         self._supervisor: Supervisor | None = None
         self._ready = threading.Event()
         self._failure: BaseException | None = None
+        self._wake: asyncio.Event | None = None
+        self._inbox: deque[_Op] = deque()
 
     @property
     def alive(self) -> bool:
@@ -70,11 +77,11 @@ class Runtime:
         """Hand requests to the loop; returns at once."""
         batch = list(requests)
         if batch:
-            self._call_soon(self._submit_all, batch)
+            self._post(lambda supervisor, _: [supervisor.submit(r) for r in batch])
 
     def stop(self, key: Hashable, reason: str) -> None:
         """Ask the loop to stop the workload(s) with ``key``; returns at once."""
-        self._call_soon(self._stop, key, reason)
+        self._post(lambda supervisor, _: supervisor.stop(key, reason))
 
     def shutdown(self, wait: float, timeout: float) -> None:
         """Give workloads ``wait`` seconds, stop the rest, and join the loop thread.
@@ -84,34 +91,31 @@ class Runtime:
         :param timeout: give up joining after this long (the thread is a daemon, so it cannot keep the
             process alive)
         """
-        if self._loop is None or self._thread is None or not self._thread.is_alive():
+        thread = self._thread
+        if thread is None or not self.alive:
             return
-        supervisor = self._supervisor
-        assert supervisor is not None
-        future = asyncio.run_coroutine_threadsafe(supervisor.shutdown(wait), self._loop)
-        try:
-            future.result(timeout)
-        except TimeoutError:
-            log.error("event loop did not finish shutting down within %.1fs", timeout)
-        self._thread.join(timeout)
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
 
-    def _call_soon(self, fn: Callable[..., object], *args: object) -> None:
-        loop = self._loop
-        if loop is None or not self.alive:
-            raise RuntimeNotRunning("the executor's event loop thread is not running") from self._failure
+        async def shut(supervisor: Supervisor) -> None:
+            await supervisor.shutdown(wait)
+            done.set_result(None)
+
+        self._post(lambda supervisor, tg: tg.start_soon(shut, supervisor))
         try:
-            loop.call_soon_threadsafe(fn, *args)
+            done.result(timeout)
+        except concurrent.futures.TimeoutError:
+            log.error("event loop did not finish shutting down within %.1fs", timeout)
+        thread.join(timeout)
+
+    def _post(self, op: _Op) -> None:
+        loop, wake = self._loop, self._wake
+        if loop is None or wake is None or not self.alive:
+            raise RuntimeNotRunning("the executor's event loop thread is not running") from self._failure
+        self._inbox.append(op)
+        try:
+            loop.call_soon_threadsafe(wake.set)
         except RuntimeError as exc:  # the loop closed between our check and the call
             raise RuntimeNotRunning("the executor's event loop thread is not running") from exc
-
-    def _submit_all(self, batch: list[LaunchRequest]) -> None:
-        assert self._supervisor is not None
-        for request in batch:
-            self._supervisor.submit(request)
-
-    def _stop(self, key: Hashable, reason: str) -> None:
-        assert self._supervisor is not None
-        self._supervisor.stop(key, reason)
 
     def _main(self) -> None:
         try:
@@ -125,8 +129,25 @@ class Runtime:
 
     async def _serve(self) -> None:
         supervisor = self._make_supervisor()
+        self._wake = asyncio.Event()
         async with anyio.create_task_group() as tg:
-            await tg.start(supervisor.serve)
-            self._supervisor = supervisor
+
+            async def serve_then_stop(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+                await supervisor.serve(task_status=task_status)
+                tg.cancel_scope.cancel()  # shutdown finished: stop the pump too
+
+            await tg.start(serve_then_stop)
+            tg.start_soon(self._pump, supervisor, tg)
             self._loop = asyncio.get_running_loop()
             self._ready.set()
+
+    async def _pump(self, supervisor: Supervisor, tg: anyio.abc.TaskGroup) -> None:
+        # Operations run here, inside a task, because anyio objects need a task context; a bare
+        # call_soon_threadsafe callback has none.
+        wake = self._wake
+        assert wake is not None
+        while True:
+            await wake.wait()
+            wake.clear()
+            while self._inbox:
+                self._inbox.popleft()(supervisor, tg)

@@ -1,0 +1,9 @@
+from __future__ import annotations
+
+import os
+import tempfile
+
+# Airflow reads AIRFLOW_HOME when first imported: give this session a throwaway one (with its own
+# SQLite file) before any test module imports Airflow.
+os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="ale-adapter-"))
+os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")

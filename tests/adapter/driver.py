@@ -1,0 +1,59 @@
+"""Drives an executor the way the scheduler's loop does, and records what it reports."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable, Hashable
+from pathlib import Path
+from typing import Any
+
+from async_local_executor.executor import AsyncLocalExecutor
+
+GUARD = 60.0
+STUB = str(Path(__file__).with_name("stub_child.py"))
+
+
+class RecordingExecutor(AsyncLocalExecutor):
+    """The real executor with the stub child (no api-server here) and a record of change_state calls."""
+
+    argv: tuple[str, ...] = (sys.executable, STUB)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.changes: list[tuple[Hashable, Any, Any, bool]] = []
+
+    def _child_argv(self) -> tuple[str, ...]:
+        return self.argv
+
+    def change_state(self, key: Any, state: Any, info: Any = None, remove_running: bool = True) -> None:
+        self.changes.append((key, state, info, remove_running))
+        super().change_state(key, state, info, remove_running)
+
+
+class Scheduler:
+    """The calls the scheduler makes each loop, in its order; collects the event buffer."""
+
+    def __init__(self, executor: AsyncLocalExecutor) -> None:
+        self.executor = executor
+        self.events: dict[Hashable, tuple[Any, Any]] = {}
+        self.heartbeat_seconds: list[float] = []
+
+    def loop_once(self) -> None:
+        started = time.perf_counter()
+        self.executor.heartbeat()
+        self.heartbeat_seconds.append(time.perf_counter() - started)
+        self.events.update(self.executor.get_event_buffer())
+
+    def run_until(self, done: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + GUARD
+        while not done():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"guard expired; events so far: {len(self.events)}")
+            self.loop_once()
+            time.sleep(0.005)  # the scheduler's own loop pacing, not synchronisation
+
+
+def loop_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "async-local-executor-loop"]

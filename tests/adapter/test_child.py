@@ -1,0 +1,48 @@
+"""The real child entry point, on the paths that need no api-server."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from async_local_executor import child
+
+
+def run_child(stdin: bytes, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "async_local_executor.child", *args],
+        input=stdin.decode(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_bad_json_exits_with_bad_input_and_says_why() -> None:
+    result = run_child(b"{not json", "--parent-pid", str(os.getpid()))
+    assert result.returncode == child.EXIT_BAD_INPUT
+    assert "invalid workload on stdin" in result.stderr
+
+
+def test_unknown_workload_type_is_bad_input() -> None:
+    payload = json.dumps({"server": "http://127.0.0.1:1/execution/", "workload": {"type": "Nope"}})
+    result = run_child(payload.encode(), "--parent-pid", str(os.getpid()))
+    assert result.returncode == child.EXIT_BAD_INPUT
+
+
+def test_a_child_whose_parent_is_gone_exits_at_once() -> None:
+    result = run_child(b"", "--parent-pid", "1")
+    assert result.returncode == child.EXIT_ORPHANED
+
+
+def test_payload_round_trips_the_workload() -> None:
+    from tests.adapter import workloads
+
+    workload = workloads.task("ok")
+    data = json.loads(child.encode_payload(workload.model_dump_json(), "http://srv/execution/", "title"))
+    assert data["server"] == "http://srv/execution/"
+    assert data["workload"]["token"] == workloads.TOKEN
+    assert data["workload"]["ti"]["task_id"] == "ok"

@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import pytest
+
+from async_local_executor.config import OPTIONS, EventLoop, ExecutorConfig
+
+
+class DictConf:
+    def __init__(self, values: dict[str, str]) -> None:
+        self.values = values
+
+    def get(self, section: str, key: str, fallback: str = "") -> str | None:
+        assert section == "async_local_executor"
+        return self.values.get(key, fallback)
+
+
+def test_defaults() -> None:
+    config = ExecutorConfig.from_conf(DictConf({}))
+    assert config == ExecutorConfig()
+    assert (config.shutdown_timeout, config.termination_grace_period, config.event_loop) == (60.0, 10.0, EventLoop.AUTO)
+
+
+def test_values_are_read() -> None:
+    config = ExecutorConfig.from_conf(
+        DictConf({"shutdown_timeout": "5", "termination_grace_period": "1.5", "event_loop": "AsyncIO"})
+    )
+    assert (config.shutdown_timeout, config.termination_grace_period, config.event_loop) == (5.0, 1.5, EventLoop.ASYNCIO)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("shutdown_timeout", "soon", "shutdown_timeout must be a number, got 'soon'"),
+        ("termination_grace_period", "-1", "termination_grace_period must be >= 0"),
+        ("event_loop", "trio", "event_loop must be one of auto, asyncio, uvloop, got 'trio'"),
+    ],
+)
+def test_invalid_values_name_the_option(key: str, value: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ExecutorConfig.from_conf(DictConf({key: value}))
+
+
+def test_environment_variables_reach_the_executor(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.configuration import conf
+
+    monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__SHUTDOWN_TIMEOUT", "7")
+    assert ExecutorConfig.from_conf(conf).shutdown_timeout == 7.0
+
+
+def test_every_option_is_documented() -> None:
+    assert {o.name for o in OPTIONS} == {"shutdown_timeout", "termination_grace_period", "event_loop"}
+    assert all(o.description for o in OPTIONS)

@@ -1,0 +1,198 @@
+"""The executor driven as the scheduler drives it, with real workload objects and real child processes.
+
+The child is a stub (tests/adapter/stub_child.py) because no api-server runs here; the real child and a
+real Airflow are exercised by tests/e2e.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from airflow.models.callback import CallbackState
+from airflow.models.connection_test import ConnectionTestState
+from airflow.utils.state import TaskInstanceState
+
+from async_local_executor.executor import AsyncLocalExecutor
+from tests.adapter import workloads
+from tests.adapter.driver import RecordingExecutor, Scheduler, loop_threads
+
+
+@pytest.fixture
+def executor() -> Iterator[RecordingExecutor]:
+    ex = RecordingExecutor(parallelism=4)
+    ex.start()
+    yield ex
+    ex.end()
+
+
+def queue(ex: AsyncLocalExecutor, *items: object) -> None:
+    for item in items:
+        ex.queue_workload(item, session=None)  # type: ignore[arg-type]
+
+
+def test_flags_airflow_reads() -> None:
+    assert AsyncLocalExecutor.is_local
+    assert AsyncLocalExecutor.serve_logs
+    assert AsyncLocalExecutor.supports_callbacks
+    assert AsyncLocalExecutor.supports_connection_test
+    assert AsyncLocalExecutor.supports_multi_team
+
+
+def test_init_starts_no_thread() -> None:
+    before = len(loop_threads())
+    AsyncLocalExecutor(parallelism=4)
+    assert len(loop_threads()) == before
+
+
+def test_scheduler_loads_it_from_the_configured_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.executors import executor_loader
+    from airflow.executors.executor_loader import ExecutorLoader
+
+    monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "async_local_executor.AsyncLocalExecutor")
+    monkeypatch.setattr(executor_loader, "_executor_names", [])  # the loader caches names per process
+    [name] = ExecutorLoader.get_executor_names(validate_teams=False)
+    cls, _ = ExecutorLoader.import_executor_cls(name)
+    assert cls is AsyncLocalExecutor
+
+
+def test_task_outcomes_map_to_success_and_failure_with_reasons(executor: RecordingExecutor) -> None:
+    ok, crash, killed = workloads.task("ok"), workloads.task("crash"), workloads.task("killed")
+    queue(executor, ok, crash, killed)
+    scheduler = Scheduler(executor)
+    scheduler.run_until(lambda: len(scheduler.events) == 3)
+    assert scheduler.events[ok.key] == (TaskInstanceState.SUCCESS, None)
+    state, info = scheduler.events[crash.key]
+    assert state == TaskInstanceState.FAILED
+    assert "crashed" in info
+    assert scheduler.events[killed.key] == (TaskInstanceState.FAILED, "killed by SIGKILL")
+    assert executor.running == set()
+    assert not executor.queued_tasks
+
+
+def test_callbacks_and_connection_tests_report_running_first(executor: RecordingExecutor) -> None:
+    cb, conn = workloads.callback(), workloads.connection_test("ok")
+    queue(executor, cb, conn)
+    scheduler = Scheduler(executor)
+    scheduler.run_until(lambda: not executor.queued_callbacks and not executor.running)
+    assert [(s, r) for k, s, _, r in executor.changes if k == cb.key] == [
+        (CallbackState.RUNNING, False),
+        (CallbackState.SUCCESS, True),
+    ]
+    assert [(s, r) for k, s, _, r in executor.changes if k == conn.key] == [
+        (ConnectionTestState.RUNNING, False),
+        (ConnectionTestState.SUCCESS, True),
+    ]
+    assert not executor.queued_callbacks
+    assert not executor.queued_connection_tests
+
+
+def test_parallelism_is_enforced_and_heartbeat_never_waits_for_children(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    gate.touch()
+    ex = RecordingExecutor(parallelism=2)
+    ex.start()
+    try:
+        items = [workloads.task(f"hold:{gate}", map_index=i) for i in range(500)]
+        queue(ex, *items)
+        scheduler = Scheduler(ex)
+        scheduler.loop_once()  # every child blocks until the gate goes: returning proves no wait
+        assert len(ex.running) == 2
+        assert len(ex.queued_tasks) == 498
+        assert ex.slots_available == 2 - 2 - 498
+        scheduler.loop_once()
+        assert len(ex.running) == 2  # open_slots is 0: nothing more dispatched while both run
+        assert all(ex.has_task(w.ti) for w in items)  # type: ignore[arg-type]
+        gate.unlink()
+        scheduler.run_until(lambda: len(scheduler.events) == 500)
+    finally:
+        ex.end()
+    assert {state for state, _ in scheduler.events.values()} == {TaskInstanceState.SUCCESS}
+    assert ex.running == set()
+
+
+def test_token_never_in_argv_or_environment(tmp_path: Path, executor: RecordingExecutor) -> None:
+    gate = tmp_path / "gate"
+    gate.touch()
+    held = workloads.task(f"hold:{gate}")
+    queue(executor, held)
+    scheduler = Scheduler(executor)
+    me = psutil.Process()
+
+    def child() -> psutil.Process | None:
+        kids = [p for p in me.children() if any("stub_child" in part for part in p.cmdline())]
+        return kids[0] if kids else None
+
+    scheduler.run_until(lambda: child() is not None)
+    proc = child()
+    assert proc is not None
+    assert workloads.TOKEN not in " ".join(proc.cmdline())
+    assert workloads.TOKEN not in " ".join(f"{k}={v}" for k, v in proc.environ().items())
+    gate.unlink()
+    scheduler.run_until(lambda: held.key in scheduler.events)
+
+
+def test_launch_failure_fails_the_workload_and_the_executor_carries_on() -> None:
+    ex = RecordingExecutor(parallelism=2)
+    ex.argv = ("/nonexistent/python3",)
+    ex.start()
+    try:
+        broken = workloads.task("ok")
+        queue(ex, broken)
+        scheduler = Scheduler(ex)
+        scheduler.run_until(lambda: broken.key in scheduler.events)
+        state, info = scheduler.events[broken.key]
+        assert state == TaskInstanceState.FAILED
+        assert "cannot start '/nonexistent/python3'" in info
+        ex.argv = RecordingExecutor.argv  # the cause goes away: the next workload runs
+        ex._argv = ex._child_argv()
+        fine = workloads.task("ok", map_index=1)
+        queue(ex, fine)
+        scheduler.run_until(lambda: fine.key in scheduler.events)
+        assert scheduler.events[fine.key] == (TaskInstanceState.SUCCESS, None)
+    finally:
+        ex.end()
+
+
+def test_end_waits_up_to_its_bound_then_terminates_and_joins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__SHUTDOWN_TIMEOUT", "0")
+    gate = tmp_path / "gate"
+    gate.touch()
+    ex = RecordingExecutor(parallelism=1)
+    ex.start()
+    running, waiting = workloads.task(f"hold:{gate}"), workloads.task(f"hold:{gate}", map_index=1)
+    queue(ex, running, waiting)
+    scheduler = Scheduler(ex)
+    scheduler.run_until(lambda: any(k == running.key for k, *_ in ex.changes) or bool(_child_pids()))
+    ex.end()
+    events = ex.get_event_buffer()
+    state, info = events[running.key]
+    assert state == TaskInstanceState.FAILED
+    assert info == "executor shut down: terminated (killed by SIGTERM)"
+    assert ex.running == set()
+    assert loop_threads() == []
+    assert _child_pids() == []
+
+
+def test_terminate_does_not_wait(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    gate.touch()
+    ex = RecordingExecutor(parallelism=2)
+    ex.start()
+    held = workloads.task(f"hold:{gate}")
+    queue(ex, held)
+    scheduler = Scheduler(ex)
+    scheduler.run_until(lambda: bool(_child_pids()))
+    ex.terminate()
+    state, info = ex.get_event_buffer()[held.key]
+    assert state == TaskInstanceState.FAILED
+    assert "terminated" in info
+    assert loop_threads() == []
+
+
+def _child_pids() -> list[int]:
+    return [p.pid for p in psutil.Process().children() if p.status() != psutil.STATUS_ZOMBIE]

@@ -1,0 +1,45 @@
+"""Real Airflow workload objects, built the way the scheduler builds them, minus the database rows."""
+
+from __future__ import annotations
+
+import uuid
+
+from airflow.executors.workloads import BundleInfo, ExecuteCallback, ExecuteTask, TaskInstanceDTO, TestConnection
+from airflow.executors.workloads.callback import CallbackDTO, CallbackFetchMethod
+
+TOKEN = "jwt-that-must-stay-off-the-command-line"
+
+
+def task(task_id: str, *, map_index: int = -1, try_number: int = 1) -> ExecuteTask:
+    ti = TaskInstanceDTO(
+        id=uuid.uuid4(),
+        task_id=task_id,
+        dag_id="adapter_dag",
+        run_id="manual__1",
+        try_number=try_number,
+        dag_version_id=uuid.uuid4(),
+        map_index=map_index,
+        pool_slots=1,
+        priority_weight=1,
+    )
+    return ExecuteTask(
+        ti=ti,
+        dag_rel_path="adapter_dag.py",  # type: ignore[arg-type]
+        token=TOKEN,
+        log_path=None,
+        bundle_info=BundleInfo(name="dags-folder"),
+    )
+
+
+def callback(path: str = "tests.adapter.callbacks.ok") -> ExecuteCallback:
+    return ExecuteCallback(
+        callback=CallbackDTO(id=str(uuid.uuid4()), fetch_method=CallbackFetchMethod.IMPORT_PATH, data={"path": path}),
+        dag_rel_path="adapter_dag.py",  # type: ignore[arg-type]
+        token=TOKEN,
+        log_path=None,
+        bundle_info=BundleInfo(name="dags-folder"),
+    )
+
+
+def connection_test(conn_id: str = "my_conn") -> TestConnection:
+    return TestConnection(connection_test_id=uuid.uuid4(), connection_id=conn_id, timeout=10, token=TOKEN)
