@@ -25,7 +25,9 @@ _PR_SET_PDEATHSIG = 1
 
 def encode_payload(workload_json: str, server: str, proctitle: str) -> bytes:
     """Build what the executor writes to a child's stdin."""
-    return json.dumps({"server": server, "proctitle": proctitle, "workload": json.loads(workload_json)}).encode()
+    return json.dumps(
+        {"server": server, "proctitle": proctitle, "workload": json.loads(workload_json)}
+    ).encode()
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -54,12 +56,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         payload = _read_payload()
+        from airflow.executors import workloads
         from pydantic import TypeAdapter
 
-        from airflow.executors import workloads
-
         workload = TypeAdapter(workloads.ExecutorWorkload).validate_python(payload["workload"])
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any unreadable payload is the same failure: bad input
         print(f"async_local_executor.child: invalid workload on stdin: {exc}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
 
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             proctitle=payload.get("proctitle"),
             subprocess_logs_to_stdout=False,
         )
-    except Exception:
+    except Exception:  # noqa: BLE001 - the exit code carries it; the traceback goes to our log
         traceback.print_exc()
         sys.stdout.flush()
         return EXIT_CRASHED

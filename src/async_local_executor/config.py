@@ -70,7 +70,9 @@ class ExecutorConfig:
 
         :raises ValueError: naming the option and the value when one is invalid
         """
-        raw_loop = (conf.get(SECTION, "event_loop", fallback=_DEFAULTS["event_loop"]) or "auto").strip().lower()
+        raw_loop = (
+            (conf.get(SECTION, "event_loop", fallback=_DEFAULTS["event_loop"]) or "auto").strip().lower()
+        )
         try:
             event_loop = EventLoop(raw_loop)
         except ValueError:

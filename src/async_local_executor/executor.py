@@ -8,9 +8,12 @@ import sys
 from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from airflow.executors.base_executor import BaseExecutor, get_execution_api_server_url
+from airflow.models.callback import CallbackKey
+from airflow.models.connection_test import ConnectionTestKey
+from airflow.models.taskinstancekey import TaskInstanceKey
 
 from async_local_executor import child
 from async_local_executor.config import EventLoop, ExecutorConfig
@@ -21,6 +24,7 @@ from async_local_executor.termination import TerminationPolicy
 
 if TYPE_CHECKING:
     from airflow.executors.workloads import ExecutorWorkload
+    from airflow.executors.workloads.types import WorkloadKey, WorkloadState
 
 child_log = logging.getLogger("async_local_executor.child")
 
@@ -39,9 +43,9 @@ class _Started:
 
 @dataclass(frozen=True)
 class _States:
-    running: Any
-    success: Any
-    failure: Any
+    running: WorkloadState | None
+    success: WorkloadState
+    failure: WorkloadState
     label: str
 
 
@@ -58,8 +62,20 @@ class _Mailbox:
         self.events.append(outcome)
 
 
+def describe(key: object) -> str:
+    """A short name for a workload key, for log lines."""
+    if isinstance(key, TaskInstanceKey):
+        mapped = f"[{key.map_index}]" if key.map_index >= 0 else ""
+        return f"{key.dag_id}.{key.task_id}{mapped} try {key.try_number}"
+    if isinstance(key, CallbackKey):
+        return f"callback {key.id}"
+    if isinstance(key, ConnectionTestKey):
+        return f"connection-test {key.id}"
+    return str(key)
+
+
 def _log_child_output(key: Hashable, line: str) -> None:
-    child_log.info("[%s] %s", key, line)
+    child_log.info("[%s] %s", describe(key), line)
 
 
 class AsyncLocalExecutor(BaseExecutor):
@@ -80,7 +96,7 @@ class AsyncLocalExecutor(BaseExecutor):
         super().__init__(*args, **kwargs)
         self._runtime: Runtime | None = None
         self._mailbox = _Mailbox()
-        self._states: dict[Hashable, _States] = {}
+        self._states: dict[WorkloadKey, _States] = {}
         self._config = ExecutorConfig()
         self._server = ""
         self._argv: tuple[str, ...] = ()
@@ -119,7 +135,8 @@ class AsyncLocalExecutor(BaseExecutor):
             raise RuntimeError("AsyncLocalExecutor.start() was not called")
         requests = []
         for workload in workload_items:
-            key = workload.key
+            # Each queue is typed by its own key kind; the key's kind already says which one holds it.
+            key: Any = workload.key
             # A valid workload sits in exactly one of these dicts.
             removed = (
                 self.queued_tasks.pop(key, None)
@@ -131,9 +148,12 @@ class AsyncLocalExecutor(BaseExecutor):
             # Stock 3.3 never fills `running`, so parallelism limits nothing there; we do, so open_slots
             # is the truth and the scheduler stops handing us work once every slot is taken.
             self.running.add(key)
-            label = workload.display_name
-            self._states[key] = _States(workload.running_state, workload.success_state, workload.failure_state, label)
-            payload = child.encode_payload(workload.model_dump_json(), self._server, f"{self._title_prefix} {label}")
+            label = describe(key)
+            self._states[key] = _States(
+                workload.running_state, workload.success_state, workload.failure_state, label
+            )
+            title = f"{self._title_prefix} {workload.display_name}"
+            payload = child.encode_payload(workload.model_dump_json(), self._server, title)
             requests.append(LaunchRequest(key=key, argv=self._argv, stdin=payload, label=label))
         self._runtime.submit(requests)
 
@@ -141,26 +161,27 @@ class AsyncLocalExecutor(BaseExecutor):
         events = self._mailbox.events
         while events:
             event = events.popleft()
+            key = cast("WorkloadKey", event.key)
             if isinstance(event, _Started):
-                states = self._states.get(event.key)
+                states = self._states.get(key)
                 if states is not None and states.running is not None:
-                    self.change_state(event.key, states.running, remove_running=False)
+                    self.change_state(key, states.running, remove_running=False)
                 continue
-            self._finish(event)
+            self._finish(key, event)
 
-    def _finish(self, outcome: Outcome) -> None:
-        states = self._states.pop(outcome.key, None)
+    def _finish(self, key: WorkloadKey, outcome: Outcome) -> None:
+        states = self._states.pop(key, None)
         if states is None:
             self.log.warning("outcome for a workload this executor does not know: %s", outcome)
             return
         if outcome.ok:
-            self.change_state(outcome.key, states.success)
+            self.change_state(key, states.success)
             return
         reason = outcome.reason
         if outcome.kind is OutcomeKind.EXITED:
             reason = _EXIT_REASONS.get(outcome.returncode or 0, reason)
         self.log.error("workload %s failed: %s", states.label, reason)
-        self.change_state(outcome.key, states.failure, info=reason)
+        self.change_state(key, states.failure, info=reason)
 
     def end(self) -> None:
         self._shutdown(wait=self._config.shutdown_timeout)

@@ -71,13 +71,21 @@ class Runtime:
         if not self._ready.wait(START_TIMEOUT):
             raise RuntimeNotRunning(f"event loop thread did not start within {START_TIMEOUT}s")
         if self._failure is not None:
-            raise RuntimeNotRunning(f"event loop thread failed to start: {self._failure!r}") from self._failure
+            raise RuntimeNotRunning(
+                f"event loop thread failed to start: {self._failure!r}"
+            ) from self._failure
 
     def submit(self, requests: Iterable[LaunchRequest]) -> None:
         """Hand requests to the loop; returns at once."""
         batch = list(requests)
-        if batch:
-            self._post(lambda supervisor, _: [supervisor.submit(r) for r in batch])
+        if not batch:
+            return
+
+        def submit_all(supervisor: Supervisor, _: anyio.abc.TaskGroup) -> None:
+            for request in batch:
+                supervisor.submit(request)
+
+        self._post(submit_all)
 
     def stop(self, key: Hashable, reason: str) -> None:
         """Ask the loop to stop the workload(s) with ``key``; returns at once."""

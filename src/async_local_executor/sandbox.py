@@ -54,6 +54,7 @@ __all__ = [
     "CallbackRow",
     "PostgresDatabase",
     "SandboxError",
+    "SandboxTimeout",
     "TaskInstanceRow",
     "free_port",
 ]
@@ -75,7 +76,11 @@ Progress = Callable[[str], None]
 
 
 class SandboxError(RuntimeError):
-    """Raised when the sandbox cannot start, or a wait runs out of time."""
+    """Raised when the sandbox cannot start, a process dies, or a wait runs out of time."""
+
+
+class SandboxTimeout(SandboxError):
+    """A wait ran out of time (the processes were still alive)."""
 
 
 @dataclass(frozen=True)
@@ -162,9 +167,10 @@ def _tail(path: Path, lines: int = 60) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def _pids_with_marker(marker: str) -> list[int]:
-    """Pids whose environment carries ``SANDBOX_MARKER_ENV=marker`` (Linux /proc only)."""
+def _live_pids(marker: str, pgids: Iterable[int]) -> list[int]:
+    """Live (non-zombie) pids in one of ``pgids`` or carrying our marker env (Linux /proc only)."""
     needle = f"{SANDBOX_MARKER_ENV}={marker}".encode()
+    groups = set(pgids)
     proc = Path("/proc")
     if not proc.is_dir():
         return []
@@ -174,11 +180,14 @@ def _pids_with_marker(marker: str) -> list[int]:
         if not entry.name.isdigit() or int(entry.name) == own:
             continue
         try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:
+            # Fields after the parenthesised command: state, ppid, pgrp, ...
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if fields[0] == "Z":
+                continue  # a zombie holds no resources; its (re)parent reaps it
+            if int(fields[2]) in groups or needle in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except (OSError, IndexError, ValueError):
             continue  # gone already, or not ours to read
-        if needle in environ.split(b"\0"):
-            found.append(int(entry.name))
     return found
 
 
@@ -282,6 +291,7 @@ class AirflowSandbox:
     :param keep_home: keep the home directory after ``stop()``; it is always kept when the
         context exits with an exception, so the logs can be read.
     :param startup_timeout: bound for each readiness wait during ``start()``.
+    :param stop_timeout: how long ``stop()`` waits after SIGTERM before it sends SIGKILL.
     :param progress: called with one line per startup/shutdown step; default prints to stderr.
     """
 
@@ -297,7 +307,7 @@ class AirflowSandbox:
         python: str | os.PathLike[str] | None = None,
         keep_home: bool = False,
         startup_timeout: float = 180.0,
-        stop_timeout: float = 20.0,
+        stop_timeout: float = 15.0,
         progress: Progress | None = _log,
     ) -> None:
         if parallelism < 1:
@@ -336,6 +346,7 @@ class AirflowSandbox:
         self._extra_config = dict(extra_config or {})
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._log_handles: list[Any] = []
+        self._pgids: set[int] = set()
         self._engine: sa.Engine | None = None
         self._started = False
         self._env = self._build_env()
@@ -410,7 +421,8 @@ class AirflowSandbox:
                 "AIRFLOW__API__WORKERS": "1",
                 "AIRFLOW__API__SECRET_KEY": secrets.token_urlsafe(32),
                 # Shared by api-server (verifies) and scheduler (signs task workload tokens).
-                "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(32),
+                # 64+ bytes: PyJWT warns about shorter HMAC-SHA512 keys.
+                "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(64),
                 "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(self.logs_dir),
                 # The scheduler serves logs on 8793 by default; two sandboxes would collide.
                 "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(self.log_server_port),
@@ -523,7 +535,7 @@ class AirflowSandbox:
         log_path = self.process_logs[name]
         handle = log_path.open("ab")
         self._log_handles.append(handle)
-        self._procs[name] = subprocess.Popen(
+        proc = subprocess.Popen(
             self._airflow_argv([name]),
             env=self._env,
             cwd=self.home,
@@ -533,6 +545,8 @@ class AirflowSandbox:
             # Own process group: stop() can signal the process and all its workers at once.
             start_new_session=True,
         )
+        self._procs[name] = proc
+        self._pgids.add(proc.pid)
 
     def stop(self, *, keep_home: bool | None = None) -> None:
         """Stop every process (SIGTERM, bounded wait, SIGKILL), drop the database, clean up.
@@ -543,12 +557,7 @@ class AirflowSandbox:
         if self._procs:
             with self._step("stopping airflow processes"):
                 self._terminate_all()
-        leftovers = _pids_with_marker(self.marker)
-        for pid in leftovers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        if leftovers:
-            self._say(f"killed {len(leftovers)} leftover process(es): {leftovers}")
+        self._kill_leftovers()
         for handle in self._log_handles:
             handle.close()
         self._log_handles.clear()
@@ -564,6 +573,23 @@ class AirflowSandbox:
             shutil.rmtree(self.home, ignore_errors=True)
         elif self.home.exists():
             self._say(f"kept home {self.home}")
+
+    def _kill_leftovers(self) -> None:
+        # Task processes run in process groups of their own, so killpg on our groups misses
+        # them; the marker env var finds them. A SIGKILLed process also needs a moment to go.
+        deadline = time.monotonic() + 10.0
+        killed: set[int] = set()
+        while pids := _live_pids(self.marker, self._pgids):
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            killed.update(pids)
+            if time.monotonic() >= deadline:
+                self._say(f"processes still alive after SIGKILL: {pids}")
+                break
+            time.sleep(0.1)
+        if killed:
+            self._say(f"killed {len(killed)} leftover process(es): {sorted(killed)}")
 
     def _terminate_all(self) -> None:
         # Reverse start order: scheduler before api-server, so running tasks can still report.
@@ -633,7 +659,7 @@ class AirflowSandbox:
                 return
             if time.monotonic() >= deadline:
                 extra = f"\n{detail()}" if detail is not None else ""
-                raise SandboxError(
+                raise SandboxTimeout(
                     f"timed out after {timeout:.0f}s waiting for {what}{extra}\n"
                     f"{log_name} log tail:\n{self.log_tail(log_name)}"
                 )
@@ -690,9 +716,9 @@ class AirflowSandbox:
 
         try:
             self._wait("a healthy deployment", probe, timeout, "api-server", interval=0.5)
-        except SandboxError:
+        except SandboxTimeout:
             name = which_log()
-            raise SandboxError(
+            raise SandboxTimeout(
                 f"timed out after {timeout:.0f}s waiting for a healthy deployment; "
                 f"last health: {json.dumps(last)}\n{name} log tail:\n{self.log_tail(name)}"
             ) from None

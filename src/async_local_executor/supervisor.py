@@ -137,8 +137,11 @@ class Supervisor:
             raise RuntimeError("supervisor is not serving")
         tracked = _Tracked(request)
         if not self._accepting:
-            self._finish(tracked, Outcome(request.key, OutcomeKind.NOT_STARTED, reason="executor is shutting down"),
-                         Step.DROP)
+            self._finish(
+                tracked,
+                Outcome(request.key, OutcomeKind.NOT_STARTED, reason="executor is shutting down"),
+                Step.DROP,
+            )
             return
         serial = next(self._serials)
         self._tracked[serial] = tracked
@@ -173,7 +176,9 @@ class Supervisor:
         phase = tracked.life.phase
         if phase is Phase.QUEUED:
             tracked.scope.cancel()
-            self._finish(tracked, Outcome(tracked.request.key, OutcomeKind.NOT_STARTED, reason=reason), Step.DROP)
+            self._finish(
+                tracked, Outcome(tracked.request.key, OutcomeKind.NOT_STARTED, reason=reason), Step.DROP
+            )
         elif phase is Phase.RUNNING:
             self._terminate(tracked)
         # LAUNCHING: _supervise terminates it as soon as the launch returns.
@@ -215,8 +220,11 @@ class Supervisor:
                     try:
                         child = await self._launcher.launch(request)
                     except LaunchError as exc:
-                        self._finish(tracked, Outcome(request.key, OutcomeKind.LAUNCH_FAILED, reason=str(exc)),
-                                     Step.LAUNCH_FAILED)
+                        self._finish(
+                            tracked,
+                            Outcome(request.key, OutcomeKind.LAUNCH_FAILED, reason=str(exc)),
+                            Step.LAUNCH_FAILED,
+                        )
                         return
                     tracked.child = child
                     tracked.life.advance(Step.LAUNCHED)
@@ -246,7 +254,9 @@ class Supervisor:
             log.exception("supervising workload %s failed", request.label or request.key)
             if not tracked.life.finished:
                 tracked.life.phase = Phase.FINISHED
-                self._listener.finished(Outcome(request.key, OutcomeKind.LAUNCH_FAILED, reason=f"internal error: {exc!r}"))
+                self._listener.finished(
+                    Outcome(request.key, OutcomeKind.LAUNCH_FAILED, reason=f"internal error: {exc!r}")
+                )
         finally:
             self._tracked.pop(serial, None)
             if not self._tracked:

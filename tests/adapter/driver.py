@@ -37,7 +37,7 @@ class Scheduler:
 
     def __init__(self, executor: AsyncLocalExecutor) -> None:
         self.executor = executor
-        self.events: dict[Hashable, tuple[Any, Any]] = {}
+        self.events: dict[Any, tuple[Any, Any]] = {}
         self.heartbeat_seconds: list[float] = []
 
     def loop_once(self) -> None:

@@ -17,14 +17,22 @@ class DictConf:
 def test_defaults() -> None:
     config = ExecutorConfig.from_conf(DictConf({}))
     assert config == ExecutorConfig()
-    assert (config.shutdown_timeout, config.termination_grace_period, config.event_loop) == (60.0, 10.0, EventLoop.AUTO)
+    assert (config.shutdown_timeout, config.termination_grace_period, config.event_loop) == (
+        60.0,
+        10.0,
+        EventLoop.AUTO,
+    )
 
 
 def test_values_are_read() -> None:
     config = ExecutorConfig.from_conf(
         DictConf({"shutdown_timeout": "5", "termination_grace_period": "1.5", "event_loop": "AsyncIO"})
     )
-    assert (config.shutdown_timeout, config.termination_grace_period, config.event_loop) == (5.0, 1.5, EventLoop.ASYNCIO)
+    assert (config.shutdown_timeout, config.termination_grace_period, config.event_loop) == (
+        5.0,
+        1.5,
+        EventLoop.ASYNCIO,
+    )
 
 
 @pytest.mark.parametrize(

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from airflow.models.callback import CallbackState
 from airflow.models.connection_test import ConnectionTestState
-from airflow.utils.state import TaskInstanceState
+from airflow.utils.state import CallbackState, TaskInstanceState
 
 from async_local_executor.executor import AsyncLocalExecutor
 from tests.adapter import workloads

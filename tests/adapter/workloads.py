@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import uuid
 
-from airflow.executors.workloads import BundleInfo, ExecuteCallback, ExecuteTask, TaskInstanceDTO, TestConnection
+from airflow.executors.workloads import (
+    BundleInfo,
+    ExecuteCallback,
+    ExecuteTask,
+    TaskInstanceDTO,
+    TestConnection,
+)
 from airflow.executors.workloads.callback import CallbackDTO, CallbackFetchMethod
 
 TOKEN = "jwt-that-must-stay-off-the-command-line"
@@ -33,7 +39,9 @@ def task(task_id: str, *, map_index: int = -1, try_number: int = 1) -> ExecuteTa
 
 def callback(path: str = "tests.adapter.callbacks.ok") -> ExecuteCallback:
     return ExecuteCallback(
-        callback=CallbackDTO(id=str(uuid.uuid4()), fetch_method=CallbackFetchMethod.IMPORT_PATH, data={"path": path}),
+        callback=CallbackDTO(
+            id=str(uuid.uuid4()), fetch_method=CallbackFetchMethod.IMPORT_PATH, data={"path": path}
+        ),
         dag_rel_path="adapter_dag.py",  # type: ignore[arg-type]
         token=TOKEN,
         log_path=None,

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import fcntl
-import os
 import resource
 import signal
-import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -104,7 +102,9 @@ async def test_launch_failure_names_the_cause_and_the_next_workload_still_runs()
 
 
 async def test_each_child_leads_its_own_process_group() -> None:
-    recorder = await run_one(py("import os; print(os.getpgid(0) == os.getpid(), os.getsid(0) == os.getpid())"))
+    recorder = await run_one(
+        py("import os; print(os.getpgid(0) == os.getpid(), os.getsid(0) == os.getpid())")
+    )
     assert ("k", "True True") in recorder.lines
 
 
@@ -197,7 +197,9 @@ async def test_terminate_stops_at_sigterm_when_the_child_obeys() -> None:
     recorder = Recorder()
     clock = ManualClock()
     async with serving(recorder, clock=clock) as supervisor:
-        supervisor.submit(LaunchRequest("polite", py("import time; print('ready', flush=True); time.sleep(60)")))
+        supervisor.submit(
+            LaunchRequest("polite", py("import time; print('ready', flush=True); time.sleep(60)"))
+        )
         await recorder.until(said(recorder, "polite", "ready"))
         supervisor.stop("polite", "revoked")
         await recorder.until(lambda: recorder.outcomes)
@@ -228,7 +230,9 @@ async def test_shutdown_drops_waiting_workloads_and_terminates_running_ones() ->
     async with anyio.create_task_group() as tg:
         await tg.start(supervisor.serve)
         for key in ("a", "b", "c"):
-            supervisor.submit(LaunchRequest(key, py("import time; print('ready', flush=True); time.sleep(60)")))
+            supervisor.submit(
+                LaunchRequest(key, py("import time; print('ready', flush=True); time.sleep(60)"))
+            )
         await recorder.until(said(recorder, "a", "ready"))
         with anyio.fail_after(GUARD):
             await supervisor.shutdown(wait=0)

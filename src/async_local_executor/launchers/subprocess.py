@@ -5,6 +5,7 @@ Simple and safe from a multi-threaded parent, at the price of a fresh interprete
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
@@ -68,10 +69,8 @@ class SubprocessChild:
         return self._process.pid
 
     def signal(self, sig: int) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self._process.pid, sig)
-        except ProcessLookupError:
-            pass
 
     async def wait(self) -> int:
         async with anyio.create_task_group() as tg:

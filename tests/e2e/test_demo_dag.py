@@ -1,0 +1,89 @@
+"""A real Airflow 3.3 (api-server, scheduler, dag-processor) runs the demo DAG on AsyncLocalExecutor.
+
+One run per metadata database (SQLite in a temporary AIRFLOW_HOME; a fresh PostgreSQL database on
+127.0.0.1:5432); the tests then read what that run left behind. Nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from async_local_executor.demo import DAG_ID, EXECUTOR, unexpected
+from async_local_executor.sandbox import AirflowSandbox, CallbackRow, TaskInstanceRow
+
+pytestmark = pytest.mark.e2e
+
+RUN_TIMEOUT = 900.0
+
+
+@dataclass
+class Finished:
+    sandbox: AirflowSandbox
+    run_id: str
+    state: str
+    rows: list[TaskInstanceRow]
+    callbacks: list[CallbackRow]
+    missing_logs: list[Path]
+    xcom: object
+    scheduler_log: str
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def finished(request: pytest.FixtureRequest) -> Iterator[Finished]:
+    sandbox = AirflowSandbox(executor=EXECUTOR, database=request.param, parallelism=8)
+    with sandbox:
+        sandbox.wait_for_dag(DAG_ID)
+        run_id = sandbox.trigger(DAG_ID)
+        state = sandbox.wait_for_run(DAG_ID, run_id, timeout=RUN_TIMEOUT)
+        callbacks = sandbox.wait_for_callbacks(DAG_ID, run_id)
+        result = Finished(
+            sandbox=sandbox,
+            run_id=run_id,
+            state=state,
+            rows=sandbox.task_instances(DAG_ID, run_id),
+            callbacks=callbacks,
+            missing_logs=sandbox.missing_task_logs(DAG_ID, run_id),
+            xcom=sandbox.xcom(DAG_ID, run_id, "push_value"),
+            scheduler_log="",
+        )
+    # Read after stop(): the executor's shutdown lines are in it too.
+    result.scheduler_log = sandbox.process_logs["scheduler"].read_text(errors="replace")
+    yield result
+
+
+def test_the_run_succeeds(finished: Finished) -> None:
+    assert finished.state == "success"
+
+
+def test_every_task_instance_ends_as_the_dag_promises(finished: Finished) -> None:
+    # 24 mapped tasks, one that always fails, one that succeeds on its retry, an XCom pushed and checked
+    assert unexpected(finished.rows) == []
+
+
+def test_every_task_log_exists(finished: Finished) -> None:
+    assert finished.missing_logs == []
+
+
+def test_xcom_pushed_upstream_is_what_downstream_read(finished: Finished) -> None:
+    assert finished.xcom == {"token": "async-local-executor", "n": 42}  # demo_dag.XCOM_PAYLOAD
+
+
+def test_deadline_callback_ran_through_this_executor(finished: Finished) -> None:
+    [callback] = finished.callbacks
+    assert (callback.type, callback.state, callback.deadline_missed) == ("executor", "success", True)
+    # The callback's own side effect, written from inside the process our executor launched.
+    written = json.loads((finished.sandbox.callback_dir / f"{finished.run_id}.json").read_text())
+    assert written["pid"] > 0
+    # Our child's output is logged with the workload's key: the callback ran as our ExecuteCallback.
+    assert f"[callback {callback.id}]" in finished.scheduler_log
+    assert "Callback executed successfully" in finished.scheduler_log
+
+
+def test_the_scheduler_used_this_executor_and_shut_it_down(finished: Finished) -> None:
+    assert "AsyncLocalExecutor started" in finished.scheduler_log
+    assert "shutting down: waiting up to" in finished.scheduler_log
