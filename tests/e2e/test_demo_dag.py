@@ -7,6 +7,7 @@ One run per metadata database (SQLite in a temporary AIRFLOW_HOME; a fresh Postg
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,8 @@ class Finished:
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
 def finished(request: pytest.FixtureRequest) -> Iterator[Finished]:
-    sandbox = AirflowSandbox(executor=EXECUTOR, database=request.param, parallelism=8)
+    # The home is kept past stop() so the scheduler log, with the executor's shutdown, can be read.
+    sandbox = AirflowSandbox(executor=EXECUTOR, database=request.param, parallelism=8, keep_home=True)
     with sandbox:
         sandbox.wait_for_dag(DAG_ID)
         run_id = sandbox.trigger(DAG_ID)
@@ -54,6 +56,7 @@ def finished(request: pytest.FixtureRequest) -> Iterator[Finished]:
     # Read after stop(): the executor's shutdown lines are in it too.
     result.scheduler_log = sandbox.process_logs["scheduler"].read_text(errors="replace")
     yield result
+    shutil.rmtree(sandbox.home, ignore_errors=True)
 
 
 def test_the_run_succeeds(finished: Finished) -> None:
