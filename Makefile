@@ -23,8 +23,8 @@ test-core: install
 	$(BIN)/python -m pytest tests/core tests/adapter $(PYTEST_ARGS)
 
 lint: install
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
 	$(BIN)/mypy
 
 demo: install
