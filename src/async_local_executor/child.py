@@ -7,20 +7,17 @@ identity token and ``/proc/<pid>/cmdline`` is readable by every local user.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
-import os
-import signal
 import sys
 import traceback
 from typing import Any
+
+from async_local_executor.lifeline import die_with_parent
 
 EXIT_OK = 0  # the workload ran to its end (whatever the task's own outcome, which it reports itself)
 EXIT_CRASHED = 1  # running the workload raised
 EXIT_BAD_INPUT = 2  # the payload on stdin could not be read as a workload
 EXIT_ORPHANED = 3  # the executor was gone before we started
-
-_PR_SET_PDEATHSIG = 1
 
 
 def encode_payload(workload_json: str, server: str, proctitle: str) -> bytes:
@@ -30,32 +27,54 @@ def encode_payload(workload_json: str, server: str, proctitle: str) -> bytes:
     ).encode()
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    # The kernel sends the signal when the thread that forked us exits: the executor's loop thread,
-    # which lives as long as the executor. Checking the parent right after closes the race where it
-    # died before prctl ran.
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    if parent_pid and os.getppid() != parent_pid:
-        sys.exit(EXIT_ORPHANED)
-
-
-def _read_payload() -> dict[str, Any]:
-    data = json.loads(sys.stdin.buffer.read())
+def _parse_payload(raw: bytes) -> dict[str, Any]:
+    data = json.loads(raw)
     if not isinstance(data, dict) or "workload" not in data:
         raise ValueError("payload must be an object with a 'workload' field")
     return data
 
 
+def preload() -> None:
+    """Import everything a workload run needs; a fork server calls this once, before it forks."""
+    from airflow.executors import workloads
+    from airflow.executors.base_executor import BaseExecutor  # noqa: F401
+    from airflow.sdk.execution_time import (  # noqa: F401
+        callback_supervisor,
+        connection_test_supervisor,
+        supervisor,
+        task_runner,
+    )
+    from airflow.sdk.log import configure_logging  # noqa: F401
+    from pydantic import TypeAdapter
+
+    TypeAdapter(workloads.ExecutorWorkload)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of a fresh interpreter: the payload is on stdin."""
+    if not die_with_parent(_parse_args(argv)):
+        return EXIT_ORPHANED
+    return run_payload(sys.stdin.buffer.read())
+
+
+def forked_main(argv: list[str], stdin: bytes) -> int:
+    """Entry point inside a fork-server child: the payload is handed over in memory.
+
+    The fork server has already tied this process's life to its own (which is tied to the executor's).
+    """
+    return run_payload(stdin)
+
+
+def _parse_args(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="python -m async_local_executor.child")
     parser.add_argument("--parent-pid", type=int, default=0)
-    args = parser.parse_args(argv)
-    _die_with_parent(args.parent_pid)
+    return int(parser.parse_args(argv).parent_pid)
 
+
+def run_payload(raw: bytes) -> int:
+    """Run one workload; return the process exit code."""
     try:
-        payload = _read_payload()
+        payload = _parse_payload(raw)
         from airflow.executors import workloads
         from pydantic import TypeAdapter
 

@@ -11,6 +11,10 @@ class LaunchError(AsyncLocalExecutorError):
     """A workload could not be turned into a running process."""
 
 
+class ChildLost(AsyncLocalExecutorError):
+    """A launched process's exit status can no longer be observed (its fork server died)."""
+
+
 class InvalidTransition(AsyncLocalExecutorError):
     """A workload's lifecycle was asked to move along an edge it does not have."""
 

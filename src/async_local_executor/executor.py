@@ -16,8 +16,10 @@ from airflow.models.connection_test import ConnectionTestKey
 from airflow.models.taskinstancekey import TaskInstanceKey
 
 from async_local_executor import child
-from async_local_executor.config import EventLoop, ExecutorConfig
-from async_local_executor.launchers import LaunchRequest, SubprocessLauncher
+from async_local_executor.config import EventLoop, ExecutorConfig, LauncherKind
+from async_local_executor.launchers.base import Launcher, LaunchRequest
+from async_local_executor.launchers.forkserver import ForkServerLauncher
+from async_local_executor.launchers.subprocess import SubprocessLauncher
 from async_local_executor.runtime import Runtime, uvloop_available
 from async_local_executor.supervisor import Outcome, OutcomeKind, Supervisor
 from async_local_executor.termination import TerminationPolicy
@@ -115,20 +117,32 @@ class AsyncLocalExecutor(BaseExecutor):
         mailbox = self._mailbox
 
         def make_supervisor() -> Supervisor:
-            launcher = SubprocessLauncher(output=_log_child_output)
+            launcher: Launcher = SubprocessLauncher(output=_log_child_output)
+            if config.launcher is LauncherKind.FORKSERVER:
+                launcher = ForkServerLauncher(
+                    target=self._fork_target(),
+                    preload=config.preload_modules,
+                    output=_log_child_output,
+                    fallback=launcher,
+                )
             return Supervisor(launcher, mailbox, limit=self.parallelism, policy=policy)
 
         self._runtime = Runtime(make_supervisor, use_uvloop=use_uvloop)
         self._runtime.start()
         self.log.info(
-            "AsyncLocalExecutor started: parallelism=%d, event loop=%s",
+            "AsyncLocalExecutor started: parallelism=%d, launcher=%s, event loop=%s",
             self.parallelism,
+            config.launcher.value,
             "uvloop" if use_uvloop else "asyncio",
         )
 
     def _child_argv(self) -> tuple[str, ...]:
         """The command that runs one workload; it reads the workload from stdin."""
         return (sys.executable, "-m", "async_local_executor.child", "--parent-pid", str(os.getpid()))
+
+    def _fork_target(self) -> str:
+        """What a fork-server child runs: ``module:function`` taking ``(argv, stdin_bytes)``."""
+        return "async_local_executor.child:forked_main"
 
     def _process_workloads(self, workload_items: Sequence[ExecutorWorkload]) -> None:
         if self._runtime is None:

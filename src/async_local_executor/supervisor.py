@@ -19,7 +19,7 @@ from typing import Protocol
 import anyio
 import anyio.abc
 
-from async_local_executor.errors import LaunchError
+from async_local_executor.errors import ChildLost, LaunchError
 from async_local_executor.launchers.base import Child, Launcher, LaunchRequest
 from async_local_executor.lifecycle import Lifecycle, Phase, Step
 from async_local_executor.termination import TerminationPolicy
@@ -34,6 +34,7 @@ class OutcomeKind(enum.Enum):
     SIGNALLED = "signalled"  # a signal we did not send ended it
     TERMINATED = "terminated"  # we stopped it (revoke, shutdown)
     LAUNCH_FAILED = "launch_failed"
+    LOST = "lost"  # it ran, but how it ended can no longer be known
     NOT_STARTED = "not_started"  # dropped before it got a slot
 
 
@@ -125,7 +126,7 @@ class Supervisor:
 
     async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Run until :meth:`shutdown` has finished every workload."""
-        async with anyio.create_task_group() as tg:
+        async with self._launcher, anyio.create_task_group() as tg:
             self._tg = tg
             task_status.started()
             await self._closed.wait()
@@ -234,7 +235,14 @@ class Supervisor:
                     # Shielded: once a process exists, only its exit may end this wait, or the workload
                     # would lose its final event and the process its reaper.
                     with anyio.CancelScope(shield=True):
-                        status = await child.wait()
+                        try:
+                            status = await child.wait()
+                        except ChildLost as exc:
+                            tracked.exited.set()
+                            self._finish(
+                                tracked, Outcome(request.key, OutcomeKind.LOST, reason=str(exc)), Step.EXIT
+                            )
+                            return
                     tracked.exited.set()
                     if tracked.stop_reason is not None:
                         outcome = Outcome(

@@ -7,3 +7,13 @@ import tempfile
 # SQLite file) before any test module imports Airflow.
 os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="ale-adapter-"))
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+
+
+import pytest
+
+
+@pytest.fixture(autouse=True, params=["forkserver", "subprocess"])
+def launcher(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every adapter test runs on both launch paths."""
+    monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__LAUNCHER", str(request.param))
+    return str(request.param)

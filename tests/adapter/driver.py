@@ -27,6 +27,9 @@ class RecordingExecutor(AsyncLocalExecutor):
     def _child_argv(self) -> tuple[str, ...]:
         return self.argv
 
+    def _fork_target(self) -> str:
+        return "tests.adapter.stub_child:forked"
+
     def change_state(self, key: Any, state: Any, info: Any = None, remove_running: bool = True) -> None:
         self.changes.append((key, state, info, remove_running))
         super().change_state(key, state, info, remove_running)

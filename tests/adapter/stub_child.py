@@ -12,10 +12,19 @@ import time
 
 
 def main() -> int:
-    payload = json.loads(sys.stdin.read())
+    return behave(sys.stdin.read(), sys.argv[1:])
+
+
+def forked(argv: list[str], stdin: bytes) -> int:
+    """The same stub as a fork-server target."""
+    return behave(stdin.decode(), argv[1:])
+
+
+def behave(raw: str, args: list[str]) -> int:
+    payload = json.loads(raw)
     workload = payload["workload"]
     name = workload.get("ti", {}).get("task_id") or workload.get("connection_id") or "ok"
-    print(f"stub running {name} argv={sys.argv[1:]}", flush=True)
+    print(f"stub running {name} argv={args}", flush=True)
     if name == "crash":
         return 1
     if name == "killed":
@@ -23,6 +32,7 @@ def main() -> int:
     if name.startswith("hold:"):
         # Held until the test removes the file: a child the test lets finish when it chooses.
         gate = name.split(":", 1)[1]
+        open(f"{gate}.{os.getpid()}.started", "w").close()
         while os.path.exists(gate):
             time.sleep(0.01)
     return 0

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from async_local_executor.config import OPTIONS, EventLoop, ExecutorConfig
+from async_local_executor.config import OPTIONS, EventLoop, ExecutorConfig, LauncherKind
 
 
 class DictConf:
@@ -22,17 +22,27 @@ def test_defaults() -> None:
         10.0,
         EventLoop.AUTO,
     )
+    assert (config.launcher, config.preload_modules) == (LauncherKind.FORKSERVER, ())
 
 
 def test_values_are_read() -> None:
     config = ExecutorConfig.from_conf(
-        DictConf({"shutdown_timeout": "5", "termination_grace_period": "1.5", "event_loop": "AsyncIO"})
+        DictConf(
+            {
+                "shutdown_timeout": "5",
+                "termination_grace_period": "1.5",
+                "event_loop": "AsyncIO",
+                "launcher": "subprocess",
+                "preload_modules": " numpy, pandas ,,",
+            }
+        )
     )
     assert (config.shutdown_timeout, config.termination_grace_period, config.event_loop) == (
         5.0,
         1.5,
         EventLoop.ASYNCIO,
     )
+    assert (config.launcher, config.preload_modules) == (LauncherKind.SUBPROCESS, ("numpy", "pandas"))
 
 
 @pytest.mark.parametrize(
@@ -41,6 +51,7 @@ def test_values_are_read() -> None:
         ("shutdown_timeout", "soon", "shutdown_timeout must be a number, got 'soon'"),
         ("termination_grace_period", "-1", "termination_grace_period must be >= 0"),
         ("event_loop", "trio", "event_loop must be one of auto, asyncio, uvloop, got 'trio'"),
+        ("launcher", "spawn", "launcher must be one of forkserver, subprocess, got 'spawn'"),
     ],
 )
 def test_invalid_values_name_the_option(key: str, value: str, message: str) -> None:
@@ -56,5 +67,11 @@ def test_environment_variables_reach_the_executor(monkeypatch: pytest.MonkeyPatc
 
 
 def test_every_option_is_documented() -> None:
-    assert {o.name for o in OPTIONS} == {"shutdown_timeout", "termination_grace_period", "event_loop"}
+    assert {o.name for o in OPTIONS} == {
+        "shutdown_timeout",
+        "termination_grace_period",
+        "event_loop",
+        "launcher",
+        "preload_modules",
+    }
     assert all(o.description for o in OPTIONS)

@@ -118,22 +118,24 @@ def test_token_never_in_argv_or_environment(tmp_path: Path, executor: RecordingE
     held = workloads.task(f"hold:{gate}")
     queue(executor, held)
     scheduler = Scheduler(executor)
-    me = psutil.Process()
-
-    def child() -> psutil.Process | None:
-        kids = [p for p in me.children() if any("stub_child" in part for part in p.cmdline())]
-        return kids[0] if kids else None
-
-    scheduler.run_until(lambda: child() is not None)
-    proc = child()
-    assert proc is not None
-    assert workloads.TOKEN not in " ".join(proc.cmdline())
-    assert workloads.TOKEN not in " ".join(f"{k}={v}" for k, v in proc.environ().items())
+    scheduler.run_until(lambda: holding(gate) == 1)
+    [marker] = gate.parent.glob(f"{gate.name}.*.started")
+    workload_pid = int(marker.name.split(".")[1])
+    # The workload's own process, and (fork server) the helper that forked it: every process we start.
+    ours = psutil.Process().children(recursive=True)
+    assert workload_pid in {p.pid for p in ours}
+    for proc in ours:
+        assert workloads.TOKEN not in " ".join(proc.cmdline())
+        assert workloads.TOKEN not in " ".join(f"{k}={v}" for k, v in proc.environ().items())
     gate.unlink()
     scheduler.run_until(lambda: held.key in scheduler.events)
 
 
-def test_launch_failure_fails_the_workload_and_the_executor_carries_on() -> None:
+def test_launch_failure_fails_the_workload_and_the_executor_carries_on(
+    launcher: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A missing interpreter is a plain-launch failure; the fork server's own failures are in tests/core.
+    monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__LAUNCHER", "subprocess")
     ex = RecordingExecutor(parallelism=2)
     ex.argv = ("/nonexistent/python3",)
     ex.start()
@@ -166,7 +168,7 @@ def test_end_waits_up_to_its_bound_then_terminates_and_joins(
     running, waiting = workloads.task(f"hold:{gate}"), workloads.task(f"hold:{gate}", map_index=1)
     queue(ex, running, waiting)
     scheduler = Scheduler(ex)
-    scheduler.run_until(lambda: any(k == running.key for k, *_ in ex.changes) or bool(_child_pids()))
+    scheduler.run_until(lambda: holding(gate) == 1)
     ex.end()
     events = ex.get_event_buffer()
     state, info = events[running.key]
@@ -185,7 +187,7 @@ def test_terminate_does_not_wait(tmp_path: Path) -> None:
     held = workloads.task(f"hold:{gate}")
     queue(ex, held)
     scheduler = Scheduler(ex)
-    scheduler.run_until(lambda: bool(_child_pids()))
+    scheduler.run_until(lambda: holding(gate) == 1)
     ex.terminate()
     state, info = ex.get_event_buffer()[held.key]
     assert state == TaskInstanceState.FAILED
@@ -193,5 +195,11 @@ def test_terminate_does_not_wait(tmp_path: Path) -> None:
     assert loop_threads() == []
 
 
+def holding(gate: Path) -> int:
+    """How many stub children have started holding on ``gate`` (each leaves a marker file)."""
+    return len(list(gate.parent.glob(f"{gate.name}.*.started")))
+
+
 def _child_pids() -> list[int]:
-    return [p.pid for p in psutil.Process().children() if p.status() != psutil.STATUS_ZOMBIE]
+    children = psutil.Process().children(recursive=True)
+    return [p.pid for p in children if p.status() != psutil.STATUS_ZOMBIE]

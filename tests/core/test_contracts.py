@@ -7,7 +7,9 @@ import sys
 
 import pytest
 
-from async_local_executor.launchers import LaunchRequest, SubprocessLauncher
+from async_local_executor.launchers.base import LaunchRequest
+from async_local_executor.launchers.forkserver import ForkServerLauncher
+from async_local_executor.launchers.subprocess import SubprocessLauncher
 from async_local_executor.supervisor import Supervisor
 from async_local_executor.termination import TerminationPolicy
 from tests.core.helpers import Recorder
@@ -32,3 +34,14 @@ def test_core_imports_no_airflow() -> None:
     code = "import sys, async_local_executor.supervisor, async_local_executor.runtime; print('airflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_target_must_name_a_function() -> None:
+    with pytest.raises(ValueError, match="target must look like module:function"):
+        ForkServerLauncher(target="tests.core.forkserver_targets")
+
+
+def test_helper_module_imports_nothing_heavy() -> None:
+    code = "import sys, async_local_executor.launchers.forkserver_helper; print('anyio' in sys.modules, 'airflow' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False False"

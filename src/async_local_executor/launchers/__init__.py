@@ -1,6 +1,6 @@
-"""Launch paths: each turns a :class:`LaunchRequest` into a running :class:`Child`."""
+"""Launch paths: each turns a :class:`~.base.LaunchRequest` into a running :class:`~.base.Child`.
 
-from async_local_executor.launchers.base import Child, Launcher, LaunchRequest, OutputSink
-from async_local_executor.launchers.subprocess import SubprocessLauncher
-
-__all__ = ["Child", "LaunchRequest", "Launcher", "OutputSink", "SubprocessLauncher"]
+``base.py`` is the contract; ``subprocess.py`` starts a fresh interpreter per workload;
+``forkserver.py`` and ``forkserver_helper.py`` are the two sides of the fork-server path. Nothing is
+imported here, so ``python -m async_local_executor.launchers.forkserver_helper`` starts clean.
+"""

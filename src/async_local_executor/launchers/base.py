@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Protocol
+
+from typing_extensions import Self
 
 OutputSink = Callable[[Hashable, str], None]
 """Receives each line a child writes to stdout or stderr, with the key of the workload."""
@@ -43,6 +46,8 @@ class Child(Protocol):
         """Wait until the process has exited and its output is drained; return its exit status.
 
         The status follows :attr:`subprocess.Popen.returncode`: negative ``-N`` means killed by signal N.
+
+        :raises ~async_local_executor.errors.ChildLost: when the exit happened but its status is lost
         """
         ...
 
@@ -52,6 +57,15 @@ class Child(Protocol):
 
 
 class Launcher(Protocol):
-    """Starts children. Raises :class:`~async_local_executor.errors.LaunchError` when it cannot."""
+    """Starts children. Raises :class:`~async_local_executor.errors.LaunchError` when it cannot.
+
+    Used as an async context manager around all launches, so a launcher can own helpers and tasks.
+    """
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None: ...
 
     async def launch(self, request: LaunchRequest) -> Child: ...

@@ -10,23 +10,19 @@ import errno
 import os
 import signal
 import subprocess
-from collections.abc import Hashable
+from types import TracebackType
 
 import anyio
 import anyio.abc
+from typing_extensions import Self
 
 from async_local_executor.errors import LaunchError
 from async_local_executor.launchers.base import LaunchRequest, OutputSink
+from async_local_executor.launchers.output import LineSplitter, discard
 
-# A line longer than this is split: one runaway line must not hold unbounded memory.
-MAX_LINE = 64 * 1024
 # After the leader exits we kill the rest of its group, so EOF on the output pipe follows at once;
 # this only guards against a descendant that left the group but kept the pipe open.
 DRAIN_AFTER_EXIT = 5.0
-
-
-def _discard(key: Hashable, line: str) -> None:
-    pass
 
 
 class SubprocessLauncher:
@@ -39,7 +35,15 @@ class SubprocessLauncher:
     """
 
     def __init__(self, output: OutputSink | None = None) -> None:
-        self._output = output or _discard
+        self._output = output or discard
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        return None
 
     async def launch(self, request: LaunchRequest) -> SubprocessChild:
         try:
@@ -99,25 +103,13 @@ class SubprocessChild:
             await stdin.aclose()
 
     async def _drain(self) -> None:
-        stdout = self._process.stdout
-        pending = b""
+        splitter = LineSplitter(self._request.key, self._output)
         try:
-            if stdout is None:
-                return
-            async for chunk in stdout:
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for line in lines:
-                    self._emit(line)
-                while len(pending) > MAX_LINE:
-                    self._emit(pending[:MAX_LINE])
-                    pending = pending[MAX_LINE:]
+            if self._process.stdout is not None:
+                async for chunk in self._process.stdout:
+                    splitter.feed(chunk)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass
         finally:
-            if pending:
-                self._emit(pending)
+            splitter.close()
             self._drained.set()
-
-    def _emit(self, line: bytes) -> None:
-        self._output(self._request.key, line.decode("utf-8", "replace").rstrip("\r"))

@@ -1,0 +1,38 @@
+"""Turns a child's output bytes into lines for the sink; shared by every launch path."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+from async_local_executor.launchers.base import OutputSink
+
+# A line longer than this is split: one runaway line must not hold unbounded memory.
+MAX_LINE = 64 * 1024
+
+
+class LineSplitter:
+    def __init__(self, key: Hashable, sink: OutputSink) -> None:
+        self._key = key
+        self._sink = sink
+        self._pending = b""
+
+    def feed(self, chunk: bytes) -> None:
+        self._pending += chunk
+        *lines, self._pending = self._pending.split(b"\n")
+        for line in lines:
+            self._emit(line)
+        while len(self._pending) > MAX_LINE:
+            self._emit(self._pending[:MAX_LINE])
+            self._pending = self._pending[MAX_LINE:]
+
+    def close(self) -> None:
+        if self._pending:
+            self._emit(self._pending)
+            self._pending = b""
+
+    def _emit(self, line: bytes) -> None:
+        self._sink(self._key, line.decode("utf-8", "replace").rstrip("\r"))
+
+
+def discard(key: Hashable, line: str) -> None:
+    """The default sink: output is read (so the child never blocks) and dropped."""

@@ -1,0 +1,126 @@
+"""The benchmark suite's smoke profile runs end to end: both executors, every scenario, real Airflow.
+
+It proves the harness works (JSON lines with every figure, sane values, charts, the results page); the
+numbers themselves are too small to mean anything.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from benchmarks.metrics import METRICS
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+SCENARIOS = ("throughput", "footprint", "burst", "dispatch")
+VARIANTS = ("stock", "ours")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@dataclass
+class Smoke:
+    returncode: int
+    output: str
+    records: list[dict[str, Any]]
+    charts: Path
+    markdown: Path
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> Smoke:
+    tmp = tmp_path_factory.mktemp("bench")
+    out, charts, markdown = tmp / "results.jsonl", tmp / "charts", tmp / "benchmarks.md"
+    argv = [
+        sys.executable, "-m", "benchmarks", "--profile", "smoke", "--variants", ",".join(VARIANTS),
+        "--repeat", "1", "--database", "sqlite", "--out", str(out), "--charts", str(charts),
+        "--markdown", str(markdown),
+    ]  # fmt: skip
+    result = subprocess.run(
+        argv,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=540,
+        check=False,
+    )
+    records = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    return Smoke(result.returncode, result.stdout + result.stderr[-6000:], records, charts, markdown)
+
+
+def by(smoke: Smoke, scenario: str, variant: str) -> dict[str, Any]:
+    [record] = [r for r in smoke.records if r["scenario"] == scenario and r["variant"] == variant]
+    return record
+
+
+def test_the_cli_exits_0(smoke: Smoke) -> None:
+    assert smoke.returncode == 0, smoke.output
+
+
+def test_one_json_line_per_scenario_and_variant(smoke: Smoke) -> None:
+    assert sorted((r["scenario"], r["variant"]) for r in smoke.records) == sorted(
+        (s, v) for s in SCENARIOS for v in VARIANTS
+    )
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_record_carries_context_and_every_figure(smoke: Smoke, scenario: str, variant: str) -> None:
+    record = by(smoke, scenario, variant)
+    assert record["status"] == "ok", record["notes"]
+    assert record["machine"]["cpus"] >= 1
+    assert record["versions"]["apache-airflow"].startswith("3.3")
+    assert record["config"]
+    assert set(record["metrics"]) == set(METRICS[scenario])
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_figures_are_sane(smoke: Smoke, variant: str) -> None:
+    throughput = by(smoke, "throughput", variant)["metrics"]
+    assert throughput["tasks_succeeded"] == by(smoke, "throughput", variant)["config"]["tasks"]
+    assert 0 < throughput["makespan_s"] <= throughput["run_duration_s"] < 120
+    assert throughput["tasks_per_s"] > 0
+    assert 0 <= throughput["queued_to_start_p50_s"] <= throughput["queued_to_start_p95_s"]
+    assert throughput["scheduler_cpu_s"] > 0
+    assert throughput["api_server_cpu_s"] > 0
+    assert throughput["executor_heartbeat_p50_ms"] > 0
+
+    footprint = by(smoke, "footprint", variant)["metrics"]
+    assert 10 < footprint["idle_uss_mb"] < footprint["peak_uss_mb"] < 20_000
+    assert footprint["peak_running"] >= 1
+    assert footprint["per_task_uss_mb"] > 0
+
+    burst = by(smoke, "burst", variant)["metrics"]
+    assert burst["run_finished"] == 1
+    assert burst["clears"] >= 1
+    assert burst["tasks_lost"] == 0
+    assert burst["job_heartbeat_max_gap_s"] < 60
+
+    dispatch = by(smoke, "dispatch", variant)["metrics"]
+    assert dispatch["heartbeats"] > 0
+    assert dispatch["heartbeat_p50_ms"] > 0
+    assert dispatch["dispatched"] >= 1
+
+
+def test_the_async_executor_never_dispatches_past_parallelism(smoke: Smoke) -> None:
+    record = by(smoke, "dispatch", "ours")
+    assert record["metrics"]["dispatched"] == record["config"]["parallelism"]
+
+
+def test_charts_are_written(smoke: Smoke) -> None:
+    for name in ("makespan.png", "memory.png", "heartbeat.png"):
+        data = (smoke.charts / name).read_bytes()
+        assert data.startswith(PNG_MAGIC)
+        assert len(data) > 5_000
+
+
+def test_the_results_page_has_the_table(smoke: Smoke) -> None:
+    text = smoke.markdown.read_text()
+    assert "| scenario / case | figure | unit | stock | ours | ours/stock |" in text
+    assert "makespan_s" in text

@@ -1,0 +1,187 @@
+"""The fork-server launch path with real forks, an injectable target and no Airflow."""
+
+from __future__ import annotations
+
+import ast
+import logging
+import os
+import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+import psutil
+import pytest
+
+from async_local_executor.launchers.base import LaunchRequest
+from async_local_executor.launchers.forkserver import ForkServerLauncher
+from async_local_executor.launchers.subprocess import SubprocessLauncher
+from async_local_executor.supervisor import OutcomeKind, Supervisor
+from tests.core.helpers import GUARD, Recorder, py
+from tests.core.test_supervisor import TARGET, until_dead
+
+pytestmark = pytest.mark.asyncio
+
+SLEEPER = py("import os, time; print('ready', os.getpid(), flush=True); time.sleep(60)")
+
+
+@asynccontextmanager
+async def serving(recorder: Recorder, launcher: ForkServerLauncher) -> AsyncIterator[Supervisor]:
+    supervisor = Supervisor(launcher, recorder, limit=None)
+    async with anyio.create_task_group() as tg:
+        await tg.start(supervisor.serve)
+        try:
+            yield supervisor
+        finally:
+            with anyio.fail_after(GUARD):
+                await supervisor.shutdown(wait=GUARD)
+
+
+def fork_server(recorder: Recorder, **kwargs: object) -> ForkServerLauncher:
+    options: dict[str, object] = {"target": TARGET, "output": recorder.output}
+    options.update(kwargs)
+    return ForkServerLauncher(**options)  # type: ignore[arg-type]
+
+
+def ready_pids(recorder: Recorder) -> dict[object, int]:
+    return {k: int(line.split()[1]) for k, line in recorder.lines if line.startswith("ready ")}
+
+
+async def test_children_are_forked_by_one_helper() -> None:
+    recorder = Recorder()
+    launcher = fork_server(recorder)
+    async with serving(recorder, launcher) as supervisor:
+        for i in range(5):
+            supervisor.submit(LaunchRequest(i, py("import os; print(os.getppid())")))
+        await recorder.until(lambda: len(recorder.outcomes) == 5)
+        helper = launcher.helper_pid
+    assert all(o.ok for o in recorder.outcomes)
+    assert {line for k, line in recorder.lines if k != "fork-server"} == {str(helper)}
+    assert launcher.helpers_started == 1
+
+
+async def test_child_gets_only_its_stdio_and_default_signal_handlers() -> None:
+    code = (
+        "import os, signal\n"
+        "print(sorted(os.listdir('/proc/self/fd')))\n"
+        "print([signal.getsignal(s) == signal.SIG_DFL for s in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP)])\n"
+    )
+    recorder = Recorder()
+    async with serving(recorder, fork_server(recorder)) as supervisor:
+        supervisor.submit(LaunchRequest("k", py(code)))
+        await recorder.until(lambda: recorder.outcomes)
+    lines = [line for k, line in recorder.lines if k == "k"]
+    # fd 3 is the directory listdir itself opened
+    assert ast.literal_eval(lines[0]) == ["0", "1", "2", "3"]
+    assert lines[1] == "[True, True, True]"
+
+
+async def test_payload_never_appears_on_a_command_line() -> None:
+    secret = "payload-token-0123456789"
+    recorder = Recorder()
+    launcher = fork_server(recorder)
+    async with serving(recorder, launcher) as supervisor:
+        supervisor.submit(
+            LaunchRequest(
+                "k",
+                py(
+                    "import sys, os; sys.stdin.read(); print('ready', os.getpid(), flush=True); import time; time.sleep(60)"
+                ),
+                stdin=secret.encode(),
+            )
+        )
+        await recorder.until(lambda: "k" in ready_pids(recorder))
+        helper_pid = launcher.helper_pid
+        assert helper_pid is not None
+        for pid in (helper_pid, ready_pids(recorder)["k"]):
+            assert secret not in " ".join(psutil.Process(pid).cmdline())
+        supervisor.stop("k", "done")
+        await recorder.until(lambda: recorder.outcomes)
+
+
+async def test_preloads_happen_once_in_the_helper_and_a_bad_entry_is_skipped() -> None:
+    recorder = Recorder()
+    launcher = fork_server(recorder, preload=["decimal", "no_such_module_for_preload"])
+    code = "import sys, tests.core.forkserver_targets as t; print(t.PRELOADED, 'decimal' in sys.modules)"
+    async with serving(recorder, launcher) as supervisor:
+        supervisor.submit(LaunchRequest("k", py(code)))
+        await recorder.until(lambda: recorder.outcomes)
+    assert recorder.outcome("k").ok
+    assert ("k", "True True") in recorder.lines
+    assert any(
+        "cannot preload 'no_such_module_for_preload'" in line
+        for k, line in recorder.lines
+        if k == "fork-server"
+    )
+
+
+async def test_helper_killed_with_children_in_flight_loses_none_and_restarts() -> None:
+    recorder = Recorder()
+    launcher = fork_server(recorder)
+    async with serving(recorder, launcher) as supervisor:
+        for key in ("a", "b", "c"):
+            supervisor.submit(LaunchRequest(key, SLEEPER))
+        await recorder.until(lambda: len(ready_pids(recorder)) == 3)
+        first_helper = launcher.helper_pid
+        assert first_helper is not None
+        os.kill(first_helper, signal.SIGKILL)
+        await recorder.until(lambda: len(recorder.outcomes) == 3)
+        for pid in ready_pids(recorder).values():
+            await until_dead(pid)
+        supervisor.submit(LaunchRequest("after", py("print('fine')")))
+        await recorder.until(lambda: len(recorder.outcomes) == 4)
+        assert launcher.helper_pid not in (None, first_helper)
+    for key in ("a", "b", "c"):
+        outcome = recorder.outcome(key)
+        assert outcome.kind is OutcomeKind.LOST
+        assert outcome.reason.startswith("fork server died")
+    assert recorder.outcome("after").ok
+    assert launcher.helpers_started == 2
+
+
+async def test_a_helper_that_stops_answering_is_replaced() -> None:
+    recorder = Recorder()
+    launcher = fork_server(recorder, ping_interval=0.05, ping_timeout=0.5)
+    async with serving(recorder, launcher) as supervisor:
+        supervisor.submit(LaunchRequest("stuck", SLEEPER))
+        await recorder.until(lambda: "stuck" in ready_pids(recorder))
+        first_helper = launcher.helper_pid
+        assert first_helper is not None
+        os.kill(first_helper, signal.SIGSTOP)
+        await recorder.until(lambda: recorder.outcomes)
+        supervisor.submit(LaunchRequest("next", py("pass")))
+        await recorder.until(lambda: len(recorder.outcomes) == 2)
+    assert recorder.outcome("stuck").kind is OutcomeKind.LOST
+    assert recorder.outcome("next").ok
+    await until_dead(first_helper)
+
+
+async def test_a_helper_that_cannot_start_falls_back_with_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="async_local_executor.launchers.forkserver")
+    recorder = Recorder()
+    launcher = fork_server(
+        recorder, target="no_such_module:run", fallback=SubprocessLauncher(output=recorder.output)
+    )
+    async with serving(recorder, launcher) as supervisor:
+        for key in ("a", "b"):
+            supervisor.submit(LaunchRequest(key, py("print('via fallback')")))
+        await recorder.until(lambda: len(recorder.outcomes) == 2)
+    assert all(o.ok for o in recorder.outcomes)
+    assert [k for k, line in recorder.lines if line == "via fallback"] in (["a", "b"], ["b", "a"])
+    warnings = [r for r in caplog.records if "fork server could not start" in r.getMessage()]
+    assert len(warnings) == 1
+
+
+async def test_a_request_too_large_for_the_channel_uses_the_fallback() -> None:
+    recorder = Recorder()
+    launcher = fork_server(recorder, fallback=SubprocessLauncher(output=recorder.output))
+    big = b"x" * (2 * 1024 * 1024)
+    code = "import os, sys; print(len(sys.stdin.read()), os.getppid())"
+    async with serving(recorder, launcher) as supervisor:
+        supervisor.submit(LaunchRequest("big", py(code), stdin=big))
+        await recorder.until(lambda: recorder.outcomes)
+    assert recorder.outcome("big").ok
+    [line] = [line for k, line in recorder.lines if k == "big"]
+    assert line == f"{len(big)} {os.getpid()}"  # forked by us, not by the helper
