@@ -5,8 +5,11 @@ VENV ?= .venv
 LOCK ?= constraints/airflow-3.3.2-py3.11.txt
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
+# Benchmarks: which executor variants to compare (each against stock) and where results go.
+BENCH_VARIANTS ?= stock,ours
+BENCH_ARGS ?=
 
-.PHONY: install test test-core lint demo lock clean
+.PHONY: install test test-core lint demo lock clean bench bench-full bench-smoke
 
 install: $(VENV)/.installed
 
@@ -23,12 +26,26 @@ test-core: install
 	$(BIN)/python -m pytest tests/core tests/adapter $(PYTEST_ARGS)
 
 lint: install
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy
 
 demo: install
 	$(BIN)/python -m async_local_executor.demo
+
+# Quick profile (about 10 minutes on 2 cores): refreshes docs/benchmarks.md and its charts.
+bench: install
+	$(BIN)/python -m benchmarks --profile quick --variants $(BENCH_VARIANTS) --out build/bench/quick.jsonl \
+		--charts docs/benchmarks --markdown docs/benchmarks.md $(BENCH_ARGS)
+
+bench-full: install
+	$(BIN)/python -m benchmarks --profile full --variants $(BENCH_VARIANTS) --out build/bench/full.jsonl \
+		--charts docs/benchmarks --markdown docs/benchmarks.md $(BENCH_ARGS)
+
+# A few tasks, one repetition: proves the harness works (tests/bench runs the same profile).
+bench-smoke: install
+	$(BIN)/python -m benchmarks --profile smoke --variants $(BENCH_VARIANTS) --out build/bench/smoke.jsonl \
+		--charts build/bench/smoke-charts $(BENCH_ARGS)
 
 lock:
 	rm -rf .lock-venv

@@ -419,6 +419,11 @@ class AirflowSandbox:
                 "AIRFLOW__API__PORT": str(self.api_port),
                 "AIRFLOW__API__BASE_URL": self.api_url,
                 "AIRFLOW__API__WORKERS": "1",
+                # With one api-server worker on 2 cores, a burst of task starts can queue a request past
+                # the 5 s default client timeout; the task SDK then retries calls that are not
+                # idempotent in Airflow 3.3.2 (a late duplicate PATCH .../run puts a finished task back
+                # to running, a retried connection-test GET gets 409). Same setting for every executor.
+                "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "60",
                 "AIRFLOW__API__SECRET_KEY": secrets.token_urlsafe(32),
                 # Shared by api-server (verifies) and scheduler (signs task workload tokens).
                 # 64+ bytes: PyJWT warns about shorter HMAC-SHA512 keys.

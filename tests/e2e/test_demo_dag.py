@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,18 +32,54 @@ class Finished:
     callbacks: list[CallbackRow]
     missing_logs: list[Path]
     xcom: object
+    connection_test: tuple[str, str]
     scheduler_log: str
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def wait_for_connection_test(sandbox: AirflowSandbox, token: str) -> tuple[str, str]:
+    # The row's state is the only signal there is; poll it, with the guard only against a hang.
+    deadline = time.monotonic() + RUN_TIMEOUT
+    while time.monotonic() < deadline:
+        rows = sandbox.query(
+            "select state, result_message from connection_test_request where token = :token", token=token
+        )
+        if rows and rows[0][0] in ("success", "failed"):
+            return str(rows[0][0]), str(rows[0][1])
+        time.sleep(0.2)
+    raise TimeoutError(f"connection test {token} did not finish within {RUN_TIMEOUT}s")
+
+
+@pytest.fixture(
+    scope="module",
+    params=[("sqlite", "forkserver"), ("postgres", "forkserver"), ("sqlite", "subprocess")],
+    ids=lambda p: "-".join(p),
+)
 def finished(request: pytest.FixtureRequest) -> Iterator[Finished]:
+    database, launcher = request.param
     # The home is kept past stop() so the scheduler log, with the executor's shutdown, can be read.
-    sandbox = AirflowSandbox(executor=EXECUTOR, database=request.param, parallelism=8, keep_home=True)
+    sandbox = AirflowSandbox(
+        executor=EXECUTOR,
+        database=database,
+        parallelism=8,
+        keep_home=True,
+        extra_config={
+            "AIRFLOW__ASYNC_LOCAL_EXECUTOR__LAUNCHER": launcher,
+            # Connection tests run on executors only when enabled.
+            "AIRFLOW__CORE__TEST_CONNECTION": "Enabled",
+        },
+    )
     with sandbox:
         sandbox.wait_for_dag(DAG_ID)
         run_id = sandbox.trigger(DAG_ID)
+        # The third workload type: a connection test the api-server queues for the executor.
+        queued = sandbox.api(
+            "POST",
+            "connections/enqueue-test",
+            {"connection_id": "e2e_fs", "conn_type": "fs", "extra": json.dumps({"path": str(sandbox.home)})},
+        )
         state = sandbox.wait_for_run(DAG_ID, run_id, timeout=RUN_TIMEOUT)
         callbacks = sandbox.wait_for_callbacks(DAG_ID, run_id)
+        connection_test = wait_for_connection_test(sandbox, queued["token"])
         result = Finished(
             sandbox=sandbox,
             run_id=run_id,
@@ -51,6 +88,7 @@ def finished(request: pytest.FixtureRequest) -> Iterator[Finished]:
             callbacks=callbacks,
             missing_logs=sandbox.missing_task_logs(DAG_ID, run_id),
             xcom=sandbox.xcom(DAG_ID, run_id, "push_value"),
+            connection_test=connection_test,
             scheduler_log="",
         )
     # Read after stop(): the executor's shutdown lines are in it too.
@@ -89,4 +127,12 @@ def test_deadline_callback_ran_through_this_executor(finished: Finished) -> None
 
 def test_the_scheduler_used_this_executor_and_shut_it_down(finished: Finished) -> None:
     assert "AsyncLocalExecutor started" in finished.scheduler_log
+    assert "falling back" not in finished.scheduler_log
     assert "shutting down: waiting up to" in finished.scheduler_log
+
+
+def test_connection_test_ran_through_this_executor(finished: Finished) -> None:
+    state, message = finished.connection_test
+    assert state == "success", message
+    assert "is existing" in message
+    assert "[connection-test " in finished.scheduler_log

@@ -138,23 +138,19 @@ class Helper:
         stdin = base64.b64decode(message.get("stdin", ""))
         sys.stdout.flush()
         sys.stderr.flush()
-        settled_r, settled_w = os.pipe2(os.O_CLOEXEC)
         try:
             pid = os.fork()
         except OSError as exc:
-            for fd in (out_fd, settled_r, settled_w):
-                os.close(fd)
+            os.close(out_fd)
             self._send({"op": "spawn_failed", "id": request_id, "error": f"fork failed: {exc.strerror}"})
             return
         if pid == 0:
-            os.close(settled_r)
-            _become_child(out_fd, settled_w, argv, stdin, self._target)
+            _become_child(out_fd, argv, stdin, self._target)
         os.close(out_fd)
-        os.close(settled_w)
-        # Wait until the child leads its own process group: a signal sent to that group as soon as the
-        # loop hears "started" must reach it. EOF (the child died first) is as good as the byte.
-        os.read(settled_r, 1)
-        os.close(settled_r)
+        # Both sides set the group (the classic race-free idiom): a signal sent to it as soon as the
+        # loop hears "started" must reach the child, whichever of the two runs first.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.setpgid(pid, pid)
         self._children[pid] = request_id
         self._send({"op": "started", "id": request_id, "pid": pid})
 
@@ -176,18 +172,16 @@ class Helper:
         self._sock.send(encode(message))
 
 
-def _become_child(out_fd: int, settled_fd: int, argv: list[str], stdin: bytes, target: Target) -> None:
+def _become_child(out_fd: int, argv: list[str], stdin: bytes, target: Target) -> None:
     """Runs in the forked child and never returns."""
     code = 1
     try:
         helper_pid = os.getppid()
-        os.setsid()  # its own session and process group, so its whole tree can be signalled
+        os.setpgid(0, 0)  # its own process group, so its whole tree can be signalled
         signal.set_wakeup_fd(-1)
         for sig in _RESET_SIGNALS:
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        os.write(settled_fd, b"\0")
-        os.close(settled_fd)
         # Parent is the helper, which dies with the executor; a child must not outlive either.
         if not die_with_parent(helper_pid, signal.SIGKILL):
             os._exit(EXIT_PARENT_GONE)

@@ -1,0 +1,169 @@
+"""Command line: ``python -m benchmarks --profile smoke|quick|full ...`` (see ``--help``)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from benchmarks import harness, report
+from benchmarks.deployment import BASELINE, Variant, parse_variant
+from benchmarks.scenarios.base import Case
+from benchmarks.summary import summarize
+
+KEY_FIGURES = {
+    "throughput": ("makespan_s", "tasks_per_s", "scheduler_cpu_s"),
+    "footprint": ("idle_uss_mb", "busy_uss_mb", "per_task_uss_mb"),
+    "burst": ("executor_heartbeat_max_s", "job_heartbeat_max_gap_s", "tasks_killed"),
+    "dispatch": ("heartbeat_p99_ms", "heartbeat_max_ms", "blocked"),
+}
+NOTES_BEGIN, NOTES_END = "<!-- observations -->", "<!-- /observations -->"
+
+
+class LiveDisplay(harness.Listener):
+    """A progress bar over all runs and a table that grows by one row per finished run."""
+
+    def __init__(self, console: Console, total: int) -> None:
+        self.console = console
+        self.progress = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()
+        )
+        self.task = self.progress.add_task("starting", total=total)
+        self.table = Table("run", "status", "wall", "key figures", title="runs", header_style="bold")
+        self.live = Live(Group(self.table, self.progress), console=console, refresh_per_second=4)
+
+    def run_started(self, index: int, total: int, case: Case, rep: int, variant: Variant) -> None:
+        self.progress.update(
+            self.task, description=f"{case.scenario}/{case.name} rep {rep} [b]{variant.label}[/b]"
+        )
+
+    def run_finished(self, record: dict[str, Any]) -> None:
+        figures = "  ".join(
+            f"{name}={report.fmt(record['metrics'].get(name))}" for name in KEY_FIGURES[record["scenario"]]
+        )
+        status = record["status"]
+        self.table.add_row(
+            f"{record['scenario']}/{record['case']} r{record['repetition']} {record['variant']}"
+            + (f" ({launcher})" if (launcher := record["executor_info"].get("launcher")) else ""),
+            status if status == "ok" else f"[red]{status}[/red]",
+            f"{record['wall_s']:.0f}s",
+            figures,
+        )
+        self.progress.advance(self.task)
+
+    def line(self, message: str) -> None:
+        self.console.log(f"[dim]{message}[/dim]")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="AsyncLocalExecutor against the stock LocalExecutor on a real Airflow, side by side.",
+    )
+    p.add_argument("--profile", choices=harness.PROFILES, default="quick")
+    p.add_argument(
+        "--scenarios",
+        default=",".join(harness.SCENARIOS),
+        help="comma list of: " + ", ".join(harness.SCENARIOS),
+    )
+    p.add_argument(
+        "--variants",
+        default="stock,ours",
+        help="comma list: stock, ours, ours-forkserver, ours-subprocess, or label=class.path[:K=V;K=V]",
+    )
+    p.add_argument("--repeat", type=int, help="repetitions per variant (default: smoke 1, quick 1, full 3)")
+    p.add_argument(
+        "--database", default="sqlite", help="sqlite, postgres, or a SQLAlchemy URL of an empty DB"
+    )
+    p.add_argument(
+        "--out", type=Path, help="JSON lines file to append to (default build/bench/<profile>.jsonl)"
+    )
+    p.add_argument("--charts", type=Path, help="directory for the PNG charts")
+    p.add_argument("--markdown", type=Path, help="write the results page (e.g. docs/benchmarks.md)")
+    p.add_argument(
+        "--report-only", action="store_true", help="report the latest session in --out, run nothing"
+    )
+    p.add_argument("--keep-homes", action="store_true", help="keep every AIRFLOW_HOME for inspection")
+    return p
+
+
+def _variants(spec: str) -> list[Variant]:
+    # Custom specs carry commas in their env part; split on commas that start a new variant.
+    parts = [p for p in re.split(r",(?=[A-Za-z0-9_.-]+(?:=|,|$))", spec) if p.strip()]
+    variants = [parse_variant(p) for p in parts]
+    labels = [v.label for v in variants]
+    if len(set(labels)) != len(labels):
+        raise SystemExit(f"duplicate variant labels: {labels}")
+    if BASELINE not in labels:
+        variants.insert(0, parse_variant(BASELINE))
+    return variants
+
+
+def _keep_observations(path: Path) -> str:
+    # Hand-written observations between the markers survive a regeneration of the page.
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return f"{NOTES_BEGIN}\n{NOTES_END}"
+    start, end = text.find(NOTES_BEGIN), text.find(NOTES_END)
+    if start < 0 or end < 0:
+        return f"{NOTES_BEGIN}\n{NOTES_END}"
+    return text[start : end + len(NOTES_END)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    console = Console(stderr=True)
+    out: Path = args.out or Path("build/bench") / f"{args.profile}.jsonl"
+    if args.report_only:
+        records = harness.latest_session(harness.load_records(out))
+        if not records:
+            raise SystemExit(f"no records in {out}")
+    else:
+        variants = _variants(args.variants)
+        cases = harness.select_cases(
+            args.profile, [s.strip() for s in args.scenarios.split(",") if s.strip()]
+        )
+        repeat = args.repeat or harness.DEFAULT_REPEAT[args.profile]
+        plan = harness.Plan(args.profile, cases, variants, repeat, args.database)
+        display = LiveDisplay(console, len(plan.runs()))
+        console.print(
+            f"profile [b]{args.profile}[/b]: {len(cases)} case(s) x {repeat} repetition(s) x "
+            f"{len(variants)} variant(s) = {len(plan.runs())} runs; results appended to {out}"
+        )
+        with display.live:
+            records = harness.run_plan(plan, out, display, keep_home=args.keep_homes)
+    summary = summarize(records, BASELINE)
+    # Wide enough for the ratio columns when the output is a file or a CI log.
+    Console(width=None if sys.stdout.isatty() else 160).print(report.rich_table(summary))
+    if args.charts:
+        for path in report.write_charts(records, summary.variants, args.charts):
+            console.print(f"wrote {path}")
+    if args.markdown:
+        charts_rel = (
+            str(Path(args.charts).resolve().relative_to(args.markdown.resolve().parent))
+            if args.charts
+            else "benchmarks"
+        )
+        report.write_markdown(
+            args.markdown,
+            records,
+            summary,
+            command=records[0].get("command") or harness.python_command(),
+            charts_rel=charts_rel,
+            observations=_keep_observations(args.markdown),
+        )
+        console.print(f"wrote {args.markdown}")
+    errors = [r for r in records if r["status"] == "error"]
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

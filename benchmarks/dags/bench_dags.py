@@ -1,0 +1,39 @@
+"""DAGs the benchmark suite triggers. Sizes come from environment variables of the sandbox.
+
+The counts are read at parse time, so the dag-processor and the task processes (which parse this file
+again) agree; each benchmark run has a fresh deployment with its own values.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from airflow.sdk import dag, task
+
+TASKS = int(os.environ.get("ALE_BENCH_TASKS", "200"))
+SLEEP = float(os.environ.get("ALE_BENCH_SLEEP", "20"))
+# Spreads sleep lengths over the map indexes so tasks finish at different times, as in the burst repro.
+SLEEP_SPREAD = float(os.environ.get("ALE_BENCH_SLEEP_SPREAD", "0"))
+
+
+@dag(dag_id="bench_noop", schedule=None, catchup=False, max_active_runs=1, tags=["benchmark"])
+def bench_noop() -> None:
+    @task(do_xcom_push=False)
+    def noop(i: int) -> None:
+        return None
+
+    noop.expand(i=list(range(TASKS)))
+
+
+@dag(dag_id="bench_sleep", schedule=None, catchup=False, max_active_runs=1, tags=["benchmark"])
+def bench_sleep() -> None:
+    @task(do_xcom_push=False)
+    def sleep(i: int) -> None:
+        time.sleep(SLEEP + SLEEP_SPREAD * (i % 10) / 9)
+
+    sleep.expand(i=list(range(TASKS)))
+
+
+bench_noop()
+bench_sleep()

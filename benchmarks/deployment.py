@@ -1,0 +1,151 @@
+"""Executor variants and one benchmark deployment: a fresh AirflowSandbox per run."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from async_local_executor.sandbox import AirflowSandbox
+from benchmarks import timed_executor
+from benchmarks.probes import HeartbeatLog, tree_cpu_seconds
+
+REPO_ROOT: Final[Path] = Path(__file__).resolve().parent.parent
+DAGS_FOLDER: Final[Path] = Path(__file__).resolve().parent / "dags"
+LAUNCHER_ENV: Final[str] = "AIRFLOW__ASYNC_LOCAL_EXECUTOR__LAUNCHER"
+OURS: Final[str] = "async_local_executor.AsyncLocalExecutor"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """An executor under test: a label, the ``[core] executor`` class path, extra environment."""
+
+    label: str
+    executor: str
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+KNOWN_VARIANTS: Final[dict[str, Variant]] = {
+    "stock": Variant("stock", "LocalExecutor"),
+    "ours": Variant("ours", OURS),
+    "ours-forkserver": Variant("ours-forkserver", OURS, {LAUNCHER_ENV: "forkserver"}),
+    "ours-subprocess": Variant("ours-subprocess", OURS, {LAUNCHER_ENV: "subprocess"}),
+}
+BASELINE: Final[str] = "stock"
+
+
+def parse_variant(spec: str) -> Variant:
+    """A known label, or ``label=class.path[:KEY=VALUE[,KEY=VALUE...]]``."""
+    spec = spec.strip()
+    if "=" not in spec.split(":", 1)[0]:
+        try:
+            return KNOWN_VARIANTS[spec]
+        except KeyError:
+            raise ValueError(
+                f"unknown variant {spec!r}; known: {', '.join(KNOWN_VARIANTS)} or label=class.path[:K=V,...]"
+            ) from None
+    label, _, rest = spec.partition("=")
+    path, _, env_spec = rest.partition(":")
+    env: dict[str, str] = {}
+    for item in filter(None, env_spec.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"variant env item must be KEY=VALUE: {item!r}")
+        env[key] = value
+    if not label or not path:
+        raise ValueError(f"variant spec must be label=class.path[:K=V,...]: {spec!r}")
+    return Variant(label, path, env)
+
+
+@dataclass
+class Deployment:
+    sandbox: AirflowSandbox
+    heartbeat_log: Path
+
+    def cpu(self) -> dict[str, float]:
+        """Cumulative CPU seconds per Airflow process tree."""
+        return {name: tree_cpu_seconds(pid) for name, pid in self.sandbox.pids.items()}
+
+    @property
+    def scheduler_pid(self) -> int:
+        return self.sandbox.pids["scheduler"]
+
+    def heartbeats(self) -> HeartbeatLog:
+        return HeartbeatLog.read(self.heartbeat_log)
+
+    def query(self, sql: str) -> list[tuple[object, ...]]:
+        return self.sandbox.query(sql)
+
+    def executor_info(self) -> dict[str, str]:
+        """What the executor said about itself when it started (its launcher, for AsyncLocalExecutor)."""
+        return executor_info(self.sandbox.process_logs["scheduler"])
+
+
+_STARTED = re.compile(r"AsyncLocalExecutor started: ([^\n]*)")
+
+
+def executor_info(log: Path) -> dict[str, str]:
+    # The source under test can change between runs (work in progress): record what actually ran.
+    try:
+        match = _STARTED.search(log.read_text(errors="replace"))
+    except FileNotFoundError:
+        return {}
+    if match is None:
+        return {}
+    info = {"started": match.group(1).strip()}
+    launcher = re.search(r"launcher=(\w+)", match.group(1))
+    if launcher:
+        info["launcher"] = launcher.group(1)
+    return info
+
+
+@contextlib.contextmanager
+def deployment(
+    variant: Variant,
+    *,
+    parallelism: int,
+    database: str,
+    dag_env: Mapping[str, str],
+    progress: Callable[[str], None] | None,
+    keep_home: bool = False,
+) -> Iterator[Deployment]:
+    """Start a fresh sandbox running ``variant`` with the benchmark DAGs; stop and remove it after."""
+    home = Path(tempfile.mkdtemp(prefix=f"ale-bench-{variant.label}-"))
+    heartbeat_log = home / "executor-heartbeats.log"
+    pythonpath = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
+    env = {
+        # benchmarks.timed_executor must be importable by the scheduler (and the api-server).
+        "PYTHONPATH": pythonpath,
+        timed_executor.TARGET_ENV: variant.executor,
+        timed_executor.LOG_ENV: str(heartbeat_log),
+        # The default pool's 128 slots would cap a 256-way burst before parallelism does; read at migrate.
+        "AIRFLOW__CORE__DEFAULT_POOL_TASK_SLOT_COUNT": str(max(512, parallelism)),
+        **dict(dag_env),
+        **dict(variant.env),
+    }
+    sandbox = AirflowSandbox(
+        executor=timed_executor.CLASS_PATH,
+        database=database,
+        dags_folder=DAGS_FOLDER,
+        parallelism=parallelism,
+        extra_config=env,
+        home=home,
+        progress=progress,
+    )
+    failed = True
+    try:
+        with sandbox:
+            yield Deployment(sandbox, heartbeat_log)
+        failed = False
+    finally:
+        if keep_home or failed:
+            if progress is not None:
+                progress(f"kept {home}")
+        else:
+            shutil.rmtree(home, ignore_errors=True)

@@ -1,0 +1,199 @@
+"""Runs the selected cases for every variant, alternating A B A B, and writes one JSON line per run."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Final
+
+import psutil
+
+from benchmarks.deployment import REPO_ROOT, Variant
+from benchmarks.scenarios import burst, dispatch, footprint, throughput
+from benchmarks.scenarios.base import Case, RunContext
+
+SCHEMA: Final[int] = 1
+SCENARIOS: Final[dict[str, Callable[[str], list[Case]]]] = {
+    "throughput": throughput.cases,
+    "footprint": footprint.cases,
+    "burst": burst.cases,
+    "dispatch": dispatch.cases,
+}
+PROFILES: Final[tuple[str, ...]] = ("smoke", "quick", "full")
+DEFAULT_REPEAT: Final[dict[str, int]] = {"smoke": 1, "quick": 1, "full": 3}
+
+Record = dict[str, Any]
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip()
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "hostname": platform.node(),
+        "platform": platform.platform(),
+        "cpu_model": _cpu_model(),
+        "cpus": os.cpu_count(),
+        "memory_gb": round(psutil.virtual_memory().total / 1024**3, 1),
+    }
+
+
+def versions() -> dict[str, Any]:
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "python": platform.python_version(),
+        "apache-airflow": _version("apache-airflow"),
+        "apache-airflow-task-sdk": _version("apache-airflow-task-sdk"),
+        "async-local-executor": _version("async-local-executor"),
+        "uvloop": _version("uvloop"),
+        "git_commit": _git("rev-parse", "--short", "HEAD"),
+        "git_dirty": None if status is None else bool(status),
+    }
+
+
+def source_digest() -> str:
+    """A short hash of the executor package's Python files as they are on disk now."""
+    digest = hashlib.sha256()
+    package = REPO_ROOT / "src" / "async_local_executor"
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def select_cases(profile: str, scenarios: Iterable[str]) -> list[Case]:
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r}; known: {', '.join(PROFILES)}")
+    selected: list[Case] = []
+    for name in scenarios:
+        if name not in SCENARIOS:
+            raise ValueError(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}")
+        selected.extend(SCENARIOS[name](profile))
+    return selected
+
+
+@dataclass(frozen=True)
+class Plan:
+    profile: str
+    cases: Sequence[Case]
+    variants: Sequence[Variant]
+    repeat: int
+    database: str
+
+    def runs(self) -> list[tuple[Case, int, Variant]]:
+        # Paired runs sit next to each other in time: A B A B per case, so drift hits both sides.
+        return [(case, rep, v) for case in self.cases for rep in range(self.repeat) for v in self.variants]
+
+
+class Listener:
+    """Hooks for the terminal display; the defaults do nothing."""
+
+    def run_started(self, index: int, total: int, case: Case, rep: int, variant: Variant) -> None: ...
+
+    def run_finished(self, record: Record) -> None: ...
+
+    def line(self, message: str) -> None: ...
+
+
+def run_plan(plan: Plan, out: Path, listener: Listener, *, keep_home: bool = False) -> list[Record]:
+    """Run every (case, repetition, variant) once; append each record to ``out`` as it finishes."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    session = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    host, vers = machine(), versions()
+    records: list[Record] = []
+    runs = plan.runs()
+    for index, (case, rep, variant) in enumerate(runs):
+        listener.run_started(index, len(runs), case, rep, variant)
+        ctx = RunContext(variant, plan.database, listener.line, keep_home)
+        started_at = datetime.now(timezone.utc)
+        began = time.monotonic()
+        load = os.getloadavg()
+        digest = source_digest()
+        try:
+            outcome = case.run(ctx)
+            metrics, series, status, notes = outcome.metrics, outcome.series, outcome.status, outcome.notes
+            info = outcome.info
+        except Exception as exc:  # noqa: BLE001 - one failed run is a result, not the end of the suite
+            metrics, series, status, info = {}, {}, "error", {}
+            notes = [f"{type(exc).__name__}: {exc}"[:4000], traceback.format_exc(limit=8)[-4000:]]
+        record: Record = {
+            "schema": SCHEMA,
+            "session": session,
+            "profile": plan.profile,
+            "scenario": case.scenario,
+            "case": case.name,
+            "variant": variant.label,
+            "executor": variant.executor,
+            "variant_env": dict(variant.env),
+            "executor_info": info,
+            # Changes when the executor's source changed between runs (someone working on it).
+            "source_digest": digest,
+            "repetition": rep,
+            "database": plan.database,
+            "command": python_command(),
+            "started_at": started_at.isoformat(),
+            "wall_s": round(time.monotonic() - began, 2),
+            "load_avg_before": [round(x, 2) for x in load],
+            "machine": host,
+            "versions": vers,
+            "config": dict(case.config),
+            "status": status,
+            "notes": notes,
+            "metrics": metrics,
+            "series": series,
+        }
+        with out.open("a") as fh:
+            fh.write(json.dumps(record, default=str) + "\n")
+        records.append(record)
+        listener.run_finished(record)
+    return records
+
+
+def load_records(path: Path) -> list[Record]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def latest_session(records: list[Record]) -> list[Record]:
+    if not records:
+        return []
+    last = max(r["session"] for r in records)
+    return [r for r in records if r["session"] == last]
+
+
+def python_command() -> str:
+    return " ".join([Path(sys.executable).name, "-m", "benchmarks", *sys.argv[1:]])

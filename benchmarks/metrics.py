@@ -1,0 +1,128 @@
+"""Every figure the suite reports: unit, which direction is better, and what it means.
+
+The terminal table, the ratios and docs/benchmarks.md all read this registry, so a figure is explained
+in exactly one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final, Literal
+
+Better = Literal["lower", "higher", "none"]
+
+
+@dataclass(frozen=True)
+class Metric:
+    unit: str
+    better: Better
+    meaning: str
+
+
+_CPU: Final[dict[str, Metric]] = {
+    "scheduler_cpu_s": Metric(
+        "s",
+        "lower",
+        "CPU seconds (user+system) of the scheduler and every descendant, reaped children included, "
+        "from trigger to the end of the measured phase; task processes are descendants, so this is the "
+        "whole cost of running the tasks",
+    ),
+    "scheduler_cpu_per_task_s": Metric("s", "lower", "scheduler_cpu_s divided by the tasks that ran"),
+    "api_server_cpu_s": Metric("s", "lower", "CPU seconds of the api-server tree over the same phase"),
+    "api_server_cpu_per_task_s": Metric("s", "lower", "api_server_cpu_s divided by the tasks that ran"),
+    "dag_processor_cpu_s": Metric("s", "lower", "CPU seconds of the dag-processor tree (context only)"),
+}
+
+_LOOP: Final[dict[str, Metric]] = {
+    "executor_heartbeat_p50_ms": Metric(
+        "ms", "lower", "median duration of the executor's heartbeat() as the scheduler called it"
+    ),
+    "executor_heartbeat_p99_ms": Metric("ms", "lower", "99th percentile of the same"),
+    "executor_heartbeat_max_s": Metric(
+        "s",
+        "lower",
+        "longest heartbeat() call, counting one still running when the measurement ended",
+    ),
+    "job_heartbeat_max_gap_s": Metric(
+        "s",
+        "lower",
+        "longest gap between successive scheduler job heartbeats (job.latest_heartbeat, written about "
+        "once a second while the scheduler loop turns), counting the open gap at the end",
+    ),
+}
+
+METRICS: Final[dict[str, dict[str, Metric]]] = {
+    "throughput": {
+        "makespan_s": Metric("s", "lower", "first task start to last task end (task_instance rows)"),
+        "run_duration_s": Metric("s", "lower", "trigger (dag_run.queued_at) to DAG run end"),
+        "tasks_per_s": Metric("1/s", "higher", "tasks divided by makespan_s"),
+        "queued_to_start_p50_s": Metric(
+            "s", "lower", "median of start_date - queued_dttm over the task instances"
+        ),
+        "queued_to_start_p95_s": Metric("s", "lower", "95th percentile of the same"),
+        "tasks_succeeded": Metric("", "higher", "task instances that ended in success"),
+        **_LOOP,
+        **_CPU,
+    },
+    "footprint": {
+        "idle_uss_mb": Metric(
+            "MB", "lower", "USS summed over the scheduler tree, median of the idle window (no DAG run)"
+        ),
+        "idle_pss_mb": Metric("MB", "lower", "PSS summed the same way, idle window"),
+        "idle_processes": Metric("", "lower", "processes in the scheduler tree while idle"),
+        "busy_uss_mb": Metric(
+            "MB", "lower", "scheduler-tree USS, median while the most tasks were running at once"
+        ),
+        "busy_pss_mb": Metric("MB", "lower", "scheduler-tree PSS over the same samples"),
+        "peak_uss_mb": Metric("MB", "lower", "highest scheduler-tree USS sample of the run"),
+        "peak_running": Metric(
+            "", "higher", "most task instances in state running at once (launch rate bounds it)"
+        ),
+        "per_task_uss_mb": Metric("MB", "lower", "(busy_uss_mb - idle_uss_mb) / peak_running"),
+        "per_task_pss_mb": Metric("MB", "lower", "(busy_pss_mb - idle_pss_mb) / peak_running"),
+        **_CPU,
+    },
+    "burst": {
+        **_LOOP,
+        "job_heartbeat_stalls": Metric(
+            "", "lower", "gaps of more than 5 s between scheduler job heartbeats (loop stalls)"
+        ),
+        "job_heartbeat_stalled_s": Metric("s", "lower", "total length of those gaps"),
+        "clears": Metric("", "none", "times finished task instances were cleared to force a burst"),
+        "run_finished": Metric("", "higher", "1 when the DAG run reached a final state in time"),
+        "tasks_failed": Metric("", "lower", "task instances in failed or up_for_retry at the end"),
+        "tasks_lost": Metric(
+            "", "lower", "task instances still not finished when the run timed out (stuck queued/running)"
+        ),
+        "tasks_killed": Metric(
+            "",
+            "lower",
+            "executor events the scheduler found inconsistent (a task reported finished while the "
+            "database held it queued or running: 'killed externally') plus task logs saying the "
+            "server told the task to stop",
+        ),
+        **_CPU,
+    },
+    "dispatch": {
+        "heartbeat_p50_ms": Metric("ms", "lower", "median heartbeat() duration with K workloads queued"),
+        "heartbeat_p99_ms": Metric("ms", "lower", "99th percentile of the same"),
+        "heartbeat_max_ms": Metric(
+            "ms", "lower", "longest heartbeat() call, the blocked one included (it ran until the timeout)"
+        ),
+        "heartbeats": Metric("", "none", "heartbeat() calls that returned within the window"),
+        "dispatched": Metric(
+            "",
+            "none",
+            "workloads handed to the executor's workers (K minus what is still in queued_tasks); "
+            "AsyncLocalExecutor stops at parallelism because it keeps `running`",
+        ),
+        "blocked": Metric("", "lower", "1 when a heartbeat() call did not return within the block limit"),
+        "blocked_after_dispatched": Metric(
+            "", "none", "workloads dispatched before the heartbeat that blocked (empty if none blocked)"
+        ),
+    },
+}
+
+
+def metric(scenario: str, name: str) -> Metric:
+    return METRICS.get(scenario, {}).get(name, Metric("", "none", ""))

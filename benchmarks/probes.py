@@ -1,0 +1,214 @@
+"""What the suite measures on live processes: memory and CPU of process trees, scheduler heartbeats."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import psutil
+
+MB = 1024.0 * 1024.0
+# Under this much available memory a run is aborted rather than risk the machine's OOM killer.
+MIN_AVAILABLE_BYTES = 1024 * 1024 * 1024
+
+
+def tree(pid: int) -> list[psutil.Process]:
+    """``pid`` and every live descendant; empty when ``pid`` is gone."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of a process tree, including children its members have reaped.
+
+    A process is either alive (its own times count) or reaped (its times are in its parent's
+    ``children_*``), never both, so differences of two snapshots are exact for processes that ran
+    between them.
+    """
+    total = 0.0
+    for proc in tree(pid):
+        with contextlib.suppress(psutil.Error):
+            t = proc.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
+@dataclass(frozen=True)
+class MemorySample:
+    t: float  # time.monotonic() of the sample
+    uss_mb: float
+    pss_mb: float
+    rss_mb: float
+    processes: int
+
+
+def tree_memory(pid: int, t: float) -> MemorySample:
+    uss = pss = rss = 0
+    count = 0
+    for proc in tree(pid):
+        with contextlib.suppress(psutil.Error):
+            info = proc.memory_full_info()
+            uss += info.uss
+            pss += getattr(info, "pss", 0)
+            rss += info.rss
+            count += 1
+    return MemorySample(t, uss / MB, pss / MB, rss / MB, count)
+
+
+class Periodic:
+    """Calls ``fn(time.monotonic())`` every ``interval`` seconds on a daemon thread until stopped."""
+
+    def __init__(self, name: str, interval: float, fn: Callable[[float], None]) -> None:
+        self._interval = interval
+        self._fn = fn
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.started = time.monotonic()
+        self.errors: list[str] = []
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            began = time.monotonic()
+            try:
+                self._fn(began)
+            except Exception as exc:  # noqa: BLE001 - a probe failure must not end the run
+                if len(self.errors) < 5:
+                    self.errors.append(repr(exc))
+            self._stop.wait(max(0.0, self._interval - (time.monotonic() - began)))
+
+    def start(self) -> None:
+        self.started = time.monotonic()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+
+@dataclass
+class MemoryProbe:
+    """Samples the scheduler tree's USS/PSS at about 2 Hz (``memory_full_info`` reads smaps_rollup)."""
+
+    pid: int
+    interval: float = 0.5
+    samples: list[MemorySample] = field(default_factory=list)
+    low_memory: bool = False
+
+    def _sample(self, t: float) -> None:
+        self.samples.append(tree_memory(self.pid, t))
+        if psutil.virtual_memory().available < MIN_AVAILABLE_BYTES:
+            self.low_memory = True
+
+    @contextlib.contextmanager
+    def sampling(self) -> Iterator[MemoryProbe]:
+        periodic = Periodic("bench-memory", self.interval, self._sample)
+        periodic.start()
+        try:
+            yield self
+        finally:
+            periodic.stop()
+
+    def between(self, start: float, end: float) -> list[MemorySample]:
+        return [s for s in self.samples if start <= s.t <= end]
+
+
+def as_utc(value: object) -> datetime | None:
+    if value is None:
+        return None
+    parsed = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+@dataclass(frozen=True)
+class LoopSample:
+    t: float  # time.monotonic() of the sample
+    latest_heartbeat: float | None  # unix time of the scheduler job's latest_heartbeat
+    running: int
+
+
+@dataclass
+class LoopProbe:
+    """Polls the scheduler job's ``latest_heartbeat`` and the running task count from the database."""
+
+    query: Callable[[str], list[tuple[object, ...]]]
+    interval: float = 0.5
+    samples: list[LoopSample] = field(default_factory=list)
+    ended_at: float = 0.0
+
+    def _sample(self, t: float) -> None:
+        beat = self.query(
+            "SELECT latest_heartbeat FROM job WHERE job_type = 'SchedulerJob' ORDER BY id DESC LIMIT 1"
+        )
+        running = self.query("SELECT count(*) FROM task_instance WHERE state = 'running'")
+        when = as_utc(beat[0][0]) if beat else None
+        self.samples.append(
+            LoopSample(t, when.timestamp() if when else None, int(str(running[0][0])) if running else 0)
+        )
+
+    @contextlib.contextmanager
+    def sampling(self) -> Iterator[LoopProbe]:
+        periodic = Periodic("bench-loop", self.interval, self._sample)
+        periodic.start()
+        self.ended_at = 0.0
+        try:
+            yield self
+        finally:
+            periodic.stop()
+            self.ended_at = time.time()
+
+    def gaps(self) -> list[float]:
+        """Gaps between distinct heartbeats, plus the open gap up to the end of polling."""
+        beats = sorted({s.latest_heartbeat for s in self.samples if s.latest_heartbeat is not None})
+        gaps = [b - a for a, b in itertools.pairwise(beats)]
+        if beats and self.ended_at:
+            gaps.append(max(0.0, self.ended_at - beats[-1]))
+        return gaps
+
+    def seconds_since_heartbeat(self) -> float | None:
+        for sample in reversed(self.samples):
+            if sample.latest_heartbeat is not None:
+                return time.time() - sample.latest_heartbeat
+        return None
+
+    def peak_running(self) -> int:
+        return max((s.running for s in self.samples), default=0)
+
+
+@dataclass(frozen=True)
+class HeartbeatLog:
+    """What ``timed_executor`` wrote: completed durations and a call still open at read time."""
+
+    durations: list[float]
+    open_for: float | None
+
+    @classmethod
+    def read(cls, path: Path, now: float | None = None) -> HeartbeatLog:
+        durations: list[float] = []
+        open_since: float | None = None
+        try:
+            lines = path.read_text().splitlines()
+        except FileNotFoundError:
+            return cls([], None)
+        for line in lines:
+            parts = line.split()
+            if len(parts) == 2 and parts[0] == "b":
+                open_since = float(parts[1])
+            elif len(parts) == 3 and parts[0] == "e":
+                durations.append(float(parts[2]))
+                open_since = None
+        now = time.time() if now is None else now
+        return cls(durations, None if open_since is None else now - open_since)
+
+    @property
+    def longest(self) -> float | None:
+        candidates = [*self.durations, *([self.open_for] if self.open_for is not None else [])]
+        return max(candidates) if candidates else None

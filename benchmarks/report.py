@@ -1,0 +1,389 @@
+"""Presentation: the rich table in the terminal, the PNG charts, docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from benchmarks.metrics import METRICS
+from benchmarks.stats import median
+from benchmarks.summary import Summary
+
+CHARTS = ("makespan.png", "memory.png", "heartbeat.png")
+
+
+def fmt(value: float | None) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    magnitude = abs(value)
+    if magnitude >= 100 or float(value).is_integer():
+        return f"{value:,.0f}"
+    if magnitude >= 10:
+        return f"{value:.1f}"
+    if magnitude >= 0.1:
+        return f"{value:.2f}"
+    return f"{value:.3g}"
+
+
+def fmt_ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _status(summary: Summary, scenario: str, case: str) -> str:
+    parts = []
+    for v in summary.variants:
+        st = summary.statuses.get((scenario, case, v), [])
+        bad = [s for s in st if s != "ok"]
+        if bad:
+            parts.append(f"{v}: {', '.join(bad)}")
+    return "; ".join(parts)
+
+
+def rich_table(summary: Summary, title: str = "results (medians; ratio = variant / stock per pair)") -> Table:
+    table = Table(title=title, show_lines=False, header_style="bold")
+    table.add_column("scenario / case")
+    table.add_column("figure")
+    table.add_column("unit")
+    for v in summary.variants:
+        table.add_column(v, justify="right")
+    others = [v for v in summary.variants if v != summary.baseline]
+    for v in others:
+        table.add_column(f"{v}/{summary.baseline}", justify="right")
+    table.add_column("better")
+    last = None
+    for row in summary.rows:
+        where = f"{row.scenario} / {row.case}"
+        label = where if where != last else ""
+        if where != last and (problem := _status(summary, row.scenario, row.case)):
+            label = f"{where}\n[red]{problem}[/red]"
+        last = where
+        table.add_row(
+            label,
+            row.name,
+            row.info.unit,
+            *(fmt(row.medians.get(v)) for v in summary.variants),
+            *(fmt_ratio(row.ratios.get(v)) for v in others),
+            row.info.better if row.info.better != "none" else "",
+        )
+    return table
+
+
+def markdown_table(summary: Summary) -> str:
+    others = [v for v in summary.variants if v != summary.baseline]
+    head = [
+        "scenario / case",
+        "figure",
+        "unit",
+        *summary.variants,
+        *(f"{v}/{summary.baseline}" for v in others),
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    last = None
+    for row in summary.rows:
+        where = f"{row.scenario} / `{row.case}`"
+        label = where if where != last else ""
+        last = where
+        cells = [
+            label,
+            f"`{row.name}`" + (f" ({row.info.better} is better)" if row.info.better != "none" else ""),
+            row.info.unit,
+            *(fmt(row.medians.get(v)) for v in summary.variants),
+            *(fmt_ratio(row.ratios.get(v)) for v in others),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ charts
+
+
+def _first(
+    records: Sequence[dict[str, Any]], scenario: str, variant: str, case: str | None = None
+) -> dict[str, Any] | None:
+    for rec in records:
+        if (
+            rec["scenario"] == scenario
+            and rec["variant"] == variant
+            and (case is None or rec["case"] == case)
+        ):
+            return rec
+    return None
+
+
+def write_charts(records: Sequence[dict[str, Any]], variants: Sequence[str], out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    colors = {v: plt.get_cmap("tab10")(i) for i, v in enumerate(variants)}
+
+    # Makespan: medians with min..max whiskers over repetitions.
+    fig, ax = plt.subplots(figsize=(7, 4))
+    figures = ("makespan_s", "run_duration_s")
+    width = 0.8 / max(1, len(variants))
+    any_data = False
+    for i, v in enumerate(variants):
+        meds, lows, highs = [], [], []
+        for name in figures:
+            vals = [
+                float(r["metrics"][name])
+                for r in records
+                if r["scenario"] == "throughput" and r["variant"] == v and r["metrics"].get(name) is not None
+            ]
+            m = median(vals) or 0.0
+            meds.append(m)
+            lows.append(m - min(vals) if vals else 0.0)
+            highs.append(max(vals) - m if vals else 0.0)
+            any_data = any_data or bool(vals)
+        xs = [j + i * width for j in range(len(figures))]
+        ax.bar(xs, meds, width, yerr=[lows, highs], capsize=3, label=v, color=colors[v])
+        for x, m in zip(xs, meds, strict=True):
+            ax.annotate(f"{m:.1f}s", (x, m), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks([j + width * (len(variants) - 1) / 2 for j in range(len(figures))])
+    ax.set_xticklabels(["first start → last end", "trigger → run end"])
+    ax.set_ylabel("seconds (median, whiskers min..max)")
+    case = next((r["case"] for r in records if r["scenario"] == "throughput"), "no throughput run")
+    ax.set_title(f"throughput makespan ({case})" if any_data else "throughput: no data")
+    ax.legend()
+    fig.tight_layout()
+    written.append(out_dir / "makespan.png")
+    fig.savefig(written[-1], dpi=110)
+    plt.close(fig)
+
+    # Memory over time: the busy footprint case if there is one, else the first footprint case.
+    fig, ax = plt.subplots(figsize=(8, 4))
+    cases = [r["case"] for r in records if r["scenario"] == "footprint"]
+    busy = next((c for c in cases if c.startswith("busy")), cases[0] if cases else None)
+    ax2 = ax.twinx()
+    for v in variants:
+        rec = _first(records, "footprint", v, busy)
+        if rec is None or not rec["series"].get("memory"):
+            continue
+        mem = rec["series"]["memory"]
+        ax.plot([m[0] for m in mem], [m[1] for m in mem], label=f"{v} USS", color=colors[v])
+        ax.plot([m[0] for m in mem], [m[2] for m in mem], label=f"{v} PSS", color=colors[v], linestyle=":")
+        running = rec["series"].get("running", [])
+        ax2.plot([r[0] for r in running], [r[1] for r in running], color=colors[v], alpha=0.3, linestyle="--")
+    ax.set_xlabel("seconds since sampling started (dashed, right axis: running task instances)")
+    ax.set_ylabel("scheduler tree memory (MB)")
+    ax2.set_ylabel("running")
+    ax.set_title(f"scheduler process tree memory ({busy or 'no footprint run'})")
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    written.append(out_dir / "memory.png")
+    fig.savefig(written[-1], dpi=110)
+    plt.close(fig)
+
+    # Heartbeat latency: ECDF per variant for the largest dispatch case and for the burst's scheduler.
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    dispatch_cases = sorted(
+        {r["case"] for r in records if r["scenario"] == "dispatch"},
+        key=lambda c: int(c.split("-")[0].lstrip("k") or 0),
+    )
+    panels = [
+        ("dispatch", dispatch_cases[-1] if dispatch_cases else None, "driver heartbeat()"),
+        ("burst", None, "scheduler's executor heartbeat()"),
+    ]
+    for ax, (scenario, case, what) in zip(axes, panels, strict=True):
+        for v in variants:
+            rec = _first(records, scenario, v, case)
+            if rec is None:
+                continue
+            data = sorted(max(1e-3, float(x)) for x in rec["series"].get("heartbeat_ms", []))
+            if not data:
+                continue
+            label = v
+            if rec["metrics"].get("blocked"):
+                label += f" (blocked after {fmt(rec['metrics'].get('blocked_after_dispatched'))} dispatched)"
+            elif scenario == "burst" and rec["metrics"].get("executor_heartbeat_max_s"):
+                label += f" (max {rec['metrics']['executor_heartbeat_max_s'] * 1000:.1f} ms)"
+            ax.step(
+                data,
+                [(i + 1) / len(data) for i in range(len(data))],
+                where="post",
+                label=label,
+                color=colors[v],
+            )
+        ax.set_xscale("log")
+        ax.set_xlabel("heartbeat() duration (ms, log)")
+        ax.set_ylabel("fraction of calls ≤ x")
+        ax.set_title(f"{scenario} {case or ''}: {what}".strip())
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    written.append(out_dir / "heartbeat.png")
+    fig.savefig(written[-1], dpi=110)
+    plt.close(fig)
+    return written
+
+
+# ------------------------------------------------------------------ docs/benchmarks.md
+
+
+def _meanings() -> str:
+    lines = []
+    for scenario, figures in METRICS.items():
+        lines.append(f"\n**{scenario}**\n")
+        lines.extend(f"- `{name}` ({m.unit or 'count'}): {m.meaning}." for name, m in figures.items())
+    return "\n".join(lines)
+
+
+def _configs(records: Sequence[dict[str, Any]]) -> str:
+    seen: dict[str, dict[str, Any]] = {}
+    for r in records:
+        seen.setdefault(f"{r['scenario']} / {r['case']}", r["config"])
+    return "\n".join(f"- {k}: `{v}`" for k, v in seen.items())
+
+
+def _notes(records: Sequence[dict[str, Any]]) -> str:
+    lines = []
+    for r in records:
+        if r["status"] != "ok" or r["notes"]:
+            note = "; ".join(n.splitlines()[0] for n in r["notes"] if n) or ""
+            lines.append(
+                f"- {r['scenario']} / {r['case']} / {r['variant']} rep {r['repetition']}: "
+                f"status `{r['status']}`{' - ' + note if note else ''}"
+            )
+    return "\n".join(lines) or "- every run ended with status `ok`"
+
+
+def write_markdown(
+    path: Path,
+    records: Sequence[dict[str, Any]],
+    summary: Summary,
+    *,
+    command: str,
+    charts_rel: str,
+    observations: str = "",
+) -> None:
+    first = records[0]
+    m, vers = first["machine"], first["versions"]
+    launchers = sorted(
+        {
+            f"{r['variant']}: {r['executor']}"
+            + (
+                f" with {', '.join(f'{k}={v}' for k, v in r['variant_env'].items())}"
+                if r["variant_env"]
+                else ""
+            )
+            for r in records
+        }
+    )
+    used = sorted(
+        {
+            f"{r['variant']}: launcher {r.get('executor_info', {}).get('launcher', 'n/a')}"
+            for r in records
+            if r.get("executor_info")
+        }
+    )
+    digests = sorted({r.get("source_digest", "?") for r in records})
+    when = min(r["started_at"] for r in records)
+    wall = sum(float(r["wall_s"]) for r in records)
+    text = f"""# Benchmarks: AsyncLocalExecutor against the stock LocalExecutor
+
+Every performance claim this project makes comes from this suite (`benchmarks/`). It runs a real
+Airflow 3.3 (api-server, scheduler and dag-processor as separate processes, a fresh `AIRFLOW_HOME` and
+database per run) once per executor variant, alternating A B A B over the repetitions on the same DAG
+and configuration, and reports medians and the ratio of each pair.
+
+## How to run it
+
+```console
+$ make bench        # quick profile (about 10 minutes on 2 cores), writes this page and the charts
+$ make bench-full   # every scenario at full size, 3 repetitions
+$ make bench-smoke  # a few tasks, one repetition: proves the harness works (CI runs this via make test)
+$ .venv/bin/python -m benchmarks --profile quick --scenarios throughput,dispatch \\
+      --variants stock,ours,ours-forkserver --repeat 3 --database postgres --out results.jsonl
+```
+
+`--variants` takes known labels (`stock`, `ours`, `ours-forkserver`, `ours-subprocess`) or
+`label=class.path:ENV=VALUE,...`; ratios are each variant against `stock`. Every run appends one JSON
+line (machine, versions, configuration, every figure, raw series) to `--out`; `--report-only` rebuilds
+the table, charts and this page from such a file.
+
+## Latest results
+
+- Date: {when[:19].replace("T", " ")} UTC; profile `{first["profile"]}`; database `{first["database"]}`;
+  {max(r["repetition"] for r in records) + 1} repetition(s); {len(records)} runs, {
+        wall / 60:.1f} minutes in total.
+- Machine: {m["cpu_model"]}, {m["cpus"]} cores, {m["memory_gb"]} GB, {m["platform"]}.
+- Versions: Python {vers["python"]}, apache-airflow {vers["apache-airflow"]}, task SDK
+  {vers["apache-airflow-task-sdk"]}, async-local-executor {vers["async-local-executor"]} (git
+  {vers["git_commit"]}{", uncommitted changes" if vers["git_dirty"] else ""}), uvloop {vers["uvloop"]}.
+- Variants: {"; ".join(launchers)}.
+- Launcher each AsyncLocalExecutor run reported at start (scheduler log): {"; ".join(used) or "n/a"}.
+  Source digest of `src/async_local_executor` per run: {", ".join(digests)}{
+        " (the source changed during the session: compare with care)" if len(digests) > 1 else ""
+    }.
+- Command: `{command}`
+
+The machine is shared and has 2 cores: other work may have been running, so single figures are noisy.
+Quote the ratios (each variant against stock in the same repetition, runs back to back), not the
+absolute numbers, and re-run before relying on a small difference.
+
+{markdown_table(summary)}
+
+Runs that did not end cleanly:
+
+{_notes(records)}
+
+{observations}
+
+![makespan]({charts_rel}/makespan.png)
+
+![memory over time]({charts_rel}/memory.png)
+
+![heartbeat latency]({charts_rel}/heartbeat.png)
+
+Configuration of each case:
+
+{_configs(records)}
+
+## What each figure means
+
+Scenarios:
+
+- **throughput**: `bench_noop`, N mapped tasks that do nothing, at the given parallelism. Times come
+  from the `task_instance` and `dag_run` rows.
+- **footprint**: memory of the scheduler process tree (the scheduler and every descendant: the stock
+  executor's pre-forked workers, our task supervisors, the task processes), sampled with psutil
+  `memory_full_info()` at about 2 Hz; USS is memory only that process holds, PSS adds its share of
+  shared pages. Idle cases start a deployment and trigger nothing; the busy case triggers N tasks that
+  sleep, and pairs each memory sample with the number of task instances in state running.
+- **burst**: the dispatch-deadlock repro (upstream #70526): many sleeping mapped tasks at high
+  parallelism; each time enough of them have succeeded, those are cleared again through the REST API,
+  so a dispatch burst meets results coming back. Loop stalls are gaps in the scheduler job's
+  `latest_heartbeat` (polled from the database at 2 Hz); the run is abandoned once the scheduler has not
+  heartbeated for a while (a deadlock).
+- **dispatch**: no deployment; a driver process builds the executor, queues K real `ExecuteTask`
+  workloads and calls `heartbeat()` + `get_event_buffer()` in a loop, like the scheduler. The execution
+  API address accepts connections and never answers, so every started workload blocks, as long tasks
+  do: the realistic case in which the stock executor's 64 KiB activity pipe fills. A heartbeat() that
+  does not return within 10 s is reported as blocked with the number of workloads dispatched before it
+  (the driver then ends; a hard timeout backs that up). The stock executor dispatches up to
+  `parallelism` per heartbeat because it never fills `running`; ours stops at `parallelism` because it
+  does, so its heartbeat() cost is the scheduling bookkeeping over K queued workloads.
+
+How the executor heartbeat is timed in a deployment: Airflow 3.3 only emits
+`scheduler.executor_heartbeat_duration` to StatsD/OpenTelemetry, so the deployment runs
+`benchmarks.timed_executor.TimedExecutor`, a subclass of the executor under test (named in
+`ALE_BENCH_EXECUTOR`) whose `heartbeat()` writes a start and an end line to a file. Both variants carry
+the same wrapper. CPU seconds are psutil `cpu_times()` (user, system and reaped children) summed over
+each process tree, the difference between the start and the end of the measured phase.
+
+Figures:
+{_meanings()}
+"""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def generated_at() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -1,0 +1,1 @@
+"""Scenarios. Each module offers ``cases(profile)``: the selectable units one deployment runs."""

@@ -1,0 +1,111 @@
+"""What every scenario shares: the run context, a case, its outcome, and common figures."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from async_local_executor.sandbox import AirflowSandbox, SandboxTimeout
+from benchmarks.deployment import Deployment, Variant
+from benchmarks.probes import HeartbeatLog, LoopProbe
+from benchmarks.stats import max_or_none, percentile
+
+Figures = dict[str, float | None]
+
+
+@dataclass(frozen=True)
+class RunContext:
+    variant: Variant
+    database: str
+    progress: Callable[[str], None] | None
+    keep_home: bool = False
+
+
+@dataclass
+class Outcome:
+    metrics: Figures
+    series: dict[str, Any] = field(default_factory=dict)
+    status: str = "ok"
+    notes: list[str] = field(default_factory=list)
+    # Facts about the executor that ran, e.g. {"launcher": "forkserver"}.
+    info: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One selectable unit of a scenario: a fixed configuration and how to run it once."""
+
+    scenario: str
+    name: str
+    config: Mapping[str, Any]
+    run: Callable[[RunContext], Outcome]
+
+
+def cpu_figures(before: Mapping[str, float], after: Mapping[str, float], tasks: int) -> Figures:
+    def delta(name: str) -> float | None:
+        if name not in before or name not in after:
+            return None
+        return max(0.0, after[name] - before[name])
+
+    scheduler, api = delta("scheduler"), delta("api-server")
+    return {
+        "scheduler_cpu_s": scheduler,
+        "scheduler_cpu_per_task_s": None if scheduler is None or not tasks else scheduler / tasks,
+        "api_server_cpu_s": api,
+        "api_server_cpu_per_task_s": None if api is None or not tasks else api / tasks,
+        "dag_processor_cpu_s": delta("dag-processor"),
+    }
+
+
+def loop_figures(heartbeats: HeartbeatLog, loop: LoopProbe) -> Figures:
+    ms = [d * 1000.0 for d in heartbeats.durations]
+    return {
+        "executor_heartbeat_p50_ms": percentile(ms, 50),
+        "executor_heartbeat_p99_ms": percentile(ms, 99),
+        "executor_heartbeat_max_s": heartbeats.longest,
+        "job_heartbeat_max_gap_s": max_or_none(loop.gaps()),
+    }
+
+
+def wait_for_run(
+    sandbox: AirflowSandbox,
+    dag_id: str,
+    run_id: str,
+    *,
+    timeout: float,
+    abort: Callable[[], str | None] = lambda: None,
+) -> tuple[str | None, str | None]:
+    """Poll the run until final, timeout or ``abort()`` gives a reason; return (state, reason)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        sandbox.check_processes()
+        state = sandbox.run_state(dag_id, run_id)
+        if state in ("success", "failed"):
+            return state, None
+        reason = abort()
+        if reason is not None:
+            return state, reason
+        if time.monotonic() >= deadline:
+            return state, f"timeout after {timeout:.0f}s"
+        time.sleep(0.5)
+
+
+def stalled(loop: LoopProbe, limit: float) -> Callable[[], str | None]:
+    """An abort check: the scheduler wrote no job heartbeat for ``limit`` seconds."""
+
+    def check() -> str | None:
+        since = loop.seconds_since_heartbeat()
+        if since is not None and since > limit:
+            return f"scheduler stalled: no job heartbeat for {since:.0f}s"
+        return None
+
+    return check
+
+
+def wait_parsed(dep: Deployment, dag_id: str) -> None:
+    try:
+        dep.sandbox.wait_for_dag(dag_id, timeout=120)
+    except SandboxTimeout as exc:
+        raise RuntimeError(f"{dag_id} was not parsed: {exc}") from exc
