@@ -24,7 +24,7 @@ def behave(raw: str, args: list[str]) -> int:
     payload = json.loads(raw)
     workload = payload["workload"]
     name = workload.get("ti", {}).get("task_id") or workload.get("connection_id") or "ok"
-    print(f"stub running {name} argv={args}", flush=True)
+    print(f"stub running {name} argv={args} server={payload['server']}", flush=True)
     if name == "crash":
         return 1
     if name == "killed":

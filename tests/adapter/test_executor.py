@@ -6,6 +6,7 @@ real Airflow are exercised by tests/e2e.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -203,3 +204,22 @@ def holding(gate: Path) -> int:
 def _child_pids() -> list[int]:
     children = psutil.Process().children(recursive=True)
     return [p.pid for p in children if p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_team_executor_uses_its_own_api_url_and_options(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("AIRFLOW__TEAM_A___CORE__EXECUTION_API_SERVER_URL", "http://team-a.invalid/execution/")
+    monkeypatch.setenv("AIRFLOW__TEAM_A___ASYNC_LOCAL_EXECUTOR__SHUTDOWN_TIMEOUT", "3")
+    caplog.set_level(logging.INFO, logger="async_local_executor.child")
+    ex = RecordingExecutor(parallelism=2, team_name="team_a")
+    ex.start()
+    try:
+        assert ex._config.shutdown_timeout == 3.0
+        item = workloads.task("ok")
+        queue(ex, item)
+        scheduler = Scheduler(ex)
+        scheduler.run_until(lambda: item.key in scheduler.events)
+    finally:
+        ex.end()
+    assert any("server=http://team-a.invalid/execution/" in r.getMessage() for r in caplog.records)

@@ -34,7 +34,7 @@ from typing_extensions import Self
 from async_local_executor.errors import ChildLost, LaunchError
 from async_local_executor.launchers.base import Child, Launcher, LaunchRequest, OutputSink
 from async_local_executor.launchers.forkserver_helper import MAX_MESSAGE, decode, encode, size_buffers
-from async_local_executor.launchers.output import LineSplitter, discard
+from async_local_executor.launchers.output import LineSplitter, discard, drain_stream
 
 log = logging.getLogger(__name__)
 
@@ -249,15 +249,7 @@ class _Helper:
             return decode(data) if data else None
 
     async def _drain_own_output(self) -> None:
-        splitter = LineSplitter(HELPER_KEY, self._output)
-        try:
-            if self.process.stdout is not None:
-                async for chunk in self.process.stdout:
-                    splitter.feed(chunk)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass
-        finally:
-            splitter.close()
+        await drain_stream(self.process.stdout, LineSplitter(HELPER_KEY, self._output))
 
     async def _reap(self) -> None:
         self.kill()

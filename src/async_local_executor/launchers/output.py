@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
+import anyio
+import anyio.abc
+
 from async_local_executor.launchers.base import OutputSink
 
 # A line longer than this is split: one runaway line must not hold unbounded memory.
@@ -36,3 +39,15 @@ class LineSplitter:
 
 def discard(key: Hashable, line: str) -> None:
     """The default sink: output is read (so the child never blocks) and dropped."""
+
+
+async def drain_stream(stream: anyio.abc.ByteReceiveStream | None, splitter: LineSplitter) -> None:
+    """Read ``stream`` to EOF into ``splitter``; a stream closed under us ends the read like EOF."""
+    try:
+        if stream is not None:
+            async for chunk in stream:
+                splitter.feed(chunk)
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+        pass
+    finally:
+        splitter.close()

@@ -18,7 +18,7 @@ from typing_extensions import Self
 
 from async_local_executor.errors import LaunchError
 from async_local_executor.launchers.base import LaunchRequest, OutputSink
-from async_local_executor.launchers.output import LineSplitter, discard
+from async_local_executor.launchers.output import LineSplitter, discard, drain_stream
 
 # After the leader exits we kill the rest of its group, so EOF on the output pipe follows at once;
 # this only guards against a descendant that left the group but kept the pipe open.
@@ -103,13 +103,7 @@ class SubprocessChild:
             await stdin.aclose()
 
     async def _drain(self) -> None:
-        splitter = LineSplitter(self._request.key, self._output)
         try:
-            if self._process.stdout is not None:
-                async for chunk in self._process.stdout:
-                    splitter.feed(chunk)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass
+            await drain_stream(self._process.stdout, LineSplitter(self._request.key, self._output))
         finally:
-            splitter.close()
             self._drained.set()
