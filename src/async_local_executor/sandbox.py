@@ -597,14 +597,17 @@ class AirflowSandbox:
             self._say(f"killed {len(killed)} leftover process(es): {sorted(killed)}")
 
     def _terminate_all(self) -> None:
-        # Reverse start order: scheduler before api-server, so running tasks can still report.
-        procs = list(reversed(self._procs.items()))
-        for _, proc in procs:
+        # One at a time, scheduler first: its executor waits for running tasks on shutdown, and those
+        # still need the api-server to report their final state. Stopping everything at once made
+        # tasks retry against a dead api-server until the scheduler was SIGKILLed.
+        order: list[str] = [n for n in ("scheduler", "dag-processor", "api-server") if n in self._procs]
+        order += [name for name in self._procs if name not in order]
+        procs = [(name, self._procs[name]) for name in order]
+        deadline = time.monotonic() + self.stop_timeout
+        for name, proc in procs:
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + self.stop_timeout
-        for name, proc in procs:
             if not _wait_exit(proc, deadline - time.monotonic()):
                 self._say(f"{name} ignored SIGTERM for {self.stop_timeout:.0f}s; sending SIGKILL")
         for _, proc in procs:
