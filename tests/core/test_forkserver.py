@@ -6,35 +6,20 @@ import ast
 import logging
 import os
 import signal
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
-import anyio
 import psutil
 import pytest
 
 from async_local_executor.launchers.base import LaunchRequest
 from async_local_executor.launchers.forkserver import ForkServerLauncher
 from async_local_executor.launchers.subprocess import SubprocessLauncher
-from async_local_executor.supervisor import OutcomeKind, Supervisor
-from tests.core.helpers import GUARD, Recorder, py
-from tests.core.test_supervisor import TARGET, until_dead
+from async_local_executor.supervisor import OutcomeKind
+from tests.core.helpers import Recorder, py
+from tests.core.test_supervisor import TARGET, serving, until_dead
 
 pytestmark = pytest.mark.asyncio
 
 SLEEPER = py("import os, time; print('ready', os.getpid(), flush=True); time.sleep(60)")
-
-
-@asynccontextmanager
-async def serving(recorder: Recorder, launcher: ForkServerLauncher) -> AsyncIterator[Supervisor]:
-    supervisor = Supervisor(launcher, recorder, limit=None)
-    async with anyio.create_task_group() as tg:
-        await tg.start(supervisor.serve)
-        try:
-            yield supervisor
-        finally:
-            with anyio.fail_after(GUARD):
-                await supervisor.shutdown(wait=GUARD)
 
 
 def fork_server(recorder: Recorder, **kwargs: object) -> ForkServerLauncher:

@@ -41,14 +41,14 @@ def make_launcher(kind: str, recorder: Recorder) -> Launcher:
 @asynccontextmanager
 async def serving(
     recorder: Recorder,
-    kind: str = "subprocess",
+    kind: str | Launcher = "subprocess",
     *,
     limit: int | None = None,
     clock: ManualClock | None = None,
     grace: float = 10.0,
 ) -> AsyncIterator[Supervisor]:
     supervisor = Supervisor(
-        make_launcher(kind, recorder),
+        make_launcher(kind, recorder) if isinstance(kind, str) else kind,
         recorder,
         limit=limit,
         policy=TerminationPolicy(grace=grace),
