@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import sys
 import traceback
@@ -44,19 +45,41 @@ def preload() -> None:
     """
     import importlib
 
-    from airflow.executors import workloads
-    from pydantic import TypeAdapter
-
     for module in _PRELOAD:
         with contextlib.suppress(ImportError):  # an optional provider may not be installed
             importlib.import_module(module)
-    TypeAdapter(workloads.ExecutorWorkload)
-    # The task SDK builds its TLS context (loading the whole CA bundle) once per process and caches
-    # it; stock workers are long-lived and pay that once, a forked child would pay it every time
-    # (over a third of a no-op task's CPU). Built here, every child inherits it.
+    _workload_adapter()
+    # Stock workers are long-lived and fill these per-process caches once; a forked child would
+    # refill them for every task. Filled here, every child inherits them:
+    # - the task SDK's TLS context (loading the whole CA bundle: a third of a no-op task's CPU);
+    # - the host name the SDK reports on task start (a resolver round trip, cached by Airflow).
     from airflow.sdk.api import client
 
     client.Client._get_ssl_context_cached(client.API_SSL_CA_FILE_PATH, client.API_SSL_CERT_PATH)
+    client.get_hostname()  # type: ignore[no-untyped-call]
+    # A stock worker inherits the scheduler's logging set-up; ours is set up once here, writing to
+    # fd 1, which each child points at its own output pipe before the workload runs.
+    _configure_logging()
+    # Tasks reach the database through the API; the engine Airflow made at import is no child's.
+    from airflow.settings import dispose_orm
+
+    dispose_orm(do_log=False)
+
+
+@functools.cache
+def _workload_adapter() -> Any:
+    # Building a TypeAdapter compiles a validator for the whole workload union (tens of ms).
+    from airflow.executors import workloads
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(workloads.ExecutorWorkload)
+
+
+@functools.cache
+def _configure_logging() -> None:
+    from airflow.sdk.log import configure_logging
+
+    configure_logging(output=sys.stdout.buffer)
 
 
 _PRELOAD = (
@@ -67,10 +90,25 @@ _PRELOAD = (
     "airflow.sdk.execution_time.callback_supervisor",
     "airflow.sdk.execution_time.connection_test_supervisor",
     "airflow.sdk.log",
+    "airflow.sdk._shared.logging.factory",
+    "airflow.sdk._shared.logging.remote",
     "airflow.dag_processing.dagbag",
+    "airflow.dag_processing.bundles.local",
+    # What a DAG file written with the TaskFlow API imports while the task process parses it.
+    "airflow.sdk.definitions.decorators",
+    "airflow.sdk.definitions.decorators.setup_teardown",
+    "airflow.sdk.definitions.decorators.task_group",
+    "airflow.sdk.definitions.decorators.condition",
+    "airflow.sdk.definitions.asset.metadata",
+    "airflow.providers.standard.decorators.python",
     "airflow.providers.standard.operators.python",
     "airflow.providers.standard.operators.bash",
     "airflow.providers.standard.operators.empty",
+    "airflow.version",
+    "jinja2.ext",
+    "setproctitle",
+    # The codec the resolver and the HTTP client use for host names, imported on first use.
+    "encodings.idna",
 )
 
 
@@ -99,21 +137,17 @@ def run_payload(raw: bytes) -> int:
     """Run one workload; return the process exit code."""
     try:
         payload = _parse_payload(raw)
-        from airflow.executors import workloads
-        from pydantic import TypeAdapter
-
-        workload = TypeAdapter(workloads.ExecutorWorkload).validate_python(payload["workload"])
+        workload = _workload_adapter().validate_python(payload["workload"])
     except Exception as exc:  # noqa: BLE001 - any unreadable payload is the same failure: bad input
         print(f"async_local_executor.child: invalid workload on stdin: {exc}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
 
     from airflow.executors.base_executor import BaseExecutor
-    from airflow.sdk.log import configure_logging
     from airflow.settings import dispose_orm
 
     # Our parent's engine is not ours to use, and the task reaches the database through the API.
     dispose_orm(do_log=False)
-    configure_logging(output=sys.stdout.buffer)
+    _configure_logging()
     try:
         BaseExecutor.run_workload(
             workload,
