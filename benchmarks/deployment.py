@@ -14,7 +14,7 @@ from typing import Final
 
 from async_local_executor.sandbox import AirflowSandbox
 from benchmarks import timed_executor
-from benchmarks.probes import HeartbeatLog, tree_cpu_seconds
+from benchmarks.probes import HeartbeatLog, own_cpu_seconds, tree_cpu_seconds
 
 REPO_ROOT: Final[Path] = Path(__file__).resolve().parent.parent
 DAGS_FOLDER: Final[Path] = Path(__file__).resolve().parent / "dags"
@@ -69,8 +69,10 @@ class Deployment:
     heartbeat_log: Path
 
     def cpu(self) -> dict[str, float]:
-        """Cumulative CPU seconds per Airflow process tree."""
-        return {name: tree_cpu_seconds(pid) for name, pid in self.sandbox.pids.items()}
+        """Cumulative CPU seconds per Airflow process tree, and of the scheduler process alone."""
+        figures = {name: tree_cpu_seconds(pid) for name, pid in self.sandbox.pids.items()}
+        figures["scheduler-process"] = own_cpu_seconds(self.scheduler_pid)
+        return figures
 
     @property
     def scheduler_pid(self) -> int:

@@ -28,6 +28,18 @@ _CPU: Final[dict[str, Metric]] = {
         "whole cost of running the tasks",
     ),
     "scheduler_cpu_per_task_s": Metric("s", "lower", "scheduler_cpu_s divided by the tasks that ran"),
+    "scheduler_process_cpu_s": Metric(
+        "s",
+        "lower",
+        "CPU seconds of the scheduler process alone (its scheduling loop, plus the executor's own "
+        "thread for AsyncLocalExecutor)",
+    ),
+    "workload_cpu_per_task_s": Metric(
+        "s",
+        "lower",
+        "scheduler_cpu_s minus scheduler_process_cpu_s, per task: what running one workload cost in "
+        "workers, fork server, supervisor and task processes",
+    ),
     "api_server_cpu_s": Metric("s", "lower", "CPU seconds of the api-server tree over the same phase"),
     "api_server_cpu_per_task_s": Metric("s", "lower", "api_server_cpu_s divided by the tasks that ran"),
     "dag_processor_cpu_s": Metric("s", "lower", "CPU seconds of the dag-processor tree (context only)"),

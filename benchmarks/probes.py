@@ -42,6 +42,14 @@ def tree_cpu_seconds(pid: int) -> float:
     return total
 
 
+def own_cpu_seconds(pid: int) -> float:
+    """CPU seconds of one process alone: not its children, live or reaped."""
+    with contextlib.suppress(psutil.Error):
+        t = psutil.Process(pid).cpu_times()
+        return float(t.user + t.system)
+    return 0.0
+
+
 @dataclass(frozen=True)
 class MemorySample:
     t: float  # time.monotonic() of the sample

@@ -50,9 +50,15 @@ def cpu_figures(before: Mapping[str, float], after: Mapping[str, float], tasks: 
         return max(0.0, after[name] - before[name])
 
     scheduler, api = delta("scheduler"), delta("api-server")
+    own = delta("scheduler-process")
+    # The scheduler tree minus the scheduler process: what running the workloads cost (workers,
+    # fork server, supervisors, task processes), wherever the executor runs them.
+    workloads = None if scheduler is None or own is None else max(0.0, scheduler - own)
     return {
         "scheduler_cpu_s": scheduler,
         "scheduler_cpu_per_task_s": None if scheduler is None or not tasks else scheduler / tasks,
+        "scheduler_process_cpu_s": own,
+        "workload_cpu_per_task_s": None if workloads is None or not tasks else workloads / tasks,
         "api_server_cpu_s": api,
         "api_server_cpu_per_task_s": None if api is None or not tasks else api / tasks,
         "dag_processor_cpu_s": delta("dag-processor"),

@@ -7,6 +7,7 @@ variables work, and through the executor's team-aware ``ExecutorConf`` when ther
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -55,6 +56,14 @@ OPTIONS: tuple[OptionDoc, ...] = (
         "workload) or subprocess (a fresh interpreter per workload).",
     ),
     OptionDoc(
+        "prefetch_multiplier",
+        "1",
+        "Workloads the executor accepts beyond parallelism, as a multiple of parallelism. They wait "
+        "in the executor (state queued) and start the moment a slot frees, instead of one scheduler "
+        "loop later; the number of running workloads never exceeds parallelism. 0 accepts only as "
+        "many as there are free slots.",
+    ),
+    OptionDoc(
         "preload_modules",
         "",
         "Comma-separated modules the fork server imports before forking, such as heavy libraries "
@@ -93,7 +102,12 @@ class ExecutorConfig:
     termination_grace_period: float = float(_DEFAULTS["termination_grace_period"])
     event_loop: EventLoop = EventLoop.AUTO
     launcher: LauncherKind = LauncherKind.FORKSERVER
+    prefetch_multiplier: float = float(_DEFAULTS["prefetch_multiplier"])
     preload_modules: tuple[str, ...] = ()
+
+    def prefetch(self, parallelism: int) -> int:
+        """How many workloads beyond ``parallelism`` the executor accepts."""
+        return math.ceil(parallelism * self.prefetch_multiplier)
 
     @classmethod
     def from_conf(cls, conf: ConfSource) -> ExecutorConfig:
@@ -107,5 +121,6 @@ class ExecutorConfig:
             termination_grace_period=_float(conf, "termination_grace_period"),
             event_loop=_choice(conf, "event_loop", EventLoop),
             launcher=_choice(conf, "launcher", LauncherKind),
+            prefetch_multiplier=_float(conf, "prefetch_multiplier"),
             preload_modules=tuple(m.strip() for m in preload.split(",") if m.strip()),
         )

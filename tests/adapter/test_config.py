@@ -34,9 +34,12 @@ def test_values_are_read() -> None:
                 "event_loop": "AsyncIO",
                 "launcher": "subprocess",
                 "preload_modules": " numpy, pandas ,,",
+                "prefetch_multiplier": "0.5",
             }
         )
     )
+    assert config.prefetch(32) == 16
+    assert config.prefetch(3) == 2  # rounded up: any multiplier above 0 prefetches something
     assert (config.shutdown_timeout, config.termination_grace_period, config.event_loop) == (
         5.0,
         1.5,
@@ -52,6 +55,7 @@ def test_values_are_read() -> None:
         ("termination_grace_period", "-1", "termination_grace_period must be >= 0"),
         ("event_loop", "trio", "event_loop must be one of auto, asyncio, uvloop, got 'trio'"),
         ("launcher", "spawn", "launcher must be one of forkserver, subprocess, got 'spawn'"),
+        ("prefetch_multiplier", "-0.5", "prefetch_multiplier must be >= 0"),
     ],
 )
 def test_invalid_values_name_the_option(key: str, value: str, message: str) -> None:
@@ -72,6 +76,7 @@ def test_every_option_is_documented() -> None:
         "termination_grace_period",
         "event_loop",
         "launcher",
+        "prefetch_multiplier",
         "preload_modules",
     }
     assert all(o.description for o in OPTIONS)

@@ -92,18 +92,20 @@ def test_callbacks_and_connection_tests_report_running_first(executor: Recording
 def test_parallelism_is_enforced_and_heartbeat_never_waits_for_children(tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     gate.touch()
-    ex = RecordingExecutor(parallelism=2)
+    ex = RecordingExecutor(parallelism=2)  # prefetch_multiplier defaults to 1: 2 more accepted
     ex.start()
     try:
         items = [workloads.task(f"hold:{gate}", map_index=i) for i in range(500)]
         queue(ex, *items)
         scheduler = Scheduler(ex)
         scheduler.loop_once()  # every child blocks until the gate goes: returning proves no wait
-        assert len(ex.running) == 2
-        assert len(ex.queued_tasks) == 498
-        assert ex.slots_available == 2 - 2 - 498
+        assert len(ex.running) == 4  # two running, two waiting inside the executor for a slot
+        assert len(ex.queued_tasks) == 496
+        assert ex.slots_available == 2 + 2 - 4 - 496
+        scheduler.run_until(lambda: holding(gate) == 2)
         scheduler.loop_once()
-        assert len(ex.running) == 2  # open_slots is 0: nothing more dispatched while both run
+        assert len(ex.running) == 4  # no room left: nothing more accepted while both run
+        assert holding(gate) == 2  # the prefetched two wait for a slot, they do not start
         assert all(ex.has_task(w.ti) for w in items)  # type: ignore[arg-type]
         gate.unlink()
         scheduler.run_until(lambda: len(scheduler.events) == 500)
@@ -111,6 +113,26 @@ def test_parallelism_is_enforced_and_heartbeat_never_waits_for_children(tmp_path
         ex.end()
     assert {state for state, _ in scheduler.events.values()} == {TaskInstanceState.SUCCESS}
     assert ex.running == set()
+
+
+def test_without_prefetch_the_executor_accepts_only_free_slots(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__PREFETCH_MULTIPLIER", "0")
+    gate = tmp_path / "gate"
+    gate.touch()
+    ex = RecordingExecutor(parallelism=2)
+    ex.start()
+    try:
+        queue(ex, *[workloads.task(f"hold:{gate}", map_index=i) for i in range(5)])
+        scheduler = Scheduler(ex)
+        scheduler.loop_once()
+        assert len(ex.running) == 2
+        assert ex.slots_available == 2 - 2 - 3
+        gate.unlink()
+        scheduler.run_until(lambda: len(scheduler.events) == 5)
+    finally:
+        ex.end()
 
 
 def test_token_never_in_argv_or_environment(tmp_path: Path, executor: RecordingExecutor) -> None:

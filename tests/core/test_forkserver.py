@@ -45,6 +45,29 @@ async def test_children_are_forked_by_one_helper() -> None:
     assert launcher.helpers_started == 1
 
 
+async def test_helper_leads_its_own_group_in_our_session_and_ignores_ctrl_c() -> None:
+    # A terminal's Ctrl-C goes to the foreground group (the scheduler's); the helper must neither be
+    # in it nor die of SIGINT, and stays in our session so the kernel counts its CPU as ours.
+    recorder = Recorder()
+    launcher = fork_server(recorder)
+    async with serving(recorder, launcher) as supervisor:
+        supervisor.submit(LaunchRequest("k", SLEEPER))
+        await recorder.until(lambda: "k" in ready_pids(recorder))
+        helper = launcher.helper_pid
+        assert helper is not None
+        assert os.getpgid(helper) == helper != os.getpgid(0)
+        assert os.getsid(helper) == os.getsid(0)
+        assert psutil.Process(helper).status() != psutil.STATUS_ZOMBIE
+        os.kill(helper, signal.SIGINT)
+        supervisor.submit(LaunchRequest("after", py("print('ok')")))
+        await recorder.until(lambda: any(o.key == "after" for o in recorder.outcomes))
+        assert launcher.helper_pid == helper
+        assert launcher.helpers_started == 1
+        supervisor.stop("k", "test over")
+        await recorder.until(lambda: len(recorder.outcomes) == 2)
+    assert recorder.outcome("after").ok
+
+
 async def test_child_gets_only_its_stdio_and_default_signal_handlers() -> None:
     code = (
         "import os, signal\n"

@@ -438,7 +438,6 @@ class ForkServerLauncher:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 pass_fds=[theirs.fileno()],
-                start_new_session=True,
                 env=self._env,
             )
         except OSError as exc:

@@ -211,6 +211,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--target", required=True, help="module:function run in each child")
     parser.add_argument("--preload", action="append", default=[], help="module to import before forking")
     args = parser.parse_args(argv)
+    # Its own process group, so a terminal's Ctrl-C reaches the scheduler alone (which shuts us down
+    # in order), but the scheduler's session: Linux shares CPU fairly between sessions (autogroups),
+    # and the workloads must compete for CPU as the scheduler's work, as stock's workers do, not as
+    # a second session that gets as much CPU as the scheduler, the api-server and every other one.
+    with contextlib.suppress(PermissionError):  # already a group leader
+        os.setpgid(0, 0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if not die_with_parent(args.parent_pid):
         return EXIT_PARENT_GONE
     sock = socket.socket(fileno=args.fd)
