@@ -81,6 +81,11 @@ METRICS: Final[dict[str, dict[str, Metric]]] = {
             "MB", "lower", "USS summed over the scheduler tree, median of the idle window (no DAG run)"
         ),
         "idle_pss_mb": Metric("MB", "lower", "PSS summed the same way, idle window"),
+        "idle_scheduler_pss_mb": Metric(
+            "MB",
+            "lower",
+            "PSS of the scheduler process alone, idle window: the floor for any executor that lives in it",
+        ),
         "idle_processes": Metric("", "lower", "processes in the scheduler tree while idle"),
         "busy_uss_mb": Metric(
             "MB", "lower", "scheduler-tree USS, median while the most tasks were running at once"
@@ -92,6 +97,10 @@ METRICS: Final[dict[str, dict[str, Metric]]] = {
         ),
         "per_task_uss_mb": Metric("MB", "lower", "(busy_uss_mb - idle_uss_mb) / peak_running"),
         "per_task_pss_mb": Metric("MB", "lower", "(busy_pss_mb - idle_pss_mb) / peak_running"),
+        "queued_to_start_p50_s": Metric(
+            "s", "lower", "median of each task's start_date - queued_dttm (all tasks start at once)"
+        ),
+        "queued_to_start_p95_s": Metric("s", "lower", "95th percentile of the same"),
         **_CPU,
     },
     "burst": {
@@ -126,7 +135,7 @@ METRICS: Final[dict[str, dict[str, Metric]]] = {
             "",
             "none",
             "workloads handed to the executor's workers (K minus what is still in queued_tasks); "
-            "AsyncLocalExecutor stops at parallelism because it keeps `running`",
+            "AsyncLocalExecutor stops at parallelism plus its prefetch because it keeps `running`",
         ),
         "blocked": Metric("", "lower", "1 when a heartbeat() call did not return within the block limit"),
         "blocked_after_dispatched": Metric(

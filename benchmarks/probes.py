@@ -57,10 +57,11 @@ class MemorySample:
     pss_mb: float
     rss_mb: float
     processes: int
+    root_pss_mb: float = 0.0  # the root process alone (the scheduler): the floor of any executor in it
 
 
 def tree_memory(pid: int, t: float) -> MemorySample:
-    uss = pss = rss = 0
+    uss = pss = rss = root_pss = 0
     count = 0
     for proc in tree(pid):
         with contextlib.suppress(psutil.Error):
@@ -69,7 +70,9 @@ def tree_memory(pid: int, t: float) -> MemorySample:
             pss += getattr(info, "pss", 0)
             rss += info.rss
             count += 1
-    return MemorySample(t, uss / MB, pss / MB, rss / MB, count)
+            if proc.pid == pid:
+                root_pss = getattr(info, "pss", 0)
+    return MemorySample(t, uss / MB, pss / MB, rss / MB, count, root_pss / MB)
 
 
 class Periodic:

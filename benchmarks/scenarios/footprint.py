@@ -7,6 +7,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 
+from async_local_executor.sandbox import TaskInstanceRow
 from benchmarks.deployment import deployment
 from benchmarks.probes import LoopProbe, MemoryProbe, MemorySample
 from benchmarks.scenarios.base import (
@@ -19,6 +20,7 @@ from benchmarks.scenarios.base import (
     wait_for_run,
     wait_parsed,
 )
+from benchmarks.stats import percentile
 
 DAG_ID = "bench_sleep"
 
@@ -89,6 +91,7 @@ def run(size: Size, ctx: RunContext) -> Outcome:
         problem: str | None = None
         state: str | None = None
         cpu_before = cpu_after = dep.cpu()
+        rows: list[TaskInstanceRow] = []
         with memory.sampling(), loop.sampling():
             time.sleep(size.settle)
             idle_from = time.monotonic()
@@ -105,11 +108,13 @@ def run(size: Size, ctx: RunContext) -> Outcome:
 
                 state, problem = wait_for_run(sb, DAG_ID, run_id, timeout=size.timeout, abort=abort)
                 cpu_after = dep.cpu()
+                rows = sb.task_instances(DAG_ID, run_id)
     origin = memory.samples[0].t if memory.samples else 0.0
     idle = memory.between(idle_from, idle_to)
     metrics: Figures = {
         "idle_uss_mb": _median(idle, "uss_mb"),
         "idle_pss_mb": _median(idle, "pss_mb"),
+        "idle_scheduler_pss_mb": _median(idle, "root_pss_mb"),
         "idle_processes": _median(idle, "processes"),
     }
     series = {
@@ -121,6 +126,9 @@ def run(size: Size, ctx: RunContext) -> Outcome:
         "idle_window": [round(idle_from - origin, 2), round(idle_to - origin, 2)],
     }
     if size.tasks:
+        waits = [
+            (r.start_date - r.queued_dttm).total_seconds() for r in rows if r.start_date and r.queued_dttm
+        ]
         peak = loop.peak_running()
         busy = _busy_samples(memory, loop, peak)
         busy_uss, busy_pss = _median(busy, "uss_mb"), _median(busy, "pss_mb")
@@ -133,6 +141,8 @@ def run(size: Size, ctx: RunContext) -> Outcome:
                 "peak_running": float(peak),
                 "per_task_uss_mb": (busy_uss - idle_uss) / peak if busy_uss and idle_uss and peak else None,
                 "per_task_pss_mb": (busy_pss - idle_pss) / peak if busy_pss and idle_pss and peak else None,
+                "queued_to_start_p50_s": percentile(waits, 50),
+                "queued_to_start_p95_s": percentile(waits, 95),
                 **cpu_figures(cpu_before, cpu_after, size.tasks),
             }
         )
