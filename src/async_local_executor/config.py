@@ -61,7 +61,8 @@ OPTIONS: tuple[OptionDoc, ...] = (
         "Workloads the executor accepts beyond parallelism, as a multiple of parallelism. They wait "
         "in the executor (state queued) and start the moment a slot frees, instead of one scheduler "
         "loop later; the number of running workloads never exceeds parallelism. 0 accepts only as "
-        "many as there are free slots.",
+        "many as there are free slots. Lower it when several executors share the work, so none holds "
+        "tasks another could start.",
     ),
     OptionDoc(
         "preload_modules",
