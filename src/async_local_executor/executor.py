@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import sys
@@ -17,6 +18,7 @@ from airflow.models.taskinstancekey import TaskInstanceKey
 
 from async_local_executor import child
 from async_local_executor.config import EventLoop, ExecutorConfig, LauncherKind
+from async_local_executor.errors import RuntimeNotRunning
 from async_local_executor.launchers.base import Launcher, LaunchRequest
 from async_local_executor.launchers.forkserver import ForkServerLauncher
 from async_local_executor.launchers.subprocess import SubprocessLauncher
@@ -27,7 +29,9 @@ from async_local_executor.termination import TerminationPolicy
 if TYPE_CHECKING:
     from airflow.executors.workloads import ExecutorWorkload
     from airflow.executors.workloads.types import WorkloadKey, WorkloadState
+    from airflow.models.taskinstance import TaskInstance
 
+log = logging.getLogger(__name__)
 child_log = logging.getLogger("async_local_executor.child")
 
 _EXIT_REASONS = {
@@ -44,7 +48,21 @@ class _Started:
 
 
 @dataclass(frozen=True)
+class _Ticket:
+    """One submission of a workload: the loop's key for it.
+
+    Airflow's key names the try, not the submission: after a revoke the scheduler may queue the same
+    key again while the revoked process is still being stopped, and that process's outcome must not
+    be taken for the new one's.
+    """
+
+    key: Hashable
+    serial: int
+
+
+@dataclass(frozen=True)
 class _States:
+    ticket: _Ticket
     running: WorkloadState | None
     success: WorkloadState
     failure: WorkloadState
@@ -66,6 +84,8 @@ class _Mailbox:
 
 def describe(key: object) -> str:
     """A short name for a workload key, for log lines."""
+    if isinstance(key, _Ticket):
+        key = key.key
     if isinstance(key, TaskInstanceKey):
         mapped = f"[{key.map_index}]" if key.map_index >= 0 else ""
         return f"{key.dag_id}.{key.task_id}{mapped} try {key.try_number}"
@@ -99,6 +119,7 @@ class AsyncLocalExecutor(BaseExecutor):
         self._runtime: Runtime | None = None
         self._mailbox = _Mailbox()
         self._states: dict[WorkloadKey, _States] = {}
+        self._serials = itertools.count()
         self._config = ExecutorConfig()
         self._server = ""
         self._argv: tuple[str, ...] = ()
@@ -177,31 +198,63 @@ class AsyncLocalExecutor(BaseExecutor):
             # is the truth and the scheduler stops handing us work once every slot is taken.
             self.running.add(key)
             label = describe(key)
+            ticket = _Ticket(key, next(self._serials))
             self._states[key] = _States(
-                workload.running_state, workload.success_state, workload.failure_state, label
+                ticket, workload.running_state, workload.success_state, workload.failure_state, label
             )
             title = f"{self._title_prefix} {workload.display_name}"
             payload = child.encode_payload(workload.model_dump_json(), self._server, title)
-            requests.append(LaunchRequest(key=key, argv=self._argv, stdin=payload, label=label))
+            requests.append(LaunchRequest(key=ticket, argv=self._argv, stdin=payload, label=label))
         self._runtime.submit(requests)
 
     def sync(self) -> None:
+        runtime = self._runtime
+        if runtime is not None and not runtime.alive:
+            # Raising out of the scheduler's loop makes the scheduler exit non-zero, so systemd or
+            # Kubernetes restarts it, instead of it accepting work that nothing would ever run.
+            log.critical("the executor's event loop thread is dead; stopping the scheduler")
+            raise RuntimeNotRunning(
+                "the executor's event loop thread died; see the CRITICAL log line before this one"
+            ) from runtime.failure
         events = self._mailbox.events
         while events:
             event = events.popleft()
-            key = cast("WorkloadKey", event.key)
+            ticket = cast("_Ticket", event.key)
+            key = cast("WorkloadKey", ticket.key)
+            states = self._states.get(key)
+            if states is None or states.ticket != ticket:
+                # A revoked submission: the scheduler already decided this try's fate, and Airflow's
+                # revoke_task contract forbids an executor event for it.
+                if not isinstance(event, _Started):
+                    log.info("revoked workload %s ended: %s", describe(ticket), event.reason or "exit 0")
+                continue
             if isinstance(event, _Started):
-                states = self._states.get(key)
-                if states is not None and states.running is not None:
+                if states.running is not None:
                     self.change_state(key, states.running, remove_running=False)
                 continue
-            self._finish(key, event)
+            del self._states[key]
+            self._finish(key, states, event)
 
-    def _finish(self, key: WorkloadKey, outcome: Outcome) -> None:
-        states = self._states.pop(key, None)
-        if states is None:
-            self.log.warning("outcome for a workload this executor does not know: %s", outcome)
+    def revoke_task(self, *, ti: TaskInstance) -> None:
+        """Forget ``ti``'s workload and stop its process if it has one; no event, as Airflow requires.
+
+        The scheduler revokes tasks stuck in queued, then requeues or fails them itself.
+        """
+        key = ti.key
+        if self.queued_tasks.pop(key, None) is not None:
+            self.log.info("revoked %s before it reached the executor's loop", describe(key))
             return
+        states = self._states.pop(key, None)
+        self.running.discard(key)
+        if states is None or self._runtime is None:
+            return
+        self.log.info("revoking %s: stopping it if it started", states.label)
+        try:
+            self._runtime.stop(states.ticket, "revoked by the scheduler")
+        except RuntimeNotRunning:
+            self.log.exception("cannot stop revoked workload %s", states.label)
+
+    def _finish(self, key: WorkloadKey, states: _States, outcome: Outcome) -> None:
         if outcome.ok:
             self.change_state(key, states.success)
             return

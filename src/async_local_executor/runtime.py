@@ -59,6 +59,11 @@ class Runtime:
         self._inbox: deque[_Op] = deque()
 
     @property
+    def failure(self) -> BaseException | None:
+        """What ended the loop thread, if it died."""
+        return self._failure
+
+    @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self._loop is not None
 

@@ -9,15 +9,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 from airflow.models.connection_test import ConnectionTestState
 from airflow.utils.state import CallbackState, TaskInstanceState
 
+from async_local_executor.errors import RuntimeNotRunning
 from async_local_executor.executor import AsyncLocalExecutor
 from tests.adapter import workloads
-from tests.adapter.driver import RecordingExecutor, Scheduler, loop_threads
+from tests.adapter.driver import GUARD, RecordingExecutor, Scheduler, loop_threads
 
 
 @pytest.fixture
@@ -245,3 +247,107 @@ def test_a_team_executor_uses_its_own_api_url_and_options(
     finally:
         ex.end()
     assert any("server=http://team-a.invalid/execution/" in r.getMessage() for r in caplog.records)
+
+
+class _Revoked:
+    """What revoke_task reads of a TaskInstance: its key (an ORM row needs a database; tests/e2e has one)."""
+
+    def __init__(self, workload: Any) -> None:
+        self.key = workload.key
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_revoke_before_the_loop_saw_it_drops_it_without_an_event(executor: RecordingExecutor) -> None:
+    item = workloads.task("ok")
+    queue(executor, item)
+    executor.revoke_task(ti=_Revoked(item))  # type: ignore[arg-type]
+    assert not executor.queued_tasks
+    scheduler = Scheduler(executor)
+    scheduler.loop_once()
+    assert executor.running == set()
+    assert scheduler.events == {}
+
+
+def test_revoke_of_a_waiting_or_running_workload_stops_it_and_reports_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    gate = tmp_path / "gate"
+    gate.touch()
+    ex = RecordingExecutor(parallelism=1)  # prefetch 1: one runs, one waits inside the executor
+    ex.start()
+    try:
+        running, waiting = workloads.task(f"hold:{gate}"), workloads.task(f"hold:{gate}", map_index=1)
+        queue(ex, running, waiting)
+        scheduler = Scheduler(ex)
+        scheduler.run_until(lambda: holding(gate) == 1)
+        [marker] = tmp_path.glob("gate.*.started")
+        pid = int(marker.name.split(".")[1])
+        ex.revoke_task(ti=_Revoked(waiting))  # type: ignore[arg-type]
+        ex.revoke_task(ti=_Revoked(running))  # type: ignore[arg-type]
+        assert ex.running == set()
+        scheduler.run_until(lambda: caplog.text.count("revoked workload") == 2)
+        assert _gone(pid)
+        assert holding(gate) == 1  # the waiting one never started
+        assert scheduler.events == {}
+        after = workloads.task("ok", map_index=2)
+        queue(ex, after)
+        scheduler.run_until(lambda: after.key in scheduler.events)
+    finally:
+        ex.end()
+    assert scheduler.events == {after.key: (TaskInstanceState.SUCCESS, None)}
+
+
+def test_a_key_queued_again_after_revoke_gets_its_own_outcome(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    gate = tmp_path / "gate"
+    gate.touch()
+    ex = RecordingExecutor(parallelism=2)
+    ex.start()
+    try:
+        first = workloads.task(f"hold:{gate}")
+        queue(ex, first)
+        scheduler = Scheduler(ex)
+        scheduler.run_until(lambda: holding(gate) == 1)
+        ex.revoke_task(ti=_Revoked(first))  # type: ignore[arg-type]
+        # The scheduler requeues the same try (same key) while the first process is being stopped.
+        again = workloads.task(f"hold:{gate}")
+        assert again.key == first.key
+        queue(ex, again)
+        scheduler.run_until(lambda: holding(gate) == 2 and "revoked workload" in caplog.text)
+        gate.unlink()
+        scheduler.run_until(lambda: first.key in scheduler.events)
+    finally:
+        ex.end()
+    # One change for the key, the second submission's: the revoked one's end was not taken for it.
+    assert [(state, info) for key, state, info, _ in ex.changes if key == first.key] == [
+        (TaskInstanceState.SUCCESS, None)
+    ]
+
+
+def test_a_dead_loop_thread_stops_the_scheduler_loudly(caplog: pytest.LogCaptureFixture) -> None:
+    ex = RecordingExecutor(parallelism=2)
+    ex.start()
+    runtime = ex._runtime
+    assert runtime is not None
+
+    def crash(*_: object) -> None:
+        raise RuntimeError("injected fault in the loop thread")
+
+    # Fault injection: an operation that raises kills the loop, as a bug of ours would.
+    runtime._post(crash)
+    [thread] = loop_threads()
+    thread.join(GUARD)
+    assert not thread.is_alive()
+    with pytest.raises(RuntimeNotRunning, match="event loop thread died"):
+        Scheduler(ex).loop_once()
+    assert "event loop thread is dead" in caplog.text
+    ex.end()  # still returns: nothing left to wait for
