@@ -76,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--variants",
         default="stock,ours",
-        help="comma list: stock, ours, ours-forkserver, ours-subprocess, or label=class.path[:K=V;K=V]",
+        help="comma list: stock, ours, ours-forkserver, ours-subprocess, ours-ondemand, or label=class.path[:K=V;K=V]",
     )
     p.add_argument("--repeat", type=int, help="repetitions per variant (default: smoke 1, quick 1, full 3)")
     p.add_argument(

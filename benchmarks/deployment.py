@@ -36,6 +36,10 @@ KNOWN_VARIANTS: Final[dict[str, Variant]] = {
     "ours": Variant("ours", OURS),
     "ours-forkserver": Variant("ours-forkserver", OURS, {LAUNCHER_ENV: "forkserver"}),
     "ours-subprocess": Variant("ours-subprocess", OURS, {LAUNCHER_ENV: "subprocess"}),
+    # The fork server started by the first workload and stopped after 60 s without one.
+    "ours-ondemand": Variant(
+        "ours-ondemand", OURS, {"AIRFLOW__ASYNC_LOCAL_EXECUTOR__FORKSERVER_IDLE_TIMEOUT": "60"}
+    ),
 }
 BASELINE: Final[str] = "stock"
 

@@ -158,6 +158,7 @@ class AsyncLocalExecutor(BaseExecutor):
                     preload=config.preload_modules,
                     output=_log_child_output,
                     fallback=launcher,
+                    idle_timeout=config.forkserver_idle_timeout or None,
                 )
             return Supervisor(launcher, mailbox, limit=self.parallelism, policy=policy)
 

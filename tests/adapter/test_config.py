@@ -35,9 +35,11 @@ def test_values_are_read() -> None:
                 "launcher": "subprocess",
                 "preload_modules": " numpy, pandas ,,",
                 "prefetch_multiplier": "0.5",
+                "forkserver_idle_timeout": "300",
             }
         )
     )
+    assert config.forkserver_idle_timeout == 300.0
     assert config.prefetch(32) == 16
     assert config.prefetch(3) == 2  # rounded up: any multiplier above 0 prefetches something
     assert (config.shutdown_timeout, config.termination_grace_period, config.event_loop) == (
@@ -76,6 +78,7 @@ def test_every_option_is_documented() -> None:
         "termination_grace_period",
         "event_loop",
         "launcher",
+        "forkserver_idle_timeout",
         "prefetch_multiplier",
         "preload_modules",
     }

@@ -193,3 +193,22 @@ async def test_a_request_too_large_for_the_channel_uses_the_fallback() -> None:
     assert recorder.outcome("big").ok
     [line] = [line for k, line in recorder.lines if k == "big"]
     assert line == f"{len(big)} {os.getpid()}"  # forked by us, not by the helper
+
+
+async def test_with_an_idle_timeout_the_helper_starts_on_demand_and_leaves_when_idle() -> None:
+    recorder = Recorder()
+    launcher = fork_server(recorder, idle_timeout=0.2)
+    async with serving(recorder, launcher) as supervisor:
+        assert launcher.helper_pid is None  # nothing started before the first workload
+        supervisor.submit(LaunchRequest("first", py("import os; print(os.getppid())")))
+        await recorder.until(lambda: len(recorder.outcomes) == 1)
+        [first_helper] = [int(line) for k, line in recorder.lines if k == "first"]
+        await until_dead(first_helper)  # idle for 0.2 s: stopped
+        assert launcher.helper_pid is None
+        supervisor.submit(LaunchRequest("second", py("import os; print(os.getppid())")))
+        await recorder.until(lambda: len(recorder.outcomes) == 2)
+    assert recorder.outcome("first").ok
+    assert recorder.outcome("second").ok
+    [second_helper] = [int(line) for k, line in recorder.lines if k == "second"]
+    assert second_helper != first_helper
+    assert launcher.helpers_started == 2

@@ -85,6 +85,17 @@ class _Helper:
         self.start_error: str | None = None
         self.gone = anyio.Event()
         self._closing = False
+        self._idle_since = anyio.current_time()
+
+    @property
+    def idle_since(self) -> float | None:
+        """When the helper last had nothing in flight; ``None`` while it has."""
+        return None if self._pending else self._idle_since
+
+    def _settle(self, request_id: int) -> None:
+        self._pending.pop(request_id, None)
+        if not self._pending:
+            self._idle_since = anyio.current_time()
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Serve the channel until the helper goes away; reports started once it is ready (or failed)."""
@@ -150,7 +161,7 @@ class _Helper:
             await spawn.started.wait()
         except BaseException:
             os.close(read_fd)
-            self._pending.pop(request_id, None)
+            self._settle(request_id)
             raise
         if spawn.helper_died:
             os.close(read_fd)
@@ -184,11 +195,11 @@ class _Helper:
             spawn.started.set()
         elif op == "spawn_failed":
             spawn.error = str(message.get("error", "spawn failed"))
-            del self._pending[int(message["id"])]
+            self._settle(int(message["id"]))
             spawn.started.set()
         elif op == "exited":
             spawn.status = int(message["status"])
-            del self._pending[int(message["id"])]
+            self._settle(int(message["id"]))
             spawn.exited.set()
 
     def _abandon(self, reason: str) -> None:
@@ -325,6 +336,9 @@ class ForkServerLauncher:
     :param ping_interval: seconds between liveness checks of the helper
     :param ping_timeout: a helper that does not answer a check within this is killed and replaced
     :param start_timeout: a helper that is not ready within this counts as unable to start
+    :param idle_timeout: ``None``: start the helper with the launcher and keep it; a number: start it
+        with the first launch and stop it after that many seconds with nothing in flight (the next
+        launch starts a new one), trading the helper's start time for its memory while idle
     """
 
     def __init__(
@@ -339,6 +353,7 @@ class ForkServerLauncher:
         ping_interval: float = 5.0,
         ping_timeout: float = 30.0,
         start_timeout: float = 120.0,
+        idle_timeout: float | None = None,
     ) -> None:
         if ":" not in target:
             raise ValueError(f"target must look like module:function, got {target!r}")
@@ -351,6 +366,7 @@ class ForkServerLauncher:
         self._ping_interval = ping_interval
         self._ping_timeout = ping_timeout
         self._start_timeout = start_timeout
+        self._idle_timeout = idle_timeout
         self._helper: _Helper | None = None
         self._disabled: str | None = None
         self._lock = anyio.Lock()
@@ -365,8 +381,11 @@ class ForkServerLauncher:
     async def __aenter__(self) -> Self:
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
-        # Warm up now: the helper's imports take seconds, better spent before the first workload.
-        self._tg.start_soon(self._current)
+        if self._idle_timeout is None:
+            # Warm up now: the helper's imports take seconds, better spent before the first workload.
+            self._tg.start_soon(self._current)
+        else:
+            self._tg.start_soon(self._stop_when_idle, self._idle_timeout)
         return self
 
     async def __aexit__(
@@ -393,6 +412,22 @@ class ForkServerLauncher:
             except OverflowError as exc:
                 return await self._launch_fallback(request, str(exc))
         raise LaunchError("fork server died twice while starting this workload")
+
+    async def _stop_when_idle(self, idle: float) -> None:
+        while True:
+            await anyio.sleep(min(max(idle / 4, 0.05), 5.0))
+            async with self._lock:
+                helper = self._helper
+                since = helper.idle_since if helper is not None and helper.alive else None
+                if helper is None or since is None or anyio.current_time() - since < idle:
+                    continue
+                # A launch that took this helper just before this point sees it go and retries on a
+                # new one (see launch()).
+                log.info("fork server idle for %.0fs; stopping it until the next workload", idle)
+                self._helper = None
+                helper.close()
+            with anyio.move_on_after(10):
+                await helper.gone.wait()
 
     async def _launch_fallback(self, request: LaunchRequest, why: str) -> Child:
         if self._fallback is None:
