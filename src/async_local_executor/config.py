@@ -64,6 +64,13 @@ OPTIONS: tuple[OptionDoc, ...] = (
         "(2 to 3 s).",
     ),
     OptionDoc(
+        "task_timeout",
+        "0",
+        "Seconds a task's process may run before the executor terminates it (SIGTERM, then SIGKILL "
+        "after termination_grace_period), as a backstop for execution_timeout. 0: no limit. A task "
+        'overrides it with executor_config={"async_local_executor": {"task_timeout": SECONDS}}.',
+    ),
+    OptionDoc(
         "prefetch_multiplier",
         "1",
         "Workloads the executor accepts beyond parallelism, as a multiple of parallelism. They wait "
@@ -113,7 +120,29 @@ class ExecutorConfig:
     launcher: LauncherKind = LauncherKind.FORKSERVER
     forkserver_idle_timeout: float = float(_DEFAULTS["forkserver_idle_timeout"])
     prefetch_multiplier: float = float(_DEFAULTS["prefetch_multiplier"])
+    task_timeout: float = float(_DEFAULTS["task_timeout"])
     preload_modules: tuple[str, ...] = ()
+
+    def timeout_for(self, executor_config: object) -> float | None:
+        """A task's hard timeout: its own ``executor_config`` entry, else ``task_timeout``; None: none.
+
+        :raises ValueError: naming the entry when the task's value is not a number >= 0
+        """
+        value: object = self.task_timeout
+        if isinstance(executor_config, dict):
+            ours = executor_config.get(SECTION)
+            if isinstance(ours, dict) and "task_timeout" in ours:
+                value = ours["task_timeout"]
+        try:
+            seconds = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            seconds = -1.0
+        if not seconds >= 0 or math.isinf(seconds):  # NaN compares false: not a timeout either
+            raise ValueError(
+                f'executor_config["{SECTION}"]["task_timeout"] must be a number of seconds >= 0, '
+                f"got {value!r}"
+            )
+        return seconds or None
 
     def prefetch(self, parallelism: int) -> int:
         """How many workloads beyond ``parallelism`` the executor accepts."""
@@ -133,5 +162,6 @@ class ExecutorConfig:
             launcher=_choice(conf, "launcher", LauncherKind),
             forkserver_idle_timeout=_float(conf, "forkserver_idle_timeout"),
             prefetch_multiplier=_float(conf, "prefetch_multiplier"),
+            task_timeout=_float(conf, "task_timeout"),
             preload_modules=tuple(m.strip() for m in preload.split(",") if m.strip()),
         )

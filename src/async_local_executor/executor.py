@@ -199,13 +199,24 @@ class AsyncLocalExecutor(BaseExecutor):
             # is the truth and the scheduler stops handing us work once every slot is taken.
             self.running.add(key)
             label = describe(key)
+            try:
+                timeout = self._config.timeout_for(
+                    getattr(getattr(workload, "ti", None), "executor_config", None)
+                )
+            except ValueError as exc:
+                reason = f"not launched: {exc}"
+                log.error("workload %s %s", label, reason)
+                self.change_state(key, workload.failure_state, info=reason)
+                continue
             ticket = _Ticket(key, next(self._serials))
             self._states[key] = _States(
                 ticket, workload.running_state, workload.success_state, workload.failure_state, label
             )
             title = f"{self._title_prefix} {workload.display_name}"
             payload = child.encode_payload(workload.model_dump_json(), self._server, title)
-            requests.append(LaunchRequest(key=ticket, argv=self._argv, stdin=payload, label=label))
+            requests.append(
+                LaunchRequest(key=ticket, argv=self._argv, stdin=payload, label=label, timeout=timeout)
+            )
         self._runtime.submit(requests)
 
     def sync(self) -> None:

@@ -72,6 +72,7 @@ class _Tracked:
     child: Child | None = None
     stop_reason: str | None = None  # set once we decide to stop it
     exited: anyio.Event = field(default_factory=anyio.Event)
+    deadline: anyio.CancelScope | None = None  # the timeout's timer, while one runs
 
 
 def describe_status(status: int) -> str:
@@ -210,6 +211,18 @@ class Supervisor:
             await tracked.exited.wait()
             tg.cancel_scope.cancel()
 
+    async def _enforce_timeout(self, tracked: _Tracked, limit: float) -> None:
+        assert tracked.deadline is not None
+        with tracked.deadline:  # cancelled when the workload ends, even before this task first runs
+            await self._sleep(limit)
+            if not tracked.exited.is_set():
+                log.warning(
+                    "workload %s ran longer than its %gs timeout; terminating it",
+                    tracked.request.label or tracked.request.key,
+                    limit,
+                )
+                self._stop(tracked, f"timed out after {limit:g}s")
+
     async def _supervise(self, serial: int, tracked: _Tracked) -> None:
         request = tracked.request
         try:
@@ -232,6 +245,10 @@ class Supervisor:
                     self._listener.started(request.key, child.pid)
                     if tracked.stop_reason is not None:
                         self._terminate(tracked)
+                    elif request.timeout is not None:
+                        assert self._tg is not None
+                        tracked.deadline = anyio.CancelScope()
+                        self._tg.start_soon(self._enforce_timeout, tracked, request.timeout)
                     # Shielded: once a process exists, only its exit may end this wait, or the workload
                     # would lose its final event and the process its reaper.
                     with anyio.CancelScope(shield=True):
@@ -266,6 +283,8 @@ class Supervisor:
                     Outcome(request.key, OutcomeKind.LAUNCH_FAILED, reason=f"internal error: {exc!r}")
                 )
         finally:
+            if tracked.deadline is not None:
+                tracked.deadline.cancel()  # else a long timeout's timer would hold up shutdown
             self._tracked.pop(serial, None)
             if not self._tracked:
                 self._idle.set()

@@ -80,6 +80,30 @@ def test_every_option_is_documented() -> None:
         "launcher",
         "forkserver_idle_timeout",
         "prefetch_multiplier",
+        "task_timeout",
         "preload_modules",
     }
     assert all(o.description for o in OPTIONS)
+
+
+@pytest.mark.parametrize(
+    ("executor_config", "expected"),
+    [
+        (None, 30.0),
+        ({}, 30.0),
+        ({"KubernetesExecutor": {"x": 1}}, 30.0),
+        ({"async_local_executor": {"task_timeout": 5}}, 5.0),
+        ({"async_local_executor": {"task_timeout": "2.5"}}, 2.5),
+        ({"async_local_executor": {"task_timeout": 0}}, None),
+    ],
+)
+def test_a_task_timeout_comes_from_the_task_else_the_option(
+    executor_config: object, expected: object
+) -> None:
+    assert ExecutorConfig(task_timeout=30).timeout_for(executor_config) == expected
+
+
+@pytest.mark.parametrize("bad", ["soon", -1, float("nan"), float("inf"), [1]])
+def test_a_bad_task_timeout_names_the_entry(bad: object) -> None:
+    with pytest.raises(ValueError, match=r'\["task_timeout"\] must be a number of seconds >= 0'):
+        ExecutorConfig().timeout_for({"async_local_executor": {"task_timeout": bad}})

@@ -351,3 +351,24 @@ def test_a_dead_loop_thread_stops_the_scheduler_loudly(caplog: pytest.LogCapture
         Scheduler(ex).loop_once()
     assert "event loop thread is dead" in caplog.text
     ex.end()  # still returns: nothing left to wait for
+
+
+def test_task_timeout_from_executor_config_fails_the_task_with_the_reason(
+    tmp_path: Path, executor: RecordingExecutor
+) -> None:
+    gate = tmp_path / "gate"
+    gate.touch()
+    slow = workloads.task(f"hold:{gate}", executor_config={"async_local_executor": {"task_timeout": 0.5}})
+    bad = workloads.task("ok", executor_config={"async_local_executor": {"task_timeout": "soon"}})
+    fine = workloads.task("ok", map_index=1)
+    queue(executor, slow, bad, fine)
+    scheduler = Scheduler(executor)
+    scheduler.run_until(lambda: len(scheduler.events) == 3)
+    state, info = scheduler.events[slow.key]
+    assert state == TaskInstanceState.FAILED
+    assert info.startswith("timed out after 0.5s: terminated (killed by SIG")
+    state, info = scheduler.events[bad.key]
+    assert state == TaskInstanceState.FAILED
+    assert "must be a number of seconds >= 0, got 'soon'" in info
+    assert scheduler.events[fine.key] == (TaskInstanceState.SUCCESS, None)
+    assert holding(gate) == 1  # the bad one was never launched; the slow one was

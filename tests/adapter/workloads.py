@@ -16,7 +16,13 @@ from airflow.executors.workloads.callback import CallbackDTO, CallbackFetchMetho
 TOKEN = "jwt-that-must-stay-off-the-command-line"
 
 
-def task(task_id: str, *, map_index: int = -1, try_number: int = 1) -> ExecuteTask:
+def task(
+    task_id: str,
+    *,
+    map_index: int = -1,
+    try_number: int = 1,
+    executor_config: dict[str, object] | None = None,
+) -> ExecuteTask:
     ti = TaskInstanceDTO(
         id=uuid.uuid4(),
         task_id=task_id,
@@ -27,6 +33,7 @@ def task(task_id: str, *, map_index: int = -1, try_number: int = 1) -> ExecuteTa
         map_index=map_index,
         pool_slots=1,
         priority_weight=1,
+        executor_config=executor_config,
     )
     return ExecuteTask(
         ti=ti,

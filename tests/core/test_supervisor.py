@@ -310,3 +310,21 @@ async def test_output_is_drained_while_the_child_runs(kind: str) -> None:
     assert recorder.outcome("k").ok
     assert [key for key, line in recorder.lines if line and key != "k"] == []
     assert sum(1 for key, line in recorder.lines if line) == 4096
+
+
+async def test_a_workload_past_its_timeout_is_terminated_and_says_so(kind: str) -> None:
+    recorder = Recorder()
+    async with serving(recorder, kind) as supervisor:
+        supervisor.submit(LaunchRequest("slow", py("import time; time.sleep(60)"), timeout=0.5))
+        supervisor.submit(LaunchRequest("quick", py("pass"), timeout=30))
+        await recorder.until(lambda: len(recorder.outcomes) == 2)
+    slow = recorder.outcome("slow")
+    assert slow.kind is OutcomeKind.TERMINATED
+    assert slow.reason.startswith("timed out after 0.5s: terminated (killed by SIG")
+    # The quick one's 30 s timer was cancelled when it exited, or leaving `serving` would wait for it.
+    assert recorder.outcome("quick").ok
+
+
+async def test_a_timeout_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="timeout must be > 0"):
+        LaunchRequest("k", py("pass"), timeout=0)

@@ -23,6 +23,7 @@ class LaunchRequest:
     :param stdin: bytes written to the child's stdin, which is then closed; secrets travel here
     :param env: the child's whole environment, or ``None`` to inherit ours
     :param label: a short human name for logs
+    :param timeout: seconds the process may run before it is terminated; ``None`` for no limit
     """
 
     key: Hashable
@@ -30,10 +31,13 @@ class LaunchRequest:
     stdin: bytes = b""
     env: Mapping[str, str] | None = None
     label: str = field(default="")
+    timeout: float | None = None
 
     def __post_init__(self) -> None:
         if not self.argv:
             raise ValueError("argv must not be empty")
+        if self.timeout is not None and not self.timeout > 0:
+            raise ValueError(f"timeout must be > 0 or None, got {self.timeout}")
 
 
 class Child(Protocol):
