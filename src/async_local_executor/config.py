@@ -71,6 +71,20 @@ OPTIONS: tuple[OptionDoc, ...] = (
         'overrides it with executor_config={"async_local_executor": {"task_timeout": SECONDS}}.',
     ),
     OptionDoc(
+        "queue_limits",
+        "",
+        "Per-queue limits on running tasks, e.g. reports:4,default:28 (a task's queue is its operator's "
+        "queue argument). A task held back by its queue's limit does not hold one of parallelism's "
+        "slots. Queues not listed are limited by parallelism alone.",
+    ),
+    OptionDoc(
+        "min_available_memory_mb",
+        "256",
+        "While the host's available memory (MemAvailable) is below this many MB, workloads wait to "
+        "launch (they do not fail), with a warning in the scheduler log when that starts and ends. "
+        "0 turns the guard off.",
+    ),
+    OptionDoc(
         "prefetch_multiplier",
         "1",
         "Workloads the executor accepts beyond parallelism, as a multiple of parallelism. They wait "
@@ -100,6 +114,22 @@ def _float(conf: ConfSource, name: str) -> float:
     return value
 
 
+def _queue_limits(raw: str) -> tuple[tuple[str, int], ...]:
+    limits: dict[str, int] = {}
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        queue, sep, number = item.rpartition(":")
+        try:
+            limit = int(number) if sep and queue.strip() else 0
+        except ValueError:
+            limit = 0
+        if limit < 1:
+            raise ValueError(
+                f"[{SECTION}] queue_limits must look like queue:N,queue:N with N >= 1, got {item!r}"
+            )
+        limits[queue.strip()] = limit
+    return tuple(limits.items())
+
+
 _E = TypeVar("_E", bound=enum.Enum)
 
 
@@ -122,6 +152,8 @@ class ExecutorConfig:
     prefetch_multiplier: float = float(_DEFAULTS["prefetch_multiplier"])
     task_timeout: float = float(_DEFAULTS["task_timeout"])
     preload_modules: tuple[str, ...] = ()
+    queue_limits: tuple[tuple[str, int], ...] = ()
+    min_available_memory_mb: float = float(_DEFAULTS["min_available_memory_mb"])
 
     def timeout_for(self, executor_config: object) -> float | None:
         """A task's hard timeout: its own ``executor_config`` entry, else ``task_timeout``; None: none.
@@ -163,5 +195,7 @@ class ExecutorConfig:
             forkserver_idle_timeout=_float(conf, "forkserver_idle_timeout"),
             prefetch_multiplier=_float(conf, "prefetch_multiplier"),
             task_timeout=_float(conf, "task_timeout"),
+            queue_limits=_queue_limits(conf.get(SECTION, "queue_limits", fallback="") or ""),
+            min_available_memory_mb=_float(conf, "min_available_memory_mb"),
             preload_modules=tuple(m.strip() for m in preload.split(",") if m.strip()),
         )

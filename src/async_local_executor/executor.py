@@ -23,7 +23,7 @@ from async_local_executor.launchers.base import Launcher, LaunchRequest
 from async_local_executor.launchers.forkserver import ForkServerLauncher
 from async_local_executor.launchers.subprocess import SubprocessLauncher
 from async_local_executor.runtime import Runtime, uvloop_available
-from async_local_executor.supervisor import Outcome, OutcomeKind, Supervisor
+from async_local_executor.supervisor import MB, Outcome, OutcomeKind, Supervisor
 from async_local_executor.termination import TerminationPolicy
 
 if TYPE_CHECKING:
@@ -160,14 +160,24 @@ class AsyncLocalExecutor(BaseExecutor):
                     fallback=launcher,
                     idle_timeout=config.forkserver_idle_timeout or None,
                 )
-            return Supervisor(launcher, mailbox, limit=self.parallelism, policy=policy)
+            return Supervisor(
+                launcher,
+                mailbox,
+                limit=self.parallelism,
+                policy=policy,
+                group_limits=dict(config.queue_limits),
+                memory_floor=int(config.min_available_memory_mb * MB),
+            )
 
         self._runtime = Runtime(make_supervisor, use_uvloop=use_uvloop)
         self._runtime.start()
         self.log.info(
-            "AsyncLocalExecutor started: parallelism=%d, prefetch=%d, launcher=%s, event loop=%s",
+            "AsyncLocalExecutor started: parallelism=%d, prefetch=%d, queue limits=%s, memory floor=%g MB, "
+            "launcher=%s, event loop=%s",
             self.parallelism,
             self._prefetch,
+            ",".join(f"{q}:{n}" for q, n in config.queue_limits) or "none",
+            config.min_available_memory_mb,
             config.launcher.value,
             "uvloop" if use_uvloop else "asyncio",
         )
@@ -214,8 +224,13 @@ class AsyncLocalExecutor(BaseExecutor):
             )
             title = f"{self._title_prefix} {workload.display_name}"
             payload = child.encode_payload(workload.model_dump_json(), self._server, title)
+            # Only tasks have a queue; callbacks and connection tests are limited by parallelism alone.
+            ti = getattr(workload, "ti", None)
+            queue = (getattr(ti, "queue", None) or "default") if isinstance(key, TaskInstanceKey) else ""
             requests.append(
-                LaunchRequest(key=ticket, argv=self._argv, stdin=payload, label=label, timeout=timeout)
+                LaunchRequest(
+                    key=ticket, argv=self._argv, stdin=payload, label=label, timeout=timeout, group=queue
+                )
             )
         self._runtime.submit(requests)
 

@@ -7,17 +7,19 @@ loop's own thread; :mod:`async_local_executor.runtime` is what crosses threads.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import itertools
 import logging
 import math
 import signal
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import anyio
 import anyio.abc
+import psutil
 
 from async_local_executor.errors import ChildLost, LaunchError
 from async_local_executor.launchers.base import Child, Launcher, LaunchRequest
@@ -27,6 +29,11 @@ from async_local_executor.termination import TerminationPolicy
 log = logging.getLogger(__name__)
 
 Sleep = Callable[[float], Awaitable[None]]
+MB = 1024 * 1024
+
+
+def _available_memory() -> int:
+    return int(psutil.virtual_memory().available)
 
 
 class OutcomeKind(enum.Enum):
@@ -94,6 +101,11 @@ class Supervisor:
         ``None`` for no limit
     :param policy: how a workload is stopped on revoke or shutdown
     :param sleep: the clock used to wait out the grace period; tests inject one that does not wait
+    :param group_limits: at most this many workloads of each named group hold a slot at once
+    :param memory_floor: bytes of available memory below which admitted workloads wait before
+        launching (they never fail for it); 0 turns the guard off
+    :param available_memory: reads the host's available memory in bytes
+    :param memory_poll: seconds between two reads while memory is low
     """
 
     def __init__(
@@ -104,9 +116,24 @@ class Supervisor:
         limit: int | None,
         policy: TerminationPolicy | None = None,
         sleep: Sleep = anyio.sleep,
+        group_limits: Mapping[str, int] | None = None,
+        memory_floor: int = 0,
+        available_memory: Callable[[], int] = _available_memory,
+        memory_poll: float = 1.0,
     ) -> None:
         if limit is not None and limit < 1:
             raise ValueError(f"limit must be >= 1 or None, got {limit}")
+        for group, group_limit in (group_limits or {}).items():
+            if group_limit < 1:
+                raise ValueError(f"limit of group {group!r} must be >= 1, got {group_limit}")
+        self._group_limiters = {
+            group: anyio.CapacityLimiter(group_limit) for group, group_limit in (group_limits or {}).items()
+        }
+        self._saturated: set[str] = set()
+        self._memory_floor = memory_floor
+        self._available_memory = available_memory
+        self._memory_poll = memory_poll
+        self._memory_low = False
         self._launcher = launcher
         self._listener = listener
         self._limiter = anyio.CapacityLimiter(math.inf if limit is None else limit)
@@ -211,6 +238,42 @@ class Supervisor:
             await tracked.exited.wait()
             tg.cancel_scope.cancel()
 
+    def _group_slot(self, request: LaunchRequest) -> contextlib.AbstractAsyncContextManager[object]:
+        # Taken before the executor-wide slot, so a workload held back by its group's limit does not
+        # also hold a slot another group could use.
+        limiter = self._group_limiters.get(request.group)
+        if limiter is None:
+            return contextlib.nullcontext()
+        if limiter.available_tokens < 1:
+            if request.group not in self._saturated:
+                self._saturated.add(request.group)
+                log.info(
+                    "queue %r is at its limit of %d running workloads; its next ones wait",
+                    request.group,
+                    int(limiter.total_tokens),
+                )
+        else:
+            self._saturated.discard(request.group)
+        return limiter
+
+    async def _wait_for_memory(self, request: LaunchRequest) -> None:
+        if not self._memory_floor:
+            return
+        while (available := self._available_memory()) < self._memory_floor:
+            if not self._memory_low:
+                self._memory_low = True
+                log.warning(
+                    "available memory %d MB is below the floor of %d MB; workload %s and the ones "
+                    "after it wait to launch",
+                    available // MB,
+                    self._memory_floor // MB,
+                    request.label or request.key,
+                )
+            await self._sleep(self._memory_poll)
+        if self._memory_low:
+            self._memory_low = False
+            log.warning("available memory is back above %d MB; launching again", self._memory_floor // MB)
+
     async def _enforce_timeout(self, tracked: _Tracked, limit: float) -> None:
         assert tracked.deadline is not None
         with tracked.deadline:  # cancelled when the workload ends, even before this task first runs
@@ -227,9 +290,10 @@ class Supervisor:
         request = tracked.request
         try:
             with tracked.scope:
-                async with self._limiter:
+                async with self._group_slot(request), self._limiter:
                     if tracked.life.finished:  # dropped before this task first ran
                         return
+                    await self._wait_for_memory(request)
                     tracked.life.advance(Step.ADMIT)
                     try:
                         child = await self._launcher.launch(request)

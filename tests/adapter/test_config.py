@@ -36,10 +36,14 @@ def test_values_are_read() -> None:
                 "preload_modules": " numpy, pandas ,,",
                 "prefetch_multiplier": "0.5",
                 "forkserver_idle_timeout": "300",
+                "queue_limits": " reports:4 , default:28,",
+                "min_available_memory_mb": "512",
             }
         )
     )
     assert config.forkserver_idle_timeout == 300.0
+    assert config.queue_limits == (("reports", 4), ("default", 28))
+    assert config.min_available_memory_mb == 512.0
     assert config.prefetch(32) == 16
     assert config.prefetch(3) == 2  # rounded up: any multiplier above 0 prefetches something
     assert (config.shutdown_timeout, config.termination_grace_period, config.event_loop) == (
@@ -58,6 +62,10 @@ def test_values_are_read() -> None:
         ("event_loop", "trio", "event_loop must be one of auto, asyncio, uvloop, got 'trio'"),
         ("launcher", "spawn", "launcher must be one of forkserver, subprocess, got 'spawn'"),
         ("prefetch_multiplier", "-0.5", "prefetch_multiplier must be >= 0"),
+        ("queue_limits", "reports:4,default", "queue_limits must look like queue:N,queue:N"),
+        ("queue_limits", "reports:0", "with N >= 1, got 'reports:0'"),
+        ("queue_limits", ":3", "got ':3'"),
+        ("min_available_memory_mb", "lots", "min_available_memory_mb must be a number"),
     ],
 )
 def test_invalid_values_name_the_option(key: str, value: str, message: str) -> None:
@@ -81,6 +89,8 @@ def test_every_option_is_documented() -> None:
         "forkserver_idle_timeout",
         "prefetch_multiplier",
         "task_timeout",
+        "queue_limits",
+        "min_available_memory_mb",
         "preload_modules",
     }
     assert all(o.description for o in OPTIONS)

@@ -372,3 +372,25 @@ def test_task_timeout_from_executor_config_fails_the_task_with_the_reason(
     assert "must be a number of seconds >= 0, got 'soon'" in info
     assert scheduler.events[fine.key] == (TaskInstanceState.SUCCESS, None)
     assert holding(gate) == 1  # the bad one was never launched; the slow one was
+
+
+def test_queue_limits_apply_to_each_task_queue(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__QUEUE_LIMITS", "reports:1")
+    gate = tmp_path / "gate"
+    gate.touch()
+    ex = RecordingExecutor(parallelism=4)
+    ex.start()
+    try:
+        reports = [workloads.task(f"hold:{gate}", map_index=i, queue="reports") for i in range(3)]
+        others = [workloads.task(f"hold:{gate}", map_index=10 + i) for i in range(2)]
+        queue(ex, *reports, *others)
+        scheduler = Scheduler(ex)
+        # One "reports" task and both "default" ones run; the other two reports tasks wait.
+        scheduler.run_until(lambda: holding(gate) == 3)
+        scheduler.loop_once()
+        assert holding(gate) == 3
+        gate.unlink()
+        scheduler.run_until(lambda: len(scheduler.events) == 5)
+    finally:
+        ex.end()
+    assert {state for state, _ in scheduler.events.values()} == {TaskInstanceState.SUCCESS}

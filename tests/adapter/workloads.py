@@ -22,6 +22,7 @@ def task(
     map_index: int = -1,
     try_number: int = 1,
     executor_config: dict[str, object] | None = None,
+    queue: str = "default",
 ) -> ExecuteTask:
     ti = TaskInstanceDTO(
         id=uuid.uuid4(),
@@ -34,6 +35,7 @@ def task(
         pool_slots=1,
         priority_weight=1,
         executor_config=executor_config,
+        queue=queue,
     )
     return ExecuteTask(
         ti=ti,

@@ -9,6 +9,7 @@ import signal
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import psutil
@@ -17,7 +18,7 @@ import pytest
 from async_local_executor.launchers.base import Launcher, LaunchRequest
 from async_local_executor.launchers.forkserver import ForkServerLauncher
 from async_local_executor.launchers.subprocess import SubprocessLauncher
-from async_local_executor.supervisor import OutcomeKind, Supervisor
+from async_local_executor.supervisor import MB, OutcomeKind, Supervisor
 from async_local_executor.termination import TerminationPolicy
 from tests.core.helpers import GUARD, ManualClock, Recorder, py
 
@@ -46,6 +47,7 @@ async def serving(
     limit: int | None = None,
     clock: ManualClock | None = None,
     grace: float = 10.0,
+    **admission: Any,
 ) -> AsyncIterator[Supervisor]:
     supervisor = Supervisor(
         make_launcher(kind, recorder) if isinstance(kind, str) else kind,
@@ -53,6 +55,7 @@ async def serving(
         limit=limit,
         policy=TerminationPolicy(grace=grace),
         sleep=clock.sleep if clock else anyio.sleep,
+        **admission,
     )
     async with anyio.create_task_group() as tg:
         await tg.start(supervisor.serve)
@@ -328,3 +331,51 @@ async def test_a_workload_past_its_timeout_is_terminated_and_says_so(kind: str) 
 async def test_a_timeout_must_be_positive() -> None:
     with pytest.raises(ValueError, match="timeout must be > 0"):
         LaunchRequest("k", py("pass"), timeout=0)
+
+
+async def test_a_queue_limit_holds_its_group_without_holding_back_others(tmp_path: Path, kind: str) -> None:
+    gate = tmp_path / "gate"
+    gate.touch()
+    hold = py(f"import os, time\nwhile os.path.exists({str(gate)!r}): time.sleep(0.01)")
+    recorder = Recorder()
+    async with serving(recorder, kind, limit=3, group_limits={"reports": 1}) as supervisor:
+        supervisor.submit(LaunchRequest("r1", hold, group="reports"))
+        supervisor.submit(LaunchRequest("r2", hold, group="reports"))
+        supervisor.submit(LaunchRequest("d1", hold, group="default"))
+        supervisor.submit(LaunchRequest("d2", hold))
+        # Three slots: r1 and the two others start; r2 waits for its group, not for a slot.
+        await recorder.until(lambda: len(recorder.pids) == 3)
+        assert set(recorder.pids) == {"r1", "d1", "d2"}
+        gate.unlink()
+        await recorder.until(lambda: len(recorder.outcomes) == 4)
+    assert all(o.ok for o in recorder.outcomes)
+
+
+async def test_low_memory_makes_workloads_wait_not_fail(kind: str) -> None:
+    free = {"bytes": 10 * MB}
+    reads = anyio.Event()
+    count = {"reads": 0}
+
+    def available() -> int:
+        count["reads"] += 1
+        if count["reads"] >= 3:
+            reads.set()
+        return free["bytes"]
+
+    recorder = Recorder()
+    async with serving(
+        recorder, kind, memory_floor=100 * MB, available_memory=available, memory_poll=0.01
+    ) as supervisor:
+        supervisor.submit(LaunchRequest("k", py("print('ran')")))
+        with anyio.fail_after(GUARD):
+            await reads.wait()  # it has checked, found too little and checked again
+        assert recorder.pids == {}
+        assert recorder.outcomes == []
+        free["bytes"] = 200 * MB
+        await recorder.until(lambda: len(recorder.outcomes) == 1)
+    assert recorder.outcome("k").ok
+
+
+async def test_admission_limits_are_validated() -> None:
+    with pytest.raises(ValueError, match="limit of group 'reports' must be >= 1"):
+        Supervisor(SubprocessLauncher(), Recorder(), limit=2, group_limits={"reports": 0})

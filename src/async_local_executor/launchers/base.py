@@ -24,6 +24,7 @@ class LaunchRequest:
     :param env: the child's whole environment, or ``None`` to inherit ours
     :param label: a short human name for logs
     :param timeout: seconds the process may run before it is terminated; ``None`` for no limit
+    :param group: the admission group whose own limit (if the supervisor has one for it) also applies
     """
 
     key: Hashable
@@ -32,6 +33,7 @@ class LaunchRequest:
     env: Mapping[str, str] | None = None
     label: str = field(default="")
     timeout: float | None = None
+    group: str = ""
 
     def __post_init__(self) -> None:
         if not self.argv:
