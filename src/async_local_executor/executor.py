@@ -16,7 +16,7 @@ from airflow.models.callback import CallbackKey
 from airflow.models.connection_test import ConnectionTestKey
 from airflow.models.taskinstancekey import TaskInstanceKey
 
-from async_local_executor import child
+from async_local_executor import child, tasklog
 from async_local_executor.config import EventLoop, ExecutorConfig, LauncherKind
 from async_local_executor.errors import RuntimeNotRunning
 from async_local_executor.launchers.base import Launcher, LaunchRequest
@@ -67,6 +67,7 @@ class _States:
     success: WorkloadState
     failure: WorkloadState
     label: str
+    log_path: str | None = None  # the task's log file, relative to [logging] base_log_folder
 
 
 class _Mailbox:
@@ -220,7 +221,12 @@ class AsyncLocalExecutor(BaseExecutor):
                 continue
             ticket = _Ticket(key, next(self._serials))
             self._states[key] = _States(
-                ticket, workload.running_state, workload.success_state, workload.failure_state, label
+                ticket,
+                workload.running_state,
+                workload.success_state,
+                workload.failure_state,
+                label,
+                getattr(workload, "log_path", None),
             )
             title = f"{self._title_prefix} {workload.display_name}"
             payload = child.encode_payload(workload.model_dump_json(), self._server, title)
@@ -288,6 +294,17 @@ class AsyncLocalExecutor(BaseExecutor):
         reason = outcome.reason
         if outcome.kind is OutcomeKind.EXITED:
             reason = _EXIT_REASONS.get(outcome.returncode or 0, reason)
+        if outcome.kind in (OutcomeKind.LAUNCH_FAILED, OutcomeKind.NOT_STARTED):
+            # It never ran, so nothing else will say why: the task's log, Airflow's audit log and one
+            # scheduler line do, and the task is failed as never launched, not as having run.
+            reason = f"not launched: {reason}"
+            self.log_task_event(event="executor launch failed", extra=reason, ti_key=key)
+            if states.log_path:
+                base = self.conf.get("logging", "base_log_folder", fallback="")
+                if base:
+                    tasklog.append_line(
+                        base, states.log_path, f"The executor could not run this task: {reason}"
+                    )
         self.log.error("workload %s failed: %s", states.label, reason)
         self.change_state(key, states.failure, info=reason)
 

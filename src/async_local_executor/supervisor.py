@@ -8,11 +8,13 @@ loop's own thread; :mod:`async_local_executor.runtime` is what crosses threads.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import itertools
 import logging
 import math
 import signal
+import time
 from collections.abc import Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -46,6 +48,15 @@ class OutcomeKind(enum.Enum):
 
 
 @dataclass(frozen=True)
+class Times:
+    """Wall-clock times (seconds since the epoch) of one workload's life."""
+
+    accepted: float
+    launched: float | None = None  # None: it never got a process
+    ended: float | None = None
+
+
+@dataclass(frozen=True)
 class Outcome:
     """The one final result of a workload.
 
@@ -57,6 +68,7 @@ class Outcome:
     kind: OutcomeKind
     returncode: int | None = None
     reason: str = ""
+    times: Times | None = None
 
     @property
     def ok(self) -> bool:
@@ -80,6 +92,8 @@ class _Tracked:
     stop_reason: str | None = None  # set once we decide to stop it
     exited: anyio.Event = field(default_factory=anyio.Event)
     deadline: anyio.CancelScope | None = None  # the timeout's timer, while one runs
+    accepted: float = field(default_factory=time.time)
+    launched: float | None = None
 
 
 def describe_status(status: int) -> str:
@@ -305,6 +319,7 @@ class Supervisor:
                         )
                         return
                     tracked.child = child
+                    tracked.launched = time.time()
                     tracked.life.advance(Step.LAUNCHED)
                     self._listener.started(request.key, child.pid)
                     if tracked.stop_reason is not None:
@@ -344,7 +359,12 @@ class Supervisor:
             if not tracked.life.finished:
                 tracked.life.phase = Phase.FINISHED
                 self._listener.finished(
-                    Outcome(request.key, OutcomeKind.LAUNCH_FAILED, reason=f"internal error: {exc!r}")
+                    Outcome(
+                        request.key,
+                        OutcomeKind.LAUNCH_FAILED,
+                        reason=f"internal error: {exc!r}",
+                        times=Times(tracked.accepted, tracked.launched, time.time()),
+                    )
                 )
         finally:
             if tracked.deadline is not None:
@@ -355,4 +375,5 @@ class Supervisor:
 
     def _finish(self, tracked: _Tracked, outcome: Outcome, step: Step) -> None:
         tracked.life.advance(step)
-        self._listener.finished(outcome)
+        times = Times(tracked.accepted, tracked.launched, time.time())
+        self._listener.finished(dataclasses.replace(outcome, times=times))

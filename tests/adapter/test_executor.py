@@ -6,6 +6,7 @@ real Airflow are exercised by tests/e2e.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -157,21 +158,29 @@ def test_token_never_in_argv_or_environment(tmp_path: Path, executor: RecordingE
 
 
 def test_launch_failure_fails_the_workload_and_the_executor_carries_on(
-    launcher: str, monkeypatch: pytest.MonkeyPatch
+    launcher: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     # A missing interpreter is a plain-launch failure; the fork server's own failures are in tests/core.
     monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__LAUNCHER", "subprocess")
+    monkeypatch.setenv("AIRFLOW__LOGGING__BASE_LOG_FOLDER", str(tmp_path))
     ex = RecordingExecutor(parallelism=2)
     ex.argv = ("/nonexistent/python3",)
     ex.start()
     try:
-        broken = workloads.task("ok")
+        broken = workloads.task("ok", log_path="dag_id=adapter_dag/attempt=1.log")
         queue(ex, broken)
         scheduler = Scheduler(ex)
         scheduler.run_until(lambda: broken.key in scheduler.events)
         state, info = scheduler.events[broken.key]
         assert state == TaskInstanceState.FAILED
-        assert "cannot start '/nonexistent/python3'" in info
+        assert info.startswith("not launched: cannot start '/nonexistent/python3'")
+        # The task's own log says why (it has no process to say it), and so does the audit log.
+        [line] = (tmp_path / "dag_id=adapter_dag" / "attempt=1.log").read_text().splitlines()
+        record = json.loads(line)
+        assert record["level"] == "error"
+        assert record["event"] == f"The executor could not run this task: {info}"
+        [audit] = list(ex._task_event_logs)
+        assert (audit.event, audit.extra, audit.task_id) == ("executor launch failed", info, "ok")
         ex.argv = RecordingExecutor.argv  # the cause goes away: the next workload runs
         ex._argv = ex._child_argv()
         fine = workloads.task("ok", map_index=1)

@@ -23,6 +23,7 @@ def task(
     try_number: int = 1,
     executor_config: dict[str, object] | None = None,
     queue: str = "default",
+    log_path: str | None = None,
 ) -> ExecuteTask:
     ti = TaskInstanceDTO(
         id=uuid.uuid4(),
@@ -41,7 +42,7 @@ def task(
         ti=ti,
         dag_rel_path="adapter_dag.py",  # type: ignore[arg-type]
         token=TOKEN,
-        log_path=None,
+        log_path=log_path,
         bundle_info=BundleInfo(name="dags-folder"),
     )
 
