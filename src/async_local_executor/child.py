@@ -14,7 +14,7 @@ import sys
 import traceback
 from typing import Any
 
-from async_local_executor.lifeline import die_with_parent
+from async_local_executor.lifeline import die_with_parent, tie_direct_children
 
 EXIT_OK = 0  # the workload ran to its end (whatever the task's own outcome, which it reports itself)
 EXIT_CRASHED = 1  # running the workload raised
@@ -145,6 +145,9 @@ def run_payload(raw: bytes) -> int:
     from airflow.executors.base_executor import BaseExecutor
     from airflow.settings import dispose_orm
 
+    # The task SDK forks the task process into its own process group; tie it to this process so
+    # that it cannot outlive us when we are killed outright (or die with the executor).
+    tie_direct_children()
     # Our parent's engine is not ours to use, and the task reaches the database through the API.
     dispose_orm(do_log=False)
     _configure_logging()

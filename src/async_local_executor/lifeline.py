@@ -24,3 +24,37 @@ def die_with_parent(parent_pid: int, sig: int = signal.SIGTERM) -> bool:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     return not parent_pid or os.getppid() == parent_pid
+
+
+EXIT_ORPHANED = 3
+# Which process's direct forks are tied to it (0: none), and the pid a fork in progress was armed for.
+_tie = {"owner": 0, "armed_for": 0, "signal": int(signal.SIGKILL)}
+
+
+def tie_direct_children(sig: int = signal.SIGKILL) -> None:
+    """Make every process this process forks from now on die with it (only its direct children).
+
+    The task SDK's supervisor forks the task process into a process group of its own, where signals to
+    ours never reach it; without this, a supervisor killed outright (or dying with the executor)
+    leaves its task process running as an orphan. Later forks by those children are left alone.
+    """
+    first = not _tie["owner"]
+    _tie["owner"] = os.getpid()
+    if first:
+        os.register_at_fork(before=_arm, after_in_parent=_disarm, after_in_child=_tie_child)
+    _tie["signal"] = int(sig)
+
+
+def _arm() -> None:
+    _tie["armed_for"] = os.getpid() if os.getpid() == _tie["owner"] else 0
+
+
+def _disarm() -> None:
+    _tie["armed_for"] = 0
+
+
+def _tie_child() -> None:
+    parent = _tie["armed_for"]
+    _tie["armed_for"] = 0
+    if parent and not die_with_parent(parent, _tie["signal"]):
+        os._exit(EXIT_ORPHANED)

@@ -379,3 +379,27 @@ async def test_low_memory_makes_workloads_wait_not_fail(kind: str) -> None:
 async def test_admission_limits_are_validated() -> None:
     with pytest.raises(ValueError, match="limit of group 'reports' must be >= 1"):
         Supervisor(SubprocessLauncher(), Recorder(), limit=2, group_limits={"reports": 0})
+
+
+async def test_stopping_a_workload_reaches_groups_its_descendants_made(kind: str) -> None:
+    # As the task SDK does with the task process: a child in a process group of its own.
+    code = (
+        "import os, sys, time\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    os.setpgid(0, 0)\n"
+        "    print('grandchild', os.getpid(), flush=True)\n"
+        "    time.sleep(60)\n"
+        "    os._exit(0)\n"
+        "time.sleep(60)\n"
+    )
+    recorder = Recorder()
+    async with serving(recorder, kind) as supervisor:
+        supervisor.submit(LaunchRequest("k", py(code)))
+        await recorder.until(lambda: any(line.startswith("grandchild") for _, line in recorder.lines))
+        [grandchild] = [int(line.split()[1]) for _, line in recorder.lines if line.startswith("grandchild")]
+        assert os.getpgid(grandchild) == grandchild
+        supervisor.stop("k", "test over")
+        await recorder.until(lambda: len(recorder.outcomes) == 1)
+        await until_dead(grandchild)
+    assert recorder.outcome("k").kind is OutcomeKind.TERMINATED

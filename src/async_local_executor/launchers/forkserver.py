@@ -35,6 +35,7 @@ from async_local_executor.errors import ChildLost, LaunchError
 from async_local_executor.launchers.base import Child, Launcher, LaunchRequest, OutputSink
 from async_local_executor.launchers.forkserver_helper import MAX_MESSAGE, decode, encode, size_buffers
 from async_local_executor.launchers.output import LineSplitter, discard, drain_stream
+from async_local_executor.launchers.tree import GroupSignaller
 
 log = logging.getLogger(__name__)
 
@@ -281,14 +282,14 @@ class ForkServerChild:
         self._read_fd = read_fd
         self._output = output
         self._drained = anyio.Event()
+        self._signaller = GroupSignaller(self._pid)
 
     @property
     def pid(self) -> int:
         return self._pid
 
     def signal(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self._pid, sig)
+        self._signaller.send(sig)
 
     async def wait(self) -> int:
         try:

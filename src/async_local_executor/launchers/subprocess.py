@@ -5,9 +5,7 @@ Simple and safe from a multi-threaded parent, at the price of a fresh interprete
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import os
 import signal
 import subprocess
 from types import TracebackType
@@ -19,6 +17,7 @@ from typing_extensions import Self
 from async_local_executor.errors import LaunchError
 from async_local_executor.launchers.base import LaunchRequest, OutputSink
 from async_local_executor.launchers.output import LineSplitter, discard, drain_stream
+from async_local_executor.launchers.tree import GroupSignaller
 
 # After the leader exits we kill the rest of its group, so EOF on the output pipe follows at once;
 # this only guards against a descendant that left the group but kept the pipe open.
@@ -67,14 +66,14 @@ class SubprocessChild:
         self._request = request
         self._output = output
         self._drained = anyio.Event()
+        self._signaller = GroupSignaller(process.pid)
 
     @property
     def pid(self) -> int:
         return self._process.pid
 
     def signal(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self._process.pid, sig)
+        self._signaller.send(sig)
 
     async def wait(self) -> int:
         async with anyio.create_task_group() as tg:

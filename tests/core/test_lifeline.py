@@ -1,0 +1,58 @@
+"""Children tied to the process that forked them, with real processes."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+
+from tests.core.helpers import GUARD
+
+# The owner ties its direct children, forks one into its own process group (as the task SDK does with
+# the task process), has that child fork a grandchild, then is killed outright.
+SCRIPT = """
+import os, signal, sys, time
+from async_local_executor.lifeline import tie_direct_children
+tie_direct_children()
+r, w = os.pipe()
+child = os.fork()
+if child == 0:
+    os.setpgid(0, 0)
+    grandchild = os.fork()
+    if grandchild == 0:
+        time.sleep(60)
+        os._exit(0)
+    os.write(w, f"{os.getpid()} {grandchild}\\n".encode())
+    time.sleep(60)
+    os._exit(0)
+print(os.read(r, 100).decode().strip(), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def _dead(pid: int) -> bool:
+    try:
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_a_direct_child_dies_with_its_owner_and_later_forks_are_left_alone() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", SCRIPT], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    child, grandchild = (int(x) for x in proc.stdout.readline().split())
+    assert proc.wait(GUARD) == -signal.SIGKILL
+    deadline = time.monotonic() + GUARD
+    while not _dead(child):  # the kernel's signal takes effect when the child next runs
+        assert time.monotonic() < deadline, "the tied child outlived its owner"
+        time.sleep(0.01)
+    # The grandchild was forked by the child, not by the owner: not tied, still running.
+    try:
+        assert not _dead(grandchild)
+    finally:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            psutil.Process(grandchild).kill()
