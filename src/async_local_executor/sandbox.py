@@ -553,6 +553,27 @@ class AirflowSandbox:
         self._procs[name] = proc
         self._pgids.add(proc.pid)
 
+    def kill(self, name: str) -> int:
+        """SIGKILL one Airflow process (not its group): a crash, as the kernel's OOM killer does it.
+
+        :return: the pid it had
+        """
+        proc = self._procs[name]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(self.stop_timeout)
+        return proc.pid
+
+    def restart(self, name: str) -> None:
+        """Start a process of this kind again (after :meth:`kill`)."""
+        proc = self._procs.get(name)
+        if proc is not None and proc.poll() is None:
+            raise SandboxError(f"{name} is still running (pid {proc.pid})")
+        self._spawn(name)
+
+    def live_pids(self) -> list[int]:
+        """Every live process this sandbox started, directly or not (task processes included)."""
+        return _live_pids(self.marker, self._pgids)
+
     def stop(self, *, keep_home: bool | None = None) -> None:
         """Stop every process (SIGTERM, bounded wait, SIGKILL), drop the database, clean up.
 

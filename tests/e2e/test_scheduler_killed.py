@@ -1,0 +1,96 @@
+"""kill -9 of a real scheduler while tasks run: nothing it launched survives, and a restart finishes the run.
+
+Nothing is mocked: a real Airflow on SQLite, the default fork-server launcher, real task processes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from async_local_executor.demo import EXECUTOR
+from async_local_executor.sandbox import AirflowSandbox
+
+pytestmark = pytest.mark.e2e
+
+DAGS = Path(__file__).with_name("dags")
+GUARD = 600.0
+# The issue this guards against: upstream #23520, a task that outlives a killed scheduler and runs
+# beside its own retry after the restart.
+ORPHAN_DEADLINE = 10.0
+
+
+def _poll(what: str, done: object, guard: float = GUARD) -> None:
+    # Airflow's state lives in the database and in /proc; polling them is the only way to observe it.
+    assert callable(done)
+    deadline = time.monotonic() + guard
+    while not done():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not happen within {guard:.0f}s")
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def sandbox() -> Iterator[AirflowSandbox]:
+    sb = AirflowSandbox(
+        executor=EXECUTOR,
+        dags_folder=DAGS,
+        parallelism=4,
+        extra_config={
+            # Notice the dead scheduler and its orphaned tasks in seconds, not minutes.
+            "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "10",
+            "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "5",
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",
+        },
+    )
+    with sb:
+        yield sb
+
+
+def test_no_task_process_outlives_a_killed_scheduler_and_a_restart_finishes(sandbox: AirflowSandbox) -> None:
+    sandbox.wait_for_dag("sleepers", timeout=120)
+    run_id = sandbox.trigger("sleepers")
+    _poll(
+        "three tasks running",
+        lambda: sum(r.state == "running" for r in sandbox.task_instances("sleepers", run_id)) == 3,
+    )
+    scheduler = psutil.Process(sandbox.pids["scheduler"])
+    # The fork server, and per task its supervisor and the task process; the log server is Airflow's.
+    launched = [
+        p.pid for p in scheduler.children(recursive=True) if "serve-logs" not in " ".join(p.cmdline())
+    ]
+    assert len(launched) >= 1 + 3 * 2, [" ".join(_cmdline(p)) for p in launched]
+
+    sandbox.kill("scheduler")
+    deadline = time.monotonic() + ORPHAN_DEADLINE
+    while alive := [pid for pid in launched if _alive(pid)]:
+        assert time.monotonic() < deadline, f"still alive {ORPHAN_DEADLINE:.0f}s after kill -9: {alive}"
+        time.sleep(0.1)
+
+    sandbox.restart("scheduler")
+    _poll("the run to finish", lambda: sandbox.run_state("sleepers", run_id) in ("success", "failed"))
+    rows = sandbox.task_instances("sleepers", run_id)
+    assert sandbox.run_state("sleepers", run_id) == "success", rows
+    # No try ran twice: every attempt's log holds one run of the task.
+    logs = sorted(sandbox.logs_dir.glob(f"dag_id=sleepers/run_id={run_id}/task_id=sleep/*/attempt=*.log"))
+    assert logs
+    for log in logs:
+        assert log.read_text().count("::group::Pre Execute") <= 1, log
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return list(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
