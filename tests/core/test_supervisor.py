@@ -403,3 +403,34 @@ async def test_stopping_a_workload_reaches_groups_its_descendants_made(kind: str
         await recorder.until(lambda: len(recorder.outcomes) == 1)
         await until_dead(grandchild)
     assert recorder.outcome("k").kind is OutcomeKind.TERMINATED
+
+
+async def test_a_grandchild_left_holding_the_output_does_not_delay_the_outcome(kind: str) -> None:
+    # The leader exits at once; its grandchild (same group) would hold the pipe open for a minute.
+    code = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    print('grandchild', os.getpid(), flush=True)\n"
+        "    time.sleep(60)\n"
+        "    os._exit(0)\n"
+        "time.sleep(0.2)\n"
+    )
+    recorder = Recorder()
+    async with serving(recorder, kind) as supervisor:
+        supervisor.submit(LaunchRequest("k", py(code)))
+        with anyio.fail_after(30):  # far less than the grandchild's minute
+            await recorder.until(lambda: len(recorder.outcomes) == 1)
+    assert recorder.outcome("k").ok
+    [grandchild] = [int(line.split()[1]) for _, line in recorder.lines if line.startswith("grandchild")]
+    await until_dead(grandchild)
+
+
+async def test_a_child_that_closes_its_output_early_is_still_awaited(kind: str) -> None:
+    code = "import os, time\nprint('bye', flush=True)\nos.close(1)\nos.close(2)\ntime.sleep(0.3)\nraise SystemExit(5)\n"
+    recorder = Recorder()
+    async with serving(recorder, kind) as supervisor:
+        supervisor.submit(LaunchRequest("k", py(code)))
+        await recorder.until(lambda: len(recorder.outcomes) == 1)
+    outcome = recorder.outcome("k")
+    assert (outcome.kind, outcome.returncode) == (OutcomeKind.EXITED, 5)
+    assert ("k", "bye") in recorder.lines

@@ -150,7 +150,10 @@ class _Helper:
         )
         if len(message) > MAX_MESSAGE:
             raise OverflowError(f"spawn request of {len(message)} bytes exceeds {MAX_MESSAGE}")
-        read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+        try:
+            read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+        except OSError as exc:  # EMFILE/ENFILE: a launch failure to report, not a crash of ours
+            raise LaunchError(f"cannot create the workload's output pipe: {exc.strerror}") from exc
         os.set_blocking(read_fd, False)
         spawn = _Spawn(request)
         self._pending[request_id] = spawn
