@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -126,6 +127,7 @@ class AsyncLocalExecutor(BaseExecutor):
         self._argv: tuple[str, ...] = ()
         self._title_prefix = ""
         self._prefetch = 0
+        self._task_log_folder = ""
 
     # The scheduler sizes what it hands over by these two. Accepting `prefetch` more than there are
     # free slots keeps the next workloads waiting inside the executor, where the capacity limiter
@@ -141,6 +143,7 @@ class AsyncLocalExecutor(BaseExecutor):
     def start(self) -> None:
         self._config = config = ExecutorConfig.from_conf(self.conf)
         self._prefetch = config.prefetch(self.parallelism)
+        self._task_log_folder = self.conf.get("logging", "base_log_folder", fallback="") or ""
         self._server = get_execution_api_server_url(self.conf)
         self._argv = self._child_argv()
         team = f" [{self.team_name}]" if self.team_name else ""
@@ -210,10 +213,9 @@ class AsyncLocalExecutor(BaseExecutor):
             # is the truth and the scheduler stops handing us work once every slot is taken.
             self.running.add(key)
             label = describe(key)
+            ti = getattr(workload, "ti", None)  # tasks only
             try:
-                timeout = self._config.timeout_for(
-                    getattr(getattr(workload, "ti", None), "executor_config", None)
-                )
+                timeout = self._config.timeout_for(getattr(ti, "executor_config", None))
             except ValueError as exc:
                 reason = f"not launched: {exc}"
                 log.error("workload %s %s", label, reason)
@@ -231,7 +233,6 @@ class AsyncLocalExecutor(BaseExecutor):
             title = f"{self._title_prefix} {workload.display_name}"
             payload = child.encode_payload(workload.model_dump_json(), self._server, title)
             # Only tasks have a queue; callbacks and connection tests are limited by parallelism alone.
-            ti = getattr(workload, "ti", None)
             queue = (getattr(ti, "queue", None) or "default") if isinstance(key, TaskInstanceKey) else ""
             requests.append(
                 LaunchRequest(
@@ -299,12 +300,18 @@ class AsyncLocalExecutor(BaseExecutor):
             # scheduler line do, and the task is failed as never launched, not as having run.
             reason = f"not launched: {reason}"
             self.log_task_event(event="executor launch failed", extra=reason, ti_key=key)
-            if states.log_path:
-                base = self.conf.get("logging", "base_log_folder", fallback="")
-                if base:
-                    tasklog.append_line(
-                        base, states.log_path, f"The executor could not run this task: {reason}"
-                    )
+            if states.log_path and self._task_log_folder:
+                write = functools.partial(
+                    tasklog.append_line,
+                    self._task_log_folder,
+                    states.log_path,
+                    f"The executor could not run this task: {reason}",
+                )
+                runtime = self._runtime
+                if runtime is not None and runtime.alive:
+                    runtime.run_blocking(write)  # file I/O: never on the scheduler's thread
+                else:
+                    write()  # shutting down: end() already waits, and nothing else needs the thread
         self.log.error("workload %s failed: %s", states.label, reason)
         self.change_state(key, states.failure, info=reason)
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Hashable, Iterable
 
 import anyio
 import anyio.abc
+import anyio.to_thread
 
 from async_local_executor.errors import RuntimeNotRunning
 from async_local_executor.launchers.base import LaunchRequest
@@ -95,6 +96,11 @@ class Runtime:
     def stop(self, key: Hashable, reason: str) -> None:
         """Ask the loop to stop the workload(s) with ``key``; returns at once."""
         self._post(lambda supervisor, _: supervisor.stop(key, reason))
+
+    def run_blocking(self, fn: Callable[[], object]) -> None:
+        """Run ``fn`` in a worker thread of the loop; returns at once. For blocking I/O that neither the
+        scheduler's thread nor the loop's may wait on."""
+        self._post(lambda _, tg: tg.start_soon(anyio.to_thread.run_sync, fn))
 
     def shutdown(self, wait: float, timeout: float) -> None:
         """Give workloads ``wait`` seconds, stop the rest, and join the loop thread.

@@ -10,7 +10,6 @@ import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
@@ -175,7 +174,9 @@ def test_launch_failure_fails_the_workload_and_the_executor_carries_on(
         assert state == TaskInstanceState.FAILED
         assert info.startswith("not launched: cannot start '/nonexistent/python3'")
         # The task's own log says why (it has no process to say it), and so does the audit log.
-        [line] = (tmp_path / "dag_id=adapter_dag" / "attempt=1.log").read_text().splitlines()
+        task_log = tmp_path / "dag_id=adapter_dag" / "attempt=1.log"
+        scheduler.run_until(lambda: task_log.exists() and task_log.read_text().endswith("\n"))
+        [line] = task_log.read_text().splitlines()
         record = json.loads(line)
         assert record["level"] == "error"
         assert record["event"] == f"The executor could not run this task: {info}"
@@ -258,13 +259,6 @@ def test_a_team_executor_uses_its_own_api_url_and_options(
     assert any("server=http://team-a.invalid/execution/" in r.getMessage() for r in caplog.records)
 
 
-class _Revoked:
-    """What revoke_task reads of a TaskInstance: its key (an ORM row needs a database; tests/e2e has one)."""
-
-    def __init__(self, workload: Any) -> None:
-        self.key = workload.key
-
-
 def _gone(pid: int) -> bool:
     try:
         return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
@@ -275,7 +269,7 @@ def _gone(pid: int) -> bool:
 def test_revoke_before_the_loop_saw_it_drops_it_without_an_event(executor: RecordingExecutor) -> None:
     item = workloads.task("ok")
     queue(executor, item)
-    executor.revoke_task(ti=_Revoked(item))  # type: ignore[arg-type]
+    executor.revoke_task(ti=workloads.Revoked(item.key))  # type: ignore[arg-type]
     assert not executor.queued_tasks
     scheduler = Scheduler(executor)
     scheduler.loop_once()
@@ -298,8 +292,8 @@ def test_revoke_of_a_waiting_or_running_workload_stops_it_and_reports_nothing(
         scheduler.run_until(lambda: holding(gate) == 1)
         [marker] = tmp_path.glob("gate.*.started")
         pid = int(marker.name.split(".")[1])
-        ex.revoke_task(ti=_Revoked(waiting))  # type: ignore[arg-type]
-        ex.revoke_task(ti=_Revoked(running))  # type: ignore[arg-type]
+        ex.revoke_task(ti=workloads.Revoked(waiting.key))  # type: ignore[arg-type]
+        ex.revoke_task(ti=workloads.Revoked(running.key))  # type: ignore[arg-type]
         assert ex.running == set()
         scheduler.run_until(lambda: caplog.text.count("revoked workload") == 2)
         assert _gone(pid)
@@ -326,7 +320,7 @@ def test_a_key_queued_again_after_revoke_gets_its_own_outcome(
         queue(ex, first)
         scheduler = Scheduler(ex)
         scheduler.run_until(lambda: holding(gate) == 1)
-        ex.revoke_task(ti=_Revoked(first))  # type: ignore[arg-type]
+        ex.revoke_task(ti=workloads.Revoked(first.key))  # type: ignore[arg-type]
         # The scheduler requeues the same try (same key) while the first process is being stopped.
         again = workloads.task(f"hold:{gate}")
         assert again.key == first.key

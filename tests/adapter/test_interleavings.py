@@ -101,7 +101,7 @@ class Interleavings(RuleBasedStateMachine):
         item = self.items[data.draw(st.integers(0, len(self.items) - 1))]
         if item.key not in self.finals() and item.key not in self.revoked:
             self.revoked.add(item.key)
-            self.ex.revoke_task(ti=_Revoked(item.key))  # type: ignore[arg-type]
+            self.ex.revoke_task(ti=workloads.Revoked(item.key))  # type: ignore[arg-type]
 
     @precondition(lambda self: not self.stopped)
     @rule(graceful=st.booleans())
@@ -143,11 +143,6 @@ class Interleavings(RuleBasedStateMachine):
             assert alive == [], [p.cmdline() for p in alive]
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)
-
-
-class _Revoked:
-    def __init__(self, key: Any) -> None:
-        self.key = key
 
 
 def test_every_accepted_workload_gets_exactly_one_final_event() -> None:

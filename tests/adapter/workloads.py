@@ -61,3 +61,10 @@ def callback(path: str = "tests.adapter.callbacks.ok") -> ExecuteCallback:
 
 def connection_test(conn_id: str = "my_conn") -> TestConnection:
     return TestConnection(connection_test_id=uuid.uuid4(), connection_id=conn_id, timeout=10, token=TOKEN)
+
+
+class Revoked:
+    """What revoke_task reads of a TaskInstance: its key (an ORM row needs a database; tests/e2e has one)."""
+
+    def __init__(self, key: object) -> None:
+        self.key = key
