@@ -46,3 +46,39 @@ def test_payload_round_trips_the_workload() -> None:
     assert data["server"] == "http://srv/execution/"
     assert data["workload"]["token"] == workloads.TOKEN
     assert data["workload"]["ti"]["task_id"] == "ok"
+
+
+PRELOAD_PROBE = """
+import json, sys
+from async_local_executor import child
+before = set(sys.modules)
+child.preload()
+from airflow.sdk.api import client
+from airflow.utils import net
+print(json.dumps({
+    "tls": client.Client._get_ssl_context_cached.cache_info().currsize,
+    "hostname": net.getfqdn.cache_info().currsize,
+    "validator": child._workload_adapter.cache_info().currsize,
+    "logging": child._configure_logging.cache_info().currsize,
+    "imported": sorted(m for m in ("encodings.idna", "jinja2.ext", "setproctitle",
+        "airflow.sdk.definitions.decorators.task_group") if m in sys.modules and m not in before),
+}))
+"""
+
+
+def test_preload_fills_the_per_process_caches_a_forked_task_would_refill() -> None:
+    # Run in a fresh interpreter: preload configures logging and imports, as the fork server does.
+    done = subprocess.run([sys.executable, "-c", PRELOAD_PROBE], capture_output=True, text=True, check=True)
+    filled = json.loads(done.stdout.strip().splitlines()[-1])
+    assert filled == {
+        "tls": 1,
+        "hostname": 1,
+        "validator": 1,
+        "logging": 1,
+        "imported": [
+            "airflow.sdk.definitions.decorators.task_group",
+            "encodings.idna",
+            "jinja2.ext",
+            "setproctitle",
+        ],
+    }
