@@ -94,6 +94,14 @@ OPTIONS: tuple[OptionDoc, ...] = (
         "tasks another could start.",
     ),
     OptionDoc(
+        "state_dir",
+        "",
+        "Where each executor keeps its journal of running launches (pid, process start time, task), "
+        "0600 in a 0700 directory. A scheduler that starts kills what a crashed one left running, "
+        "found through these journals, before it launches anything. Empty: "
+        "{AIRFLOW_HOME}/async_local_executor.",
+    ),
+    OptionDoc(
         "preload_modules",
         "",
         "Comma-separated modules the fork server imports before forking, such as heavy libraries "
@@ -154,6 +162,7 @@ class ExecutorConfig:
     preload_modules: tuple[str, ...] = ()
     queue_limits: tuple[tuple[str, int], ...] = ()
     min_available_memory_mb: float = float(_DEFAULTS["min_available_memory_mb"])
+    state_dir: str = ""
 
     def timeout_for(self, executor_config: object) -> float | None:
         """A task's hard timeout: its own ``executor_config`` entry, else ``task_timeout``; None: none.
@@ -198,4 +207,5 @@ class ExecutorConfig:
             queue_limits=_queue_limits(conf.get(SECTION, "queue_limits", fallback="") or ""),
             min_available_memory_mb=_float(conf, "min_available_memory_mb"),
             preload_modules=tuple(m.strip() for m in preload.split(",") if m.strip()),
+            state_dir=(conf.get(SECTION, "state_dir", fallback="") or "").strip(),
         )

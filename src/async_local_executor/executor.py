@@ -10,14 +10,16 @@ import sys
 from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from airflow.configuration import AIRFLOW_HOME
 from airflow.executors.base_executor import BaseExecutor, get_execution_api_server_url
 from airflow.models.callback import CallbackKey
 from airflow.models.connection_test import ConnectionTestKey
 from airflow.models.taskinstancekey import TaskInstanceKey
 
-from async_local_executor import child, tasklog
+from async_local_executor import child, registry, tasklog
 from async_local_executor.config import EventLoop, ExecutorConfig, LauncherKind
 from async_local_executor.errors import RuntimeNotRunning
 from async_local_executor.launchers.base import Launcher, LaunchRequest
@@ -128,6 +130,7 @@ class AsyncLocalExecutor(BaseExecutor):
         self._title_prefix = ""
         self._prefetch = 0
         self._task_log_folder = ""
+        self._journal: registry.LaunchJournal | None = None
 
     # The scheduler sizes what it hands over by these two. Accepting `prefetch` more than there are
     # free slots keeps the next workloads waiting inside the executor, where the capacity limiter
@@ -152,21 +155,24 @@ class AsyncLocalExecutor(BaseExecutor):
             config.event_loop is EventLoop.AUTO and uvloop_available()
         )
         policy = TerminationPolicy(grace=config.termination_grace_period)
-        mailbox = self._mailbox
+        self._journal = journal = self._open_journal(config)
+        listener = registry.RecordingListener(self._mailbox, journal, describe)
+        child_env = journal.child_env(os.environ)
 
         def make_supervisor() -> Supervisor:
-            launcher: Launcher = SubprocessLauncher(output=_log_child_output)
+            launcher: Launcher = SubprocessLauncher(output=_log_child_output, env=child_env)
             if config.launcher is LauncherKind.FORKSERVER:
                 launcher = ForkServerLauncher(
                     target=self._fork_target(),
                     preload=config.preload_modules,
                     output=_log_child_output,
                     fallback=launcher,
+                    env=child_env,
                     idle_timeout=config.forkserver_idle_timeout or None,
                 )
             return Supervisor(
                 launcher,
-                mailbox,
+                listener,
                 limit=self.parallelism,
                 policy=policy,
                 group_limits=dict(config.queue_limits),
@@ -185,6 +191,30 @@ class AsyncLocalExecutor(BaseExecutor):
             config.launcher.value,
             "uvloop" if use_uvloop else "asyncio",
         )
+
+    def _open_journal(self, config: ExecutorConfig) -> registry.LaunchJournal:
+        """Kill what a crashed predecessor left running, then start this instance's own journal.
+
+        Before anything launches, so no try can run beside a survivor of its previous attempt.
+        """
+        directory = Path(config.state_dir or os.path.join(AIRFLOW_HOME, "async_local_executor"))
+        survivors = registry.reclaim(directory)
+        for survivor in survivors:
+            log.warning(
+                "killed pid %d (%s) left running by a stopped executor (%s): %s",
+                survivor.pid,
+                survivor.label or "started by one of its workloads",
+                survivor.owner,
+                survivor.command,
+            )
+        if survivors:
+            log.warning(
+                "killed %d process(es) a previous executor left running; the scheduler resets their "
+                "task instances and retries decide what runs again",
+                len(survivors),
+            )
+        team = f" team {self.team_name}" if self.team_name else ""
+        return registry.LaunchJournal.open(directory, owner=f"scheduler pid {os.getpid()}{team}")
 
     def _child_argv(self) -> tuple[str, ...]:
         """The command that runs one workload; it reads the workload from stdin."""
@@ -330,3 +360,7 @@ class AsyncLocalExecutor(BaseExecutor):
         runtime.shutdown(wait, timeout=wait + self._config.termination_grace_period + 30.0)
         self._runtime = None
         self.sync()
+        journal, self._journal = self._journal, None
+        if journal is not None and not runtime.alive:
+            # Every workload has its final event and its process is gone: nothing left to reclaim.
+            journal.close()

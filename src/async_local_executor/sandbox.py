@@ -291,7 +291,8 @@ class AirflowSandbox:
     :param keep_home: keep the home directory after ``stop()``; it is always kept when the
         context exits with an exception, so the logs can be read.
     :param startup_timeout: bound for each readiness wait during ``start()``.
-    :param stop_timeout: how long ``stop()`` waits after SIGTERM before it sends SIGKILL.
+    :param stop_timeout: how long ``stop()`` waits for each process after SIGTERM before it sends
+        SIGABRT (a traceback of every thread, with ``PYTHONFAULTHANDLER``) and then SIGKILL.
     :param progress: called with one line per startup/shutdown step; default prints to stderr.
     """
 
@@ -307,7 +308,7 @@ class AirflowSandbox:
         python: str | os.PathLike[str] | None = None,
         keep_home: bool = False,
         startup_timeout: float = 180.0,
-        stop_timeout: float = 15.0,
+        stop_timeout: float = 30.0,
         progress: Progress | None = _log,
     ) -> None:
         if parallelism < 1:
@@ -397,6 +398,9 @@ class AirflowSandbox:
             {
                 SANDBOX_MARKER_ENV: self.marker,
                 "PYTHONUNBUFFERED": "1",
+                # A process that ignores SIGTERM gets SIGABRT before SIGKILL (see _terminate_all):
+                # faulthandler then writes every thread's stack to its log, so a hang says where.
+                "PYTHONFAULTHANDLER": "1",
                 "AIRFLOW_HOME": str(self.home),
                 # An existing (empty) file stops Airflow from writing a default airflow.cfg.
                 "AIRFLOW_CONFIG": str(self.home / "airflow.cfg"),
@@ -624,13 +628,19 @@ class AirflowSandbox:
         order: list[str] = [n for n in ("scheduler", "dag-processor", "api-server") if n in self._procs]
         order += [name for name in self._procs if name not in order]
         procs = [(name, self._procs[name]) for name in order]
-        deadline = time.monotonic() + self.stop_timeout
         for name, proc in procs:
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGTERM)
-            if not _wait_exit(proc, deadline - time.monotonic()):
-                self._say(f"{name} ignored SIGTERM for {self.stop_timeout:.0f}s; sending SIGKILL")
+            # Each its own bound: a slow scheduler must not eat the api-server's time to stop.
+            if not _wait_exit(proc, self.stop_timeout):
+                self._say(
+                    f"{name} ignored SIGTERM for {self.stop_timeout:.0f}s; sending SIGABRT (its threads' "
+                    f"stacks go to {self.process_logs[name]}), then SIGKILL"
+                )
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGABRT)
+                _wait_exit(proc, 5.0)
         for _, proc in procs:
             # Also reaps group members (executor workers, uvicorn) that outlived their leader.
             with contextlib.suppress(ProcessLookupError):

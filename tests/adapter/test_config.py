@@ -91,6 +91,7 @@ def test_every_option_is_documented() -> None:
         "task_timeout",
         "queue_limits",
         "min_available_memory_mb",
+        "state_dir",
         "preload_modules",
     }
     assert all(o.description for o in OPTIONS)

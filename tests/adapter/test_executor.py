@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +20,7 @@ import pytest
 from airflow.models.connection_test import ConnectionTestState
 from airflow.utils.state import CallbackState, TaskInstanceState
 
+from async_local_executor import registry
 from async_local_executor.errors import RuntimeNotRunning
 from async_local_executor.executor import AsyncLocalExecutor
 from tests.adapter import workloads
@@ -397,3 +402,71 @@ def test_queue_limits_apply_to_each_task_queue(tmp_path: Path, monkeypatch: pyte
     finally:
         ex.end()
     assert {state for state, _ in scheduler.events.values()} == {TaskInstanceState.SUCCESS}
+
+
+def test_running_launches_are_journaled_and_marked_and_a_clean_end_removes_the_journal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = tmp_path / "state"
+    monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__STATE_DIR", str(state))
+    gate = tmp_path / "gate"
+    gate.touch()
+    ex = RecordingExecutor(parallelism=2)
+    ex.start()
+    held = workloads.task(f"hold:{gate}")
+    queue(ex, held)
+    scheduler = Scheduler(ex)
+    scheduler.run_until(lambda: holding(gate) == 1)
+    [marker] = gate.parent.glob(f"{gate.name}.*.started")
+    workload_pid = int(marker.name.split(".")[1])
+    [journal] = state.glob(f"*{registry.SUFFIX}")
+    # The supervisor's listener journals the start before the scheduler thread hears of it.
+    scheduler.run_until(lambda: str(workload_pid) in journal.read_text())
+    header, *lines = [json.loads(line) for line in journal.read_text().splitlines()]
+    assert [(e["+"], e["key"]) for e in lines] == [(workload_pid, f"adapter_dag.hold:{gate} try 1")]
+    assert psutil.Process(workload_pid).environ()[registry.INSTANCE_ENV] == header["instance"]
+    gate.unlink()
+    scheduler.run_until(lambda: held.key in scheduler.events)
+    ex.end()
+    assert list(state.iterdir()) == []
+
+
+def test_start_kills_what_a_crashed_executor_left_running_before_launching(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__STATE_DIR", str(state))
+    # A crashed executor's leftovers: one recorded workload process, and one unrecorded process that
+    # only carries its mark. Nothing holds the journal's lock, as after a kill -9.
+    sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
+    marked = {**os.environ, registry.INSTANCE_ENV: "crashed"}
+    recorded = subprocess.Popen(sleep, env=marked, start_new_session=True)
+    descendant = subprocess.Popen(sleep, env=marked, start_new_session=True)
+    try:
+        start = psutil.Process(recorded.pid).create_time()
+        entries = [
+            {"instance": "crashed", "owner": "scheduler pid 1", "pid": 1, "opened": 0},
+            {"+": recorded.pid, "start": start, "key": "old.task try 3"},
+        ]
+        (state / f"crashed{registry.SUFFIX}").write_text("".join(json.dumps(e) + "\n" for e in entries))
+        caplog.set_level(logging.WARNING, logger="async_local_executor.executor")
+        ex = RecordingExecutor(parallelism=1)
+        ex.start()
+        try:
+            assert recorded.wait(GUARD) == -signal.SIGKILL
+            assert descendant.wait(GUARD) == -signal.SIGKILL
+            messages = [r.getMessage() for r in caplog.records]
+            assert f"killed pid {recorded.pid} (old.task try 3) left running by a stopped executor" in (
+                "\n".join(messages)
+            )
+            assert any(
+                f"killed pid {descendant.pid} (started by one of its workloads)" in m for m in messages
+            )
+            assert not (state / f"crashed{registry.SUFFIX}").exists()
+        finally:
+            ex.end()
+    finally:
+        for proc in (recorded, descendant):
+            proc.kill()
+            proc.wait()

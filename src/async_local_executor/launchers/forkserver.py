@@ -22,7 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -337,6 +337,7 @@ class ForkServerLauncher:
     :param output: receives each line a child writes
     :param fallback: used for every launch once a helper cannot start, and for requests too large for
         the channel
+    :param env: the helper's environment, which every child inherits; ``None`` to inherit ours
     :param ping_interval: seconds between liveness checks of the helper
     :param ping_timeout: a helper that does not answer a check within this is killed and replaced
     :param start_timeout: a helper that is not ready within this counts as unable to start
@@ -353,7 +354,7 @@ class ForkServerLauncher:
         output: OutputSink | None = None,
         fallback: Launcher | None = None,
         python: str = sys.executable,
-        env: dict[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
         ping_interval: float = 5.0,
         ping_timeout: float = 30.0,
         start_timeout: float = 120.0,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import signal
 import subprocess
+from collections.abc import Mapping
 from types import TracebackType
 
 import anyio
@@ -31,10 +32,12 @@ class SubprocessLauncher:
     the child can never block on a full pipe.
 
     :param output: receives each output line; by default output is read and discarded
+    :param env: the environment of a child whose request names none; ``None`` to inherit ours
     """
 
-    def __init__(self, output: OutputSink | None = None) -> None:
+    def __init__(self, output: OutputSink | None = None, env: Mapping[str, str] | None = None) -> None:
         self._output = output or discard
+        self._env = env
 
     async def __aenter__(self) -> Self:
         return self
@@ -51,7 +54,7 @@ class SubprocessLauncher:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
-                env=request.env,
+                env=request.env if request.env is not None else self._env,
                 start_new_session=True,
             )
         except OSError as exc:

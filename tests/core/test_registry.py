@@ -1,0 +1,169 @@
+"""The launch journal and the reclaim of what a crashed executor left running, with real processes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import signal
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from async_local_executor import registry
+from async_local_executor.registry import INSTANCE_ENV, SUFFIX, LaunchJournal, reclaim
+from tests.core.helpers import GUARD
+
+SLEEP = [sys.executable, "-c", "import time; time.sleep(600)"]
+
+# A workload that escaped everything the parent-death chain covers: it runs in a session of its own
+# (as a BashOperator's shell does). It starts one process that stays in its group but drops the mark,
+# and one that leaves the group but keeps the mark.
+WORKLOAD = f"""
+import json, os, subprocess
+sleep = {SLEEP!r}
+clean = {{k: v for k, v in os.environ.items() if k != {INSTANCE_ENV!r}}}
+member = subprocess.Popen(sleep, env=clean)
+escaped = subprocess.Popen(sleep, start_new_session=True)
+print(json.dumps({{"member": member.pid, "escaped": escaped.pid}}), flush=True)
+member.wait()
+"""
+
+# An executor stand-in: opens a journal, launches the workload marked and records it, reports the pids.
+OWNER = f"""
+import json, os, subprocess, sys, time
+from pathlib import Path
+from async_local_executor.registry import LaunchJournal
+journal = LaunchJournal.open(Path(sys.argv[1]), owner="test owner")
+workload = subprocess.Popen(
+    [sys.executable, "-c", {WORKLOAD!r}],
+    env=journal.child_env(os.environ), start_new_session=True, stdout=subprocess.PIPE, text=True,
+)
+journal.started(workload.pid, "dag.task try 1")
+pids = json.loads(workload.stdout.readline())
+print(json.dumps({{"workload": workload.pid, **pids}}), flush=True)
+time.sleep(600)
+"""
+
+
+def read_line(proc: subprocess.Popen[str]) -> str:
+    assert proc.stdout is not None
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        assert selector.select(GUARD), "no line from the child within the guard"
+    return proc.stdout.readline()
+
+
+def running(pid: int) -> bool:
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.fixture
+def spawned() -> Iterator[list[int]]:
+    """Pids to kill after the test, whatever it asserted."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_what_a_killed_executor_left_running_is_killed_by_its_successor(
+    tmp_path: Path, spawned: list[int]
+) -> None:
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    spawned.append(owner.pid)
+    pids = json.loads(read_line(owner))
+    spawned.extend(pids.values())
+    owner.kill()
+    owner.wait()
+    # Nothing ties these to the owner: without a successor's reclaim they would run on.
+    assert all(running(pid) for pid in pids.values())
+
+    survivors = reclaim(tmp_path)
+
+    assert {s.pid: s.label for s in survivors} == {
+        pids["workload"]: "dag.task try 1",
+        pids["member"]: "in the process group of dag.task try 1",
+        pids["escaped"]: "",
+    }
+    assert {s.owner for s in survivors} == {"test owner"}
+    assert not [pid for pid in pids.values() if running(pid)]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_live_executors_journal_and_processes_are_left_alone(tmp_path: Path, spawned: list[int]) -> None:
+    state = tmp_path / "state"
+    journal = LaunchJournal.open(state, owner="alive")
+    proc = subprocess.Popen(SLEEP, env=journal.child_env(os.environ))
+    spawned.append(proc.pid)
+    journal.started(proc.pid, "dag.task try 1")
+
+    assert reclaim(state) == []
+
+    assert running(proc.pid)
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
+    assert stat.S_IMODE(journal.path.stat().st_mode) == 0o600
+    proc.kill()
+    proc.wait()
+    journal.ended(proc.pid)
+    journal.close()
+    assert list(state.iterdir()) == []
+
+
+def test_a_recorded_pid_now_held_by_another_process_is_not_killed(tmp_path: Path, spawned: list[int]) -> None:
+    stranger = subprocess.Popen(SLEEP)
+    spawned.append(stranger.pid)
+    started = psutil.Process(stranger.pid).create_time()
+    # A dead instance's journal (no one holds its lock) that recorded this pid for a process that
+    # started long before: the pid was reused. Its last line was cut short by the crash.
+    lines = [
+        {"instance": "dead", "owner": "gone", "pid": 1, "opened": 0},
+        {"+": stranger.pid, "start": started - 1000.0, "key": "old task"},
+    ]
+    text = "".join(json.dumps(line) + "\n" for line in lines) + '{"+": 12'
+    (tmp_path / f"dead{SUFFIX}").write_text(text)
+
+    assert reclaim(tmp_path) == []
+
+    assert running(stranger.pid)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_journal_is_compacted_and_keeps_only_live_launches(
+    tmp_path: Path, spawned: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(registry, "_COMPACT_SLACK", 8)
+    procs = [subprocess.Popen(SLEEP) for _ in range(3)]
+    spawned.extend(p.pid for p in procs)
+    journal = LaunchJournal.open(tmp_path, owner="compacting")
+    journal.started(procs[2].pid, "stays")
+    for _ in range(50):
+        for proc in procs[:2]:
+            journal.started(proc.pid, "comes and goes")
+            journal.ended(proc.pid)
+
+    lines = journal.path.read_bytes().splitlines()
+    assert len(lines) <= 1 + 1 + 8 + 1
+    fd = os.open(journal.path, os.O_RDONLY)
+    try:
+        header, live = registry._read(fd)
+    finally:
+        os.close(fd)
+    assert header["owner"] == "compacting"
+    assert {pid: key for pid, (_, key) in live.items()} == {procs[2].pid: "stays"}
+    journal.close()
+
+
+def test_reclaim_of_a_missing_directory_finds_nothing(tmp_path: Path) -> None:
+    assert reclaim(tmp_path / "never-created") == []
+    assert not (tmp_path / "never-created").exists()
