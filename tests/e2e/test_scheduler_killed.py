@@ -1,10 +1,14 @@
 """kill -9 of a real scheduler while tasks run: nothing it launched survives, and a restart finishes the run.
 
+What the parent-death chain reaches dies within seconds; what escaped it (a BashOperator's shell, in a
+session of its own) is killed by the restarted scheduler before it launches anything.
+
 Nothing is mocked: a real Airflow on SQLite, the default fork-server launcher, real task processes.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,32 +58,54 @@ def sandbox() -> Iterator[AirflowSandbox]:
 def test_no_task_process_outlives_a_killed_scheduler_and_a_restart_finishes(sandbox: AirflowSandbox) -> None:
     sandbox.wait_for_dag("sleepers", timeout=120)
     run_id = sandbox.trigger("sleepers")
-    _poll(
-        "three tasks running",
-        lambda: sum(r.state == "running" for r in sandbox.task_instances("sleepers", run_id)) == 3,
-    )
     scheduler = psutil.Process(sandbox.pids["scheduler"])
+    _poll(
+        "three sleeping tasks and the shell's sleep running",
+        lambda: (
+            sum(r.state == "running" for r in sandbox.task_instances("sleepers", run_id)) == 4
+            and any("sleep 600" in " ".join(_cmdline(p.pid)) for p in scheduler.children(recursive=True))
+        ),
+    )
     # The fork server, and per task its supervisor and the task process; the log server is Airflow's.
     launched = [
-        p.pid for p in scheduler.children(recursive=True) if "serve-logs" not in " ".join(p.cmdline())
+        p.pid for p in scheduler.children(recursive=True) if "serve-logs" not in " ".join(_cmdline(p.pid))
     ]
-    assert len(launched) >= 1 + 3 * 2, [" ".join(_cmdline(p)) for p in launched]
+    # What the parent-death chain covers stays in the scheduler's session; the BashOperator's shell
+    # and its sleep left it.
+    session = os.getsid(scheduler.pid)
+    escaped = [pid for pid in launched if _session(pid) != session]
+    chained = [pid for pid in launched if pid not in escaped]
+    assert len(chained) >= 1 + 4 * 2, [" ".join(_cmdline(pid)) for pid in chained]
+    assert escaped, [" ".join(_cmdline(pid)) for pid in launched]
 
     sandbox.kill("scheduler")
     deadline = time.monotonic() + ORPHAN_DEADLINE
-    while alive := [pid for pid in launched if _alive(pid)]:
+    while alive := [pid for pid in chained if _alive(pid)]:
         assert time.monotonic() < deadline, f"still alive {ORPHAN_DEADLINE:.0f}s after kill -9: {alive}"
         time.sleep(0.1)
+    # Nothing of the dead scheduler can reach these: only its successor's reclaim ends them.
+    assert all(_alive(pid) for pid in escaped)
 
     sandbox.restart("scheduler")
     _poll("the run to finish", lambda: sandbox.run_state("sleepers", run_id) in ("success", "failed"))
     rows = sandbox.task_instances("sleepers", run_id)
     assert sandbox.run_state("sleepers", run_id) == "success", rows
+    assert [pid for pid in escaped if _alive(pid)] == []
+    log = sandbox.process_logs["scheduler"].read_text(errors="replace")
+    for pid in escaped:
+        assert f"killed pid {pid} (" in log
     # No try ran twice: every attempt's log holds one run of the task.
-    logs = sorted(sandbox.logs_dir.glob(f"dag_id=sleepers/run_id={run_id}/task_id=sleep/*/attempt=*.log"))
-    assert logs
-    for log in logs:
-        assert log.read_text().count("::group::Pre Execute") <= 1, log
+    logs = sorted((sandbox.logs_dir / "dag_id=sleepers" / f"run_id={run_id}").rglob("attempt=*.log"))
+    assert len(logs) >= 4
+    for path in logs:
+        assert path.read_text().count("::group::Pre Execute") <= 1, path
+
+
+def _session(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
 
 
 def _cmdline(pid: int) -> list[str]:
