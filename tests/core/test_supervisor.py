@@ -136,6 +136,33 @@ async def test_launch_failure_names_the_cause_and_the_next_workload_still_runs()
     assert recorder.outcome("fine").ok
 
 
+async def test_a_full_file_table_fails_launches_clearly_and_they_work_again_once_it_is_lifted(
+    kind: str,
+) -> None:
+    recorder = Recorder()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    async with serving(recorder, kind, limit=2) as supervisor:
+        supervisor.submit(LaunchRequest("warm", py("pass")))  # the fork server is up before the squeeze
+        await recorder.until(lambda: len(recorder.outcomes) == 1)
+        # RLIMIT_NOFILE caps fd numbers: at the lowest free one, every new fd fails with EMFILE.
+        probe = os.open(os.devnull, os.O_RDONLY)
+        os.close(probe)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (probe, hard))
+        try:
+            supervisor.submit(LaunchRequest("starved", py("pass")))
+            await recorder.until(lambda: len(recorder.outcomes) == 2)
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        supervisor.submit(LaunchRequest("after", py("print('ran')")))
+        await recorder.until(lambda: len(recorder.outcomes) == 3)
+    starved = recorder.outcome("starved")
+    assert starved.kind is OutcomeKind.LAUNCH_FAILED
+    assert "Too many open files" in starved.reason
+    assert "starved" not in recorder.pids
+    assert recorder.outcome("after").ok
+    assert ("after", "ran") in recorder.lines
+
+
 async def test_each_child_leads_its_own_process_group(kind: str) -> None:
     # Fork-server children stay in our session, so Linux's per-session CPU fairness (autogroups)
     # counts them as our work; plain children start their own session (exec gives no race-free

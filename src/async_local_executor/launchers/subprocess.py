@@ -6,6 +6,8 @@ Simple and safe from a multi-threaded parent, at the price of a fresh interprete
 from __future__ import annotations
 
 import errno
+import os
+import shutil
 import signal
 import subprocess
 from collections.abc import Mapping
@@ -23,6 +25,26 @@ from async_local_executor.launchers.tree import GroupSignaller
 # After the leader exits we kill the rest of its group, so EOF on the output pipe follows at once;
 # this only guards against a descendant that left the group but kept the pipe open.
 DRAIN_AFTER_EXIT = 5.0
+
+
+def _why(program: str, exc: OSError) -> str:
+    """The cause of a failed spawn, in words.
+
+    uvloop reports every spawn failure as ``OSError(-1, 'Unknown error -1')``; the usual causes are
+    then checked for directly, so the task's log says more than "unknown".
+    """
+    if exc.errno and exc.errno > 0:
+        return exc.strerror or errno.errorcode.get(exc.errno, str(exc))
+    path = shutil.which(program)
+    if path is None:
+        return "No such file or directory (or not executable)"
+    try:
+        read_end, write_end = os.pipe()
+    except OSError as probe:
+        return probe.strerror or str(probe)
+    os.close(read_end)
+    os.close(write_end)
+    return f"{exc} (the event loop gave no cause; not a missing program nor a full file table)"
 
 
 class SubprocessLauncher:
@@ -58,8 +80,7 @@ class SubprocessLauncher:
                 start_new_session=True,
             )
         except OSError as exc:
-            reason = exc.strerror or errno.errorcode.get(exc.errno or 0, str(exc))
-            raise LaunchError(f"cannot start {request.argv[0]!r}: {reason}") from exc
+            raise LaunchError(f"cannot start {request.argv[0]!r}: {_why(request.argv[0], exc)}") from exc
         return SubprocessChild(process, request, self._output)
 
 
