@@ -49,8 +49,8 @@ class Scheduler:
         self.heartbeat_seconds.append(time.perf_counter() - started)
         self.events.update(self.executor.get_event_buffer())
 
-    def run_until(self, done: Callable[[], bool]) -> None:
-        deadline = time.monotonic() + GUARD
+    def run_until(self, done: Callable[[], bool], guard: float = GUARD) -> None:
+        deadline = time.monotonic() + guard
         while not done():
             if time.monotonic() > deadline:
                 raise TimeoutError(f"guard expired; events so far: {len(self.events)}")
