@@ -567,6 +567,18 @@ class AirflowSandbox:
         proc.wait(self.stop_timeout)
         return proc.pid
 
+    def signal_and_wait(self, name: str, sig: signal.Signals, timeout: float) -> int:
+        """Send ``sig`` to one Airflow process (not its group), as Kubernetes does, and wait for its exit.
+
+        :return: its exit status
+        :raises SandboxError: if it is still running after ``timeout`` seconds
+        """
+        proc = self._procs[name]
+        os.kill(proc.pid, sig)
+        if not _wait_exit(proc, timeout):
+            raise SandboxError(f"{name} still running {timeout:.0f}s after {sig.name}")
+        return int(proc.returncode)
+
     def restart(self, name: str) -> None:
         """Start a process of this kind again (after :meth:`kill`)."""
         proc = self._procs.get(name)

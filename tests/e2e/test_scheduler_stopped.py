@@ -1,0 +1,120 @@
+"""SIGTERM or SIGINT to a real scheduler with a task that ignores SIGTERM: a bounded, complete shutdown.
+
+The executor waits shutdown_timeout, sends SIGTERM, then SIGKILL after termination_grace_period, gives
+the workload its final event, joins its loop thread, and the scheduler exits 0 with nothing left
+running. The stock executor's end() waits for running tasks without a bound.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from async_local_executor.demo import EXECUTOR
+from async_local_executor.sandbox import AirflowSandbox
+
+pytestmark = pytest.mark.e2e
+
+DAGS = Path(__file__).with_name("dags")
+GUARD = 600.0
+SHUTDOWN_TIMEOUT = 2
+GRACE = 2
+# Only a hang trips it: the shutdown itself takes SHUTDOWN_TIMEOUT + GRACE, the rest is the scheduler's.
+EXIT_GUARD = 120.0
+
+
+@pytest.fixture
+def sandbox() -> Iterator[AirflowSandbox]:
+    sb = AirflowSandbox(
+        executor=EXECUTOR,
+        dags_folder=DAGS,
+        parallelism=4,
+        extra_config={
+            "AIRFLOW__ASYNC_LOCAL_EXECUTOR__SHUTDOWN_TIMEOUT": str(SHUTDOWN_TIMEOUT),
+            "AIRFLOW__ASYNC_LOCAL_EXECUTOR__TERMINATION_GRACE_PERIOD": str(GRACE),
+        },
+    )
+    with sb:
+        yield sb
+
+
+def _poll(what: str, done: object) -> None:
+    # Airflow's state lives in the database and in /proc; polling them is the only way to observe it.
+    assert callable(done)
+    deadline = time.monotonic() + GUARD
+    while not done():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not happen within {GUARD:.0f}s")
+        time.sleep(0.2)
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        procs = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    return [p for p in procs if "serve-logs" not in " ".join(_cmdline(p))]
+
+
+def _cmdline(proc: psutil.Process) -> list[str]:
+    try:
+        return list(proc.cmdline())
+    except psutil.Error:
+        return []
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return bool(proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_sigterm_and_sigint_stop_the_scheduler_within_its_bound_leaving_nothing(
+    sandbox: AirflowSandbox,
+) -> None:
+    sandbox.wait_for_dag("stubborn", timeout=120)
+    _stop_with(sandbox, signal.SIGTERM)
+    sandbox.restart("scheduler")
+    _stop_with(sandbox, signal.SIGINT)
+
+
+def _stop_with(sandbox: AirflowSandbox, sig: signal.Signals) -> None:
+    run_id = sandbox.trigger("stubborn")
+    _poll(
+        "the task running",
+        lambda: [r.state for r in sandbox.task_instances("stubborn", run_id)] == ["running"],
+    )
+    # The fork server, the workload process and the task process that ignores SIGTERM.
+    launched = _descendants(sandbox.pids["scheduler"])
+    assert len(launched) >= 3, [" ".join(_cmdline(p)) for p in launched]
+    log = sandbox.process_logs["scheduler"]
+    before = log.stat().st_size
+
+    started = time.monotonic()
+    status = sandbox.signal_and_wait("scheduler", sig, timeout=EXIT_GUARD)
+    took = time.monotonic() - started
+
+    assert status == 0, f"{sig.name}: scheduler exited with {status}"
+    assert took < EXIT_GUARD
+    # What the dying scheduler did not reap is reparented and reaped by init; none may still run.
+    _poll("launched processes to be gone", lambda: not [p for p in launched if _running(p)])
+    shutdown = log.read_bytes()[before:].decode(errors="replace")
+    assert f"Exiting gracefully upon receiving signal {int(sig)}" in shutdown
+    # The first round's task was reset by the restarted scheduler and runs again here: count them.
+    waiting = re.search(
+        rf"shutting down: waiting up to {SHUTDOWN_TIMEOUT}s for (\d+) running workloads", shutdown
+    )
+    assert waiting, shutdown
+    # Each one's final event, with why; the task ignores SIGTERM, so only the escalation ended it.
+    ended = re.findall(
+        r"workload stubborn\.ignore_sigterm try \d+ failed: executor shut down: terminated", shutdown
+    )
+    assert len(ended) == int(waiting.group(1)) >= 1, shutdown
+    assert "after SIGTERM; sending SIGKILL" in shutdown
