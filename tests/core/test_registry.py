@@ -69,12 +69,14 @@ def running(pid: int) -> bool:
 
 @pytest.fixture
 def spawned() -> Iterator[list[int]]:
-    """Pids to kill after the test, whatever it asserted."""
+    """Pids to kill after the test, whatever it asserted; our own children are reaped too."""
     pids: list[int] = []
     yield pids
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
 
 
 def test_what_a_killed_executor_left_running_is_killed_by_its_successor(
