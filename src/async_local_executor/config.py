@@ -91,7 +91,8 @@ OPTIONS: tuple[OptionDoc, ...] = (
         "in the executor (state queued) and start the moment a slot frees, instead of one scheduler "
         "loop later; the number of running workloads never exceeds parallelism. 0 accepts only as "
         "many as there are free slots. Lower it when several executors share the work, so none holds "
-        "tasks another could start.",
+        "tasks another could start. The executor lowers it itself while tasks run long enough for a "
+        "waiting one to reach [scheduler] task_queued_timeout.",
     ),
     OptionDoc(
         "state_dir",

@@ -7,6 +7,7 @@ import itertools
 import logging
 import os
 import sys
+import time
 from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from async_local_executor.errors import RuntimeNotRunning
 from async_local_executor.launchers.base import Launcher, LaunchRequest
 from async_local_executor.launchers.forkserver import ForkServerLauncher
 from async_local_executor.launchers.subprocess import SubprocessLauncher
+from async_local_executor.prefetch import PrefetchBudget
 from async_local_executor.runtime import Runtime, uvloop_available
 from async_local_executor.supervisor import MB, Outcome, OutcomeKind, Supervisor
 from async_local_executor.termination import TerminationPolicy
@@ -128,7 +130,8 @@ class AsyncLocalExecutor(BaseExecutor):
         self._server = ""
         self._argv: tuple[str, ...] = ()
         self._title_prefix = ""
-        self._prefetch = 0
+        self._budget = PrefetchBudget(parallelism=self.parallelism, maximum=0, queued_timeout=0.0)
+        self._prefetch_logged = 0
         self._task_log_folder = ""
         self._journal: registry.LaunchJournal | None = None
 
@@ -138,14 +141,19 @@ class AsyncLocalExecutor(BaseExecutor):
     # (its loop is the costliest thing on a busy host), and a task does not wait for that loop.
     @property
     def slots_available(self) -> int:
-        return int(super().slots_available) + self._prefetch
+        return int(super().slots_available) + self._budget.allowed(time.time())
 
     def trigger_tasks(self, open_slots: int) -> None:
-        super().trigger_tasks(open_slots + self._prefetch)
+        super().trigger_tasks(open_slots + self._budget.allowed(time.time()))
 
     def start(self) -> None:
         self._config = config = ExecutorConfig.from_conf(self.conf)
-        self._prefetch = config.prefetch(self.parallelism)
+        self._budget = PrefetchBudget(
+            parallelism=self.parallelism,
+            maximum=config.prefetch(self.parallelism),
+            queued_timeout=float(self.conf.get("scheduler", "task_queued_timeout", fallback="600") or 600),
+        )
+        self._prefetch_logged = self._budget.maximum
         self._task_log_folder = self.conf.get("logging", "base_log_folder", fallback="") or ""
         self._server = get_execution_api_server_url(self.conf)
         self._argv = self._child_argv()
@@ -185,7 +193,7 @@ class AsyncLocalExecutor(BaseExecutor):
             "AsyncLocalExecutor started: parallelism=%d, prefetch=%d, queue limits=%s, memory floor=%g MB, "
             "launcher=%s, event loop=%s",
             self.parallelism,
-            self._prefetch,
+            self._budget.maximum,
             ",".join(f"{q}:{n}" for q, n in config.queue_limits) or "none",
             config.min_available_memory_mb,
             config.launcher.value,
@@ -285,6 +293,8 @@ class AsyncLocalExecutor(BaseExecutor):
             event = events.popleft()
             ticket = cast("_Ticket", event.key)
             key = cast("WorkloadKey", ticket.key)
+            # Revoked ones too: until their process ends, they hold a slot like any other.
+            self._note_for_prefetch(ticket, event)
             states = self._states.get(key)
             if states is None or states.ticket != ticket:
                 # A revoked submission: the scheduler already decided this try's fate, and Airflow's
@@ -298,6 +308,27 @@ class AsyncLocalExecutor(BaseExecutor):
                 continue
             del self._states[key]
             self._finish(key, states, event)
+
+    def _note_for_prefetch(self, ticket: _Ticket, event: _Started | Outcome) -> None:
+        budget = self._budget
+        if isinstance(event, _Started):
+            budget.launched(ticket, time.time())
+            return
+        times = event.times
+        duration = None
+        if times is not None and times.launched is not None and times.ended is not None:
+            duration = times.ended - times.launched
+        budget.ended(ticket, duration)
+        allowed = budget.allowed(time.time())
+        if allowed != self._prefetch_logged:
+            self._prefetch_logged = allowed
+            log.info(
+                "prefetch now %d of %d: tasks take about %.0fs and [scheduler] task_queued_timeout is %.0fs",
+                allowed,
+                budget.maximum,
+                budget.duration(time.time()),
+                budget.queued_timeout,
+            )
 
     def revoke_task(self, *, ti: TaskInstance) -> None:
         """Forget ``ti``'s workload and stop its process if it has one; no event, as Airflow requires.

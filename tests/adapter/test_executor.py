@@ -175,6 +175,32 @@ def test_without_prefetch_the_executor_accepts_only_free_slots(
         ex.end()
 
 
+def test_prefetch_shrinks_once_tasks_run_longer_than_half_the_queued_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The scheduler revokes a task queued longer than this; a prefetched task counts as queued.
+    monkeypatch.setenv("AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT", "1")
+    gate = tmp_path / "gate"
+    gate.touch()
+    ex = RecordingExecutor(parallelism=2)
+    ex.start()
+    try:
+        items = [workloads.task(f"hold:{gate}", map_index=i) for i in range(2)]
+        queue(ex, *items)
+        scheduler = Scheduler(ex)
+        scheduler.loop_once()
+        assert ex.slots_available == 2 + 2 - 2  # both running; room for the two prefetched
+        scheduler.run_until(lambda: holding(gate) == 2)
+        # Both have now run for longer than half the timeout: a workload waiting for one of their slots
+        # could be revoked, so the executor stops offering any beyond the free slots.
+        scheduler.run_until(lambda: ex.slots_available == 0)
+        gate.unlink()
+        scheduler.run_until(lambda: len(scheduler.events) == 2)
+        assert ex.slots_available == 2  # they took about that long: no prefetch while that holds
+    finally:
+        ex.end()
+
+
 def test_token_never_in_argv_or_environment(tmp_path: Path, executor: RecordingExecutor) -> None:
     gate = tmp_path / "gate"
     gate.touch()
@@ -185,7 +211,7 @@ def test_token_never_in_argv_or_environment(tmp_path: Path, executor: RecordingE
     [marker] = gate.parent.glob(f"{gate.name}.*.started")
     workload_pid = int(marker.name.split(".")[1])
     # The workload's own process, and (fork server) the helper that forked it: every process we start.
-    ours = psutil.Process().children(recursive=True)
+    ours = [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
     assert workload_pid in {p.pid for p in ours}
     for proc in ours:
         assert workloads.TOKEN not in " ".join(proc.cmdline())
