@@ -78,6 +78,9 @@ def _parser() -> argparse.ArgumentParser:
         default="stock,ours",
         help="comma list: stock, ours, ours-forkserver, ours-subprocess, ours-ondemand, or label=class.path[:K=V;K=V]",
     )
+    p.add_argument(
+        "--cases", default="", help="comma list of case names to keep (e.g. k5000-p256); default: all"
+    )
     p.add_argument("--repeat", type=int, help="repetitions per variant (default: smoke 1, quick 1, full 3)")
     p.add_argument(
         "--database", default="sqlite", help="sqlite, postgres, or a SQLAlchemy URL of an empty DB"
@@ -131,6 +134,11 @@ def main(argv: list[str] | None = None) -> int:
         cases = harness.select_cases(
             args.profile, [s.strip() for s in args.scenarios.split(",") if s.strip()]
         )
+        if wanted := {c.strip() for c in args.cases.split(",") if c.strip()}:
+            unknown = wanted - {case.name for case in cases}
+            if unknown:
+                raise SystemExit(f"no such case(s) in this profile: {', '.join(sorted(unknown))}")
+            cases = [case for case in cases if case.name in wanted]
         repeat = args.repeat or harness.DEFAULT_REPEAT[args.profile]
         plan = harness.Plan(args.profile, cases, variants, repeat, args.database)
         display = LiveDisplay(console, len(plan.runs()))

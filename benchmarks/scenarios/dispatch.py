@@ -46,7 +46,8 @@ def _sizes(ks: list[int], parallelism: int, window: float) -> list[Size]:
 SIZES = {
     "smoke": _sizes([20], parallelism=2, window=4),
     "quick": _sizes([100, 1000], parallelism=8, window=10),
-    "full": _sizes([100, 1000, 5000], parallelism=16, window=20),
+    # The largest also at parallelism 256: the stock executor forks 256 workers sharing two pipes.
+    "full": _sizes([100, 1000, 5000], parallelism=16, window=20) + _sizes([5000], parallelism=256, window=20),
 }
 
 
