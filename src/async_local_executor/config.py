@@ -95,6 +95,18 @@ OPTIONS: tuple[OptionDoc, ...] = (
         "waiting one to reach [scheduler] task_queued_timeout.",
     ),
     OptionDoc(
+        "health_loop_lag_limit",
+        "1",
+        "get_health() reports unhealthy while the event loop has woken more than this many seconds "
+        "late in the last 10 s (a late loop delays every launch and every exit it reports).",
+    ),
+    OptionDoc(
+        "health_wait_limit",
+        "600",
+        "get_health() reports unhealthy while a workload has waited longer than this many seconds "
+        "for a slot, a queue limit or memory.",
+    ),
+    OptionDoc(
         "state_dir",
         "",
         "Where each executor keeps its journal of running launches (pid, process start time, task), "
@@ -164,6 +176,8 @@ class ExecutorConfig:
     queue_limits: tuple[tuple[str, int], ...] = ()
     min_available_memory_mb: float = float(_DEFAULTS["min_available_memory_mb"])
     state_dir: str = ""
+    health_loop_lag_limit: float = float(_DEFAULTS["health_loop_lag_limit"])
+    health_wait_limit: float = float(_DEFAULTS["health_wait_limit"])
 
     def timeout_for(self, executor_config: object) -> float | None:
         """A task's hard timeout: its own ``executor_config`` entry, else ``task_timeout``; None: none.
@@ -209,4 +223,6 @@ class ExecutorConfig:
             min_available_memory_mb=_float(conf, "min_available_memory_mb"),
             preload_modules=tuple(m.strip() for m in preload.split(",") if m.strip()),
             state_dir=(conf.get(SECTION, "state_dir", fallback="") or "").strip(),
+            health_loop_lag_limit=_float(conf, "health_loop_lag_limit"),
+            health_wait_limit=_float(conf, "health_wait_limit"),
         )

@@ -9,8 +9,9 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -19,10 +20,12 @@ from airflow.executors.base_executor import BaseExecutor, get_execution_api_serv
 from airflow.models.callback import CallbackKey
 from airflow.models.connection_test import ConnectionTestKey
 from airflow.models.taskinstancekey import TaskInstanceKey
+from airflow.utils.helpers import prune_dict
 
-from async_local_executor import child, registry, tasklog
+from async_local_executor import child, registry, status, tasklog
 from async_local_executor.config import EventLoop, ExecutorConfig, LauncherKind
 from async_local_executor.errors import RuntimeNotRunning
+from async_local_executor.health import Health, Probe, Report, Thresholds, Verdict, stale
 from async_local_executor.launchers.base import Launcher, LaunchRequest
 from async_local_executor.launchers.forkserver import ForkServerLauncher
 from async_local_executor.launchers.subprocess import SubprocessLauncher
@@ -31,7 +34,13 @@ from async_local_executor.runtime import Runtime, uvloop_available
 from async_local_executor.supervisor import MB, Outcome, OutcomeKind, Supervisor
 from async_local_executor.termination import TerminationPolicy
 
+try:  # Airflow 3.3
+    from airflow._shared.observability.metrics import stats
+except ImportError:  # pragma: no cover - older Airflow
+    from airflow.stats import Stats as stats  # type: ignore[no-redef]
+
 if TYPE_CHECKING:
+    from airflow.cli.cli_config import GroupCommand
     from airflow.executors.workloads import ExecutorWorkload
     from airflow.executors.workloads.types import WorkloadKey, WorkloadState
     from airflow.models.taskinstance import TaskInstance
@@ -46,10 +55,15 @@ _EXIT_REASONS = {
 }
 
 
+# Metric name suffixes of final events that are not a success.
+_OUTCOME_NAMES = {OutcomeKind.EXITED: "failed", OutcomeKind.SIGNALLED: "killed"}
+
+
 @dataclass(frozen=True)
 class _Started:
     key: Hashable
     pid: int
+    at: float  # wall clock, when the loop learnt the pid
 
 
 @dataclass(frozen=True)
@@ -73,6 +87,7 @@ class _States:
     failure: WorkloadState
     label: str
     log_path: str | None = None  # the task's log file, relative to [logging] base_log_folder
+    accepted: float = 0.0  # wall clock, when the scheduler handed it over
 
 
 class _Mailbox:
@@ -82,7 +97,7 @@ class _Mailbox:
         self.events: deque[_Started | Outcome] = deque()
 
     def started(self, key: Hashable, pid: int) -> None:
-        self.events.append(_Started(key, pid))
+        self.events.append(_Started(key, pid, time.time()))
 
     def finished(self, outcome: Outcome) -> None:
         self.events.append(outcome)
@@ -134,6 +149,10 @@ class AsyncLocalExecutor(BaseExecutor):
         self._prefetch_logged = 0
         self._task_log_folder = ""
         self._journal: registry.LaunchJournal | None = None
+        self._status: status.StatusWriter | None = None
+        self._thresholds = Thresholds()
+        self._metric_tags: dict[str, str] = {}
+        self._memory_waits_seen = 0
 
     # The scheduler sizes what it hands over by these two. Accepting `prefetch` more than there are
     # free slots keeps the next workloads waiting inside the executor, where the capacity limiter
@@ -187,7 +206,29 @@ class AsyncLocalExecutor(BaseExecutor):
                 memory_floor=int(config.min_available_memory_mb * MB),
             )
 
-        self._runtime = Runtime(make_supervisor, use_uvloop=use_uvloop)
+        self._status = writer = status.StatusWriter(
+            status.status_path(journal.directory, journal.instance),
+            {
+                "instance": journal.instance,
+                "pid": os.getpid(),
+                "team": self.team_name,
+                "executor": type(self).__name__,
+                "parallelism": self.parallelism,
+                "launcher": config.launcher.value,
+            },
+        )
+        self._thresholds = Thresholds(max_lag=config.health_loop_lag_limit, max_wait=config.health_wait_limit)
+        self._metric_tags = prune_dict(
+            {"executor_class_name": type(self).__name__, "team_name": self.team_name}
+        )
+        thresholds = self._thresholds
+
+        def make_probe(supervisor: Supervisor) -> Probe:
+            return Probe(
+                supervisor.state, thresholds=thresholds, on_report=self._emit_report, write=writer.write
+            )
+
+        self._runtime = Runtime(make_supervisor, use_uvloop=use_uvloop, make_probe=make_probe)
         self._runtime.start()
         self.log.info(
             "AsyncLocalExecutor started: parallelism=%d, prefetch=%d, queue limits=%s, memory floor=%g MB, "
@@ -221,6 +262,9 @@ class AsyncLocalExecutor(BaseExecutor):
                 "task instances and retries decide what runs again",
                 len(survivors),
             )
+        for found in status.read_all(directory):
+            if found.stale and "not running" in found.stale:
+                found.path.unlink(missing_ok=True)  # a crashed scheduler's last word
         team = f" team {self.team_name}" if self.team_name else ""
         return registry.LaunchJournal.open(directory, owner=f"scheduler pid {os.getpid()}{team}")
 
@@ -267,6 +311,7 @@ class AsyncLocalExecutor(BaseExecutor):
                 workload.failure_state,
                 label,
                 getattr(workload, "log_path", None),
+                time.time(),
             )
             title = f"{self._title_prefix} {workload.display_name}"
             payload = child.encode_payload(workload.model_dump_json(), self._server, title)
@@ -303,11 +348,18 @@ class AsyncLocalExecutor(BaseExecutor):
                     log.info("revoked workload %s ended: %s", describe(ticket), event.reason or "exit 0")
                 continue
             if isinstance(event, _Started):
+                stats.timing(
+                    self._metric_name("launch_latency"),
+                    timedelta(seconds=max(0.0, event.at - states.accepted)),
+                    tags=self._metric_tags,
+                )
                 if states.running is not None:
                     self.change_state(key, states.running, remove_running=False)
                 continue
             del self._states[key]
             self._finish(key, states, event)
+            outcome = "success" if event.ok else _OUTCOME_NAMES.get(event.kind, event.kind.value)
+            stats.incr(self._metric_name(f"final_events.{outcome}"), tags=self._metric_tags)
 
     def _note_for_prefetch(self, ticket: _Ticket, event: _Started | Outcome) -> None:
         budget = self._budget
@@ -329,6 +381,100 @@ class AsyncLocalExecutor(BaseExecutor):
                 budget.duration(time.time()),
                 budget.queued_timeout,
             )
+
+    def get_health(self) -> Health:
+        """Healthy, unhealthy (with reasons) or unknown; never waits, safe from any thread.
+
+        The verdict comes from the event loop's probe (loop lag, the launch path, recent launch
+        failures, the memory guard, workloads waiting too long); a loop thread that died or stopped
+        refreshing it is judged here.
+        """
+        runtime = self._runtime
+        if runtime is None:
+            return Health(Verdict.UNKNOWN, ("executor not started",))
+        if not runtime.alive:
+            return Health(Verdict.UNHEALTHY, (f"event loop thread is dead: {runtime.failure!r}",))
+        report = runtime.report
+        return stale(report, self._thresholds, time.monotonic()) or cast("Report", report).health
+
+    def _metric_name(self, name: str) -> str:
+        return self._get_metric_name(f"async_local_executor.{name}")
+
+    def _emit_report(self, report: Report) -> None:
+        # On the loop thread, every probe: gauges are a UDP datagram each (StatsD) or an in-memory
+        # update (OpenTelemetry), neither of which waits.
+        state, tags = report.state, self._metric_tags
+        stats.gauge(self._metric_name("loop_lag"), report.lag * 1000, tags=tags)
+        stats.gauge(self._metric_name("waiting"), state.waiting, tags=tags)
+        stats.gauge(self._metric_name("memory_guard_holding"), int(state.memory_low), tags=tags)
+        stats.gauge(self._metric_name("healthy"), int(report.health.verdict is Verdict.HEALTHY), tags=tags)
+        if waits := state.memory_waits_total - self._memory_waits_seen:
+            self._memory_waits_seen = state.memory_waits_total
+            stats.incr(self._metric_name("memory_guard_waits"), waits, tags=tags)
+
+    def debug_dump(self) -> None:
+        """SIGUSR2 to the scheduler: Airflow's queues, then this executor's health and workloads."""
+        super().debug_dump()  # type: ignore[no-untyped-call]
+        health = self.get_health()
+        log.info(
+            "async_local_executor health: %s%s",
+            health.verdict.value,
+            f" ({health.reason})" if health.reason else "",
+        )
+        report = self._runtime.report if self._runtime is not None else None
+        if report is not None:
+            now = time.time()
+            state = report.state
+            log.info(
+                "async_local_executor: %d running, %d waiting, loop lag %.1f ms, launched %d, outcomes %s\n\t%s",
+                len(state.running),
+                state.waiting,
+                report.lag * 1000,
+                state.launched_total,
+                dict(state.outcomes_total),
+                "\n\t".join(f"{w.label} pid {w.pid} age {now - w.launched:.0f}s" for w in state.running),
+            )
+
+    @staticmethod
+    def get_cli_commands() -> list[GroupCommand]:
+        """``airflow async-local-executor status``, where Airflow loads executors' CLI commands."""
+        from airflow.cli.cli_config import ActionCommand, Arg, GroupCommand
+
+        def run_status(args: Any) -> None:
+            from async_local_executor import cli
+
+            code = cli.status(args)
+            if code:
+                raise SystemExit(code)
+
+        arg = cast("Callable[..., Any]", Arg)  # Airflow's Arg is untyped
+        status_args = (
+            arg(("--json",), help="print the status files as one JSON list", action="store_true"),
+            arg(("--watch",), help="redraw every SECONDS until interrupted", type=float, metavar="SECONDS"),
+            arg(
+                ("--check",), help="exit 0 only if every executor is current and healthy", action="store_true"
+            ),
+            arg(
+                ("--state-dir",),
+                help="default: [async_local_executor] state_dir",
+                type=Path,
+                dest="state_dir",
+            ),
+        )
+        return [
+            GroupCommand(
+                name="async-local-executor",
+                help="Inspect AsyncLocalExecutor",
+                subcommands=(
+                    ActionCommand(
+                        name="status",
+                        help="Show what each AsyncLocalExecutor on this host is doing",
+                        func=run_status,
+                        args=status_args,
+                    ),
+                ),
+            )
+        ]
 
     def revoke_task(self, *, ti: TaskInstance) -> None:
         """Forget ``ti``'s workload and stop its process if it has one; no event, as Airflow requires.
@@ -392,6 +538,9 @@ class AsyncLocalExecutor(BaseExecutor):
         self._runtime = None
         self.sync()
         journal, self._journal = self._journal, None
+        writer, self._status = self._status, None
+        if writer is not None:
+            writer.remove()
         if journal is not None and not runtime.alive:
             # Every workload has its final event and its process is gone: nothing left to reclaim.
             journal.close()

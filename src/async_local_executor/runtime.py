@@ -21,6 +21,7 @@ import anyio.abc
 import anyio.to_thread
 
 from async_local_executor.errors import RuntimeNotRunning
+from async_local_executor.health import Probe, Report
 from async_local_executor.launchers.base import LaunchRequest
 from async_local_executor.supervisor import Supervisor
 
@@ -46,10 +47,19 @@ class Runtime:
     :param make_supervisor: builds the supervisor on the loop thread (anyio objects bind to the loop
         that creates them)
     :param use_uvloop: run the loop on uvloop
+    :param make_probe: builds the health probe, run on the loop beside the supervisor
     """
 
-    def __init__(self, make_supervisor: Callable[[], Supervisor], *, use_uvloop: bool) -> None:
+    def __init__(
+        self,
+        make_supervisor: Callable[[], Supervisor],
+        *,
+        use_uvloop: bool,
+        make_probe: Callable[[Supervisor], Probe] | None = None,
+    ) -> None:
         self._make_supervisor = make_supervisor
+        self._make_probe = make_probe
+        self._probe: Probe | None = None
         self._use_uvloop = use_uvloop
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -63,6 +73,12 @@ class Runtime:
     def failure(self) -> BaseException | None:
         """What ended the loop thread, if it died."""
         return self._failure
+
+    @property
+    def report(self) -> Report | None:
+        """The health probe's latest report; a plain attribute read, safe from any thread."""
+        probe = self._probe
+        return probe.report if probe is not None else None
 
     @property
     def alive(self) -> bool:
@@ -157,6 +173,9 @@ class Runtime:
 
             await tg.start(serve_then_stop)
             tg.start_soon(self._pump, supervisor, tg)
+            if self._make_probe is not None:
+                self._probe = self._make_probe(supervisor)
+                tg.start_soon(self._probe.run)
             self._loop = asyncio.get_running_loop()
             self._ready.set()
 

@@ -7,6 +7,7 @@ loop's own thread; :mod:`async_local_executor.runtime` is what crosses threads.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import enum
@@ -32,6 +33,8 @@ log = logging.getLogger(__name__)
 
 Sleep = Callable[[float], Awaitable[None]]
 MB = 1024 * 1024
+# Launch failures kept for the health check and the status report.
+RECENT_FAILURES = 20
 
 
 def _available_memory() -> int:
@@ -73,6 +76,38 @@ class Outcome:
     @property
     def ok(self) -> bool:
         return self.kind is OutcomeKind.EXITED and self.returncode == 0
+
+
+@dataclass(frozen=True)
+class RunningWorkload:
+    label: str
+    pid: int
+    launched: float  # wall clock
+    group: str
+
+
+@dataclass(frozen=True)
+class LaunchFailure:
+    at: float  # wall clock
+    label: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class SupervisorState:
+    """What the supervisor is doing, as of one moment; built on the loop thread, read anywhere."""
+
+    running: tuple[RunningWorkload, ...]
+    waiting: int  # accepted, no process yet (waiting for a slot, for memory, or being launched)
+    oldest_waiting_since: float | None  # wall clock acceptance of the longest-waiting one
+    memory_low: bool
+    memory_floor: int  # bytes; 0 when the guard is off
+    available_memory: int | None  # bytes, as last read by the guard
+    launcher_problem: str | None
+    recent_failures: tuple[LaunchFailure, ...]
+    launched_total: int
+    memory_waits_total: int  # workloads that had to wait for memory
+    outcomes_total: Mapping[str, int]  # OutcomeKind value (or "ok") -> count
 
 
 class Listener(Protocol):
@@ -148,7 +183,12 @@ class Supervisor:
         self._available_memory = available_memory
         self._memory_poll = memory_poll
         self._memory_low = False
+        self._last_available: int | None = None
         self._launcher = launcher
+        self._failures: collections.deque[LaunchFailure] = collections.deque(maxlen=RECENT_FAILURES)
+        self._launched_total = 0
+        self._memory_waits_total = 0
+        self._outcomes_total: collections.Counter[str] = collections.Counter()
         self._listener = listener
         self._limiter = anyio.CapacityLimiter(math.inf if limit is None else limit)
         self._policy = policy or TerminationPolicy()
@@ -165,6 +205,35 @@ class Supervisor:
     def in_flight(self) -> int:
         """Workloads accepted and not finished."""
         return len(self._tracked)
+
+    def state(self) -> SupervisorState:
+        """A snapshot for health checks and status reports. Loop thread only; O(workloads)."""
+        running: list[RunningWorkload] = []
+        waiting = 0
+        oldest: float | None = None
+        for tracked in self._tracked.values():
+            child, launched = tracked.child, tracked.launched
+            if child is not None and launched is not None:
+                request = tracked.request
+                running.append(
+                    RunningWorkload(request.label or str(request.key), child.pid, launched, request.group)
+                )
+            elif not tracked.life.finished:
+                waiting += 1
+                oldest = tracked.accepted if oldest is None else min(oldest, tracked.accepted)
+        return SupervisorState(
+            running=tuple(running),
+            waiting=waiting,
+            oldest_waiting_since=oldest,
+            memory_low=self._memory_low,
+            memory_floor=self._memory_floor,
+            available_memory=self._last_available,
+            launcher_problem=getattr(self._launcher, "problem", None),
+            recent_failures=tuple(self._failures),
+            launched_total=self._launched_total,
+            memory_waits_total=self._memory_waits_total,
+            outcomes_total=dict(self._outcomes_total),
+        )
 
     async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Run until :meth:`shutdown` has finished every workload."""
@@ -273,7 +342,12 @@ class Supervisor:
     async def _wait_for_memory(self, request: LaunchRequest) -> None:
         if not self._memory_floor:
             return
+        waited = False
         while (available := self._available_memory()) < self._memory_floor:
+            self._last_available = available
+            if not waited:
+                waited = True
+                self._memory_waits_total += 1
             if not self._memory_low:
                 self._memory_low = True
                 log.warning(
@@ -284,6 +358,7 @@ class Supervisor:
                     request.label or request.key,
                 )
             await self._sleep(self._memory_poll)
+        self._last_available = available
         if self._memory_low:
             self._memory_low = False
             log.warning("available memory is back above %d MB; launching again", self._memory_floor // MB)
@@ -320,6 +395,7 @@ class Supervisor:
                         return
                     tracked.child = child
                     tracked.launched = time.time()
+                    self._launched_total += 1
                     tracked.life.advance(Step.LAUNCHED)
                     self._listener.started(request.key, child.pid)
                     if tracked.stop_reason is not None:
@@ -358,6 +434,10 @@ class Supervisor:
             log.exception("supervising workload %s failed", request.label or request.key)
             if not tracked.life.finished:
                 tracked.life.phase = Phase.FINISHED
+                self._count(
+                    tracked,
+                    Outcome(request.key, OutcomeKind.LAUNCH_FAILED, reason=f"internal error: {exc!r}"),
+                )
                 self._listener.finished(
                     Outcome(
                         request.key,
@@ -375,5 +455,12 @@ class Supervisor:
 
     def _finish(self, tracked: _Tracked, outcome: Outcome, step: Step) -> None:
         tracked.life.advance(step)
+        self._count(tracked, outcome)
         times = Times(tracked.accepted, tracked.launched, time.time())
         self._listener.finished(dataclasses.replace(outcome, times=times))
+
+    def _count(self, tracked: _Tracked, outcome: Outcome) -> None:
+        self._outcomes_total["ok" if outcome.ok else outcome.kind.value] += 1
+        if outcome.kind is OutcomeKind.LAUNCH_FAILED:
+            label = tracked.request.label or str(tracked.request.key)
+            self._failures.append(LaunchFailure(time.time(), label, outcome.reason))

@@ -92,6 +92,8 @@ def test_every_option_is_documented() -> None:
         "queue_limits",
         "min_available_memory_mb",
         "state_dir",
+        "health_loop_lag_limit",
+        "health_wait_limit",
         "preload_modules",
     }
     assert all(o.description for o in OPTIONS)

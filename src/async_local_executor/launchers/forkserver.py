@@ -405,6 +405,15 @@ class ForkServerLauncher:
         self._tg.cancel_scope.cancel()
         return await self._tg.__aexit__(exc_type, exc, tb)
 
+    @property
+    def problem(self) -> str | None:
+        if self._disabled is not None:
+            return f"fork server unavailable ({self._disabled}); every workload starts a fresh interpreter"
+        helper = self._helper
+        if self._idle_timeout is None and helper is not None and not helper.alive:
+            return f"fork server (pid {helper.pid}) is not running; a new one starts with the next workload"
+        return None
+
     async def launch(self, request: LaunchRequest) -> Child:
         for _ in range(2):
             helper = await self._current()

@@ -69,6 +69,10 @@ class SubprocessLauncher:
     ) -> None:
         return None
 
+    @property
+    def problem(self) -> str | None:
+        return None  # nothing lives between launches that could break
+
     async def launch(self, request: LaunchRequest) -> SubprocessChild:
         try:
             process = await anyio.open_process(

@@ -1,0 +1,131 @@
+"""``async-local-executor status``: what each executor on this host is doing, from its status file.
+
+Also reachable as ``airflow async-local-executor status`` where Airflow loads the executor's CLI
+commands (:meth:`AsyncLocalExecutor.get_cli_commands`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from async_local_executor.status import Found, read_all
+
+STATE_DIR_ENV = "AIRFLOW__ASYNC_LOCAL_EXECUTOR__STATE_DIR"
+
+
+def default_state_dir() -> Path:
+    """``[async_local_executor] state_dir`` as the executor resolves it."""
+    if configured := os.environ.get(STATE_DIR_ENV, "").strip():
+        return Path(configured)
+    from airflow.configuration import AIRFLOW_HOME, conf  # slow import: only when really needed
+
+    configured = (conf.get("async_local_executor", "state_dir", fallback="") or "").strip()
+    return Path(configured or os.path.join(AIRFLOW_HOME, "async_local_executor"))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the status files as one JSON list")
+    parser.add_argument(
+        "--watch", type=float, metavar="SECONDS", help="redraw every SECONDS until interrupted"
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="print one line per executor; exit 0 only if every one is current and healthy (for probes)",
+    )
+    parser.add_argument("--state-dir", type=Path, help="default: [async_local_executor] state_dir")
+
+
+def status(args: argparse.Namespace) -> int:
+    directory: Path = args.state_dir or default_state_dir()
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    if args.check:
+        return _check(read_all(directory))
+    if args.json:
+        print(json.dumps([dict(f.data, stale=f.stale) for f in read_all(directory)], indent=1))
+        return 0
+    if not args.watch:
+        console.print(render(read_all(directory), directory))
+        return 0
+    from rich.live import Live
+
+    try:
+        with Live(render(read_all(directory), directory), console=console, auto_refresh=False) as live:
+            while True:
+                time.sleep(args.watch)  # the redraw period the user asked for
+                live.update(render(read_all(directory), directory), refresh=True)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _check(found: list[Found]) -> int:
+    if not found:
+        print("no executor status found")
+        return 2
+    for f in found:
+        health = f.data.get("health", {})
+        print(
+            f"{f.data.get('instance', '?')}: {f.stale or health.get('status')}"
+            + (f": {health['reason']}" if not f.stale and health.get("reason") else "")
+        )
+    return 0 if all(f.healthy for f in found) else 1
+
+
+def render(found: list[Found], directory: Path) -> Group | Text:
+    if not found:
+        return Text(f"no executor status in {directory} (is a scheduler with AsyncLocalExecutor running?)")
+    parts: list[Table | Text] = []
+    for f in found:
+        data = f.data
+        health = data.get("health", {})
+        verdict = f"STALE: {f.stale}" if f.stale else str(health.get("status", "unknown")).upper()
+        style = "red" if f.stale or health.get("status") != "healthy" else "green"
+        written = datetime.fromtimestamp(float(data.get("written_at", 0)), timezone.utc)
+        team = f" team {data['team']}" if data.get("team") else ""
+        running = data.get("running", [])
+        head = Text.assemble(
+            (f"{verdict}", f"bold {style}"),
+            f"  scheduler pid {data.get('pid')}{team}, {data.get('launcher')} launcher, "
+            f"{len(running)}/{data.get('parallelism')} slots used, {data.get('waiting', 0)} waiting, "
+            f"loop lag {data.get('loop_lag_ms')} ms, written {written:%H:%M:%S} UTC",
+        )
+        parts.append(head)
+        if health.get("reason"):
+            parts.append(Text(f"  {health['reason']}", style=style))
+        table = Table(box=None, pad_edge=False)
+        for column in ("key", "pid", "queue", "age (s)", "RSS (MB)"):
+            table.add_column(column, justify="right" if column != "key" else "left")
+        for w in running:
+            table.add_row(
+                str(w["key"]),
+                str(w["pid"]),
+                str(w["queue"] or "-"),
+                f"{w['age_s']:.0f}",
+                str(w["rss_mb"] or "-"),
+            )
+        parts.append(table)
+    return Group(*parts)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="async-local-executor")
+    commands = parser.add_subparsers(dest="command", required=True)
+    status_parser = commands.add_parser("status", help="show what each executor on this host is doing")
+    add_arguments(status_parser)
+    args = parser.parse_args(argv)
+    return status(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""The executor's health: healthy, unhealthy with reasons, or unknown, from live signals.
+
+The shape follows Airflow's executor-health proposal (a verdict and a reason, ``unknown`` by default).
+The verdict is computed on the event loop, by a probe that wakes every ``interval`` seconds and also
+measures how late it woke (the loop's lag); the latest :class:`Report` is one attribute, so reading it
+from any thread is a single reference read that never waits. A loop that stops answering leaves an old
+report behind, which the reader turns into ``unhealthy`` itself. Nothing here knows Airflow.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import anyio
+import anyio.to_thread
+
+from async_local_executor.supervisor import MB, SupervisorState
+
+log = logging.getLogger(__name__)
+
+
+# Seconds over which the worst loop lag is kept for the verdict.
+LAG_WINDOW = 10.0
+
+
+class Verdict(enum.Enum):
+    HEALTHY = "healthy"
+    UNHEALTHY = "unhealthy"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class Health:
+    verdict: Verdict
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def reason(self) -> str | None:
+        return "; ".join(self.reasons) or None
+
+    def as_dict(self) -> dict[str, str | None]:
+        return {"status": self.verdict.value, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When a signal turns the verdict to unhealthy.
+
+    :param max_lag: seconds the loop may wake late (a loop this late delays every exit and launch);
+        judged on the worst lag of the last ``LAG_WINDOW`` seconds
+    :param stall: seconds without a fresh report before the loop counts as stuck
+    :param failures: launch failures within ``failure_window`` seconds, with no launch since
+    :param max_wait: seconds a workload may wait for a slot or for memory
+    """
+
+    max_lag: float = 1.0
+    stall: float = 5.0
+    failures: int = 3
+    failure_window: float = 300.0
+    max_wait: float = 600.0
+
+
+@dataclass(frozen=True)
+class Report:
+    """One probe's findings. ``at`` is monotonic, every other time the wall clock."""
+
+    at: float
+    lag: float  # how late this probe woke, seconds
+    peak_lag: float  # the worst over the last LAG_WINDOW seconds: one spike stays visible a while
+    health: Health
+    state: SupervisorState
+    written: float = field(default_factory=time.time)
+
+
+def assess(state: SupervisorState, lag: float, thresholds: Thresholds, now: float) -> Health:
+    """The verdict from one snapshot; ``now`` is the wall clock."""
+    reasons: list[str] = []
+    if lag > thresholds.max_lag:
+        reasons.append(f"event loop lagging {lag:.1f}s (limit {thresholds.max_lag:g}s)")
+    if state.launcher_problem:
+        reasons.append(state.launcher_problem)
+    recent = [f for f in state.recent_failures if now - f.at <= thresholds.failure_window]
+    if len(recent) >= thresholds.failures:
+        last = recent[-1]
+        reasons.append(
+            f"{len(recent)} launch failures in the last {thresholds.failure_window:.0f}s "
+            f"(last: {last.label}: {last.reason})"
+        )
+    if state.memory_low:
+        available = "?" if state.available_memory is None else f"{state.available_memory // MB}"
+        reasons.append(
+            f"memory guard holding {state.waiting} workload(s): {available} MB available, "
+            f"floor {state.memory_floor // MB} MB"
+        )
+    if state.oldest_waiting_since is not None:
+        waited = now - state.oldest_waiting_since
+        if waited > thresholds.max_wait:
+            reasons.append(
+                f"{state.waiting} workload(s) waiting to launch, the oldest for {waited:.0f}s "
+                f"(limit {thresholds.max_wait:.0f}s)"
+            )
+    return Health(Verdict.UNHEALTHY if reasons else Verdict.HEALTHY, tuple(reasons))
+
+
+def stale(report: Report | None, thresholds: Thresholds, now: float) -> Health | None:
+    """The verdict a reader must give instead of ``report``'s, if the loop has stopped refreshing it."""
+    if report is None:
+        return Health(Verdict.UNKNOWN, ("no health report yet",))
+    silent = now - report.at
+    if silent > thresholds.stall:
+        return Health(Verdict.UNHEALTHY, (f"event loop has not answered for {silent:.0f}s",))
+    return None
+
+
+class Probe:
+    """Runs on the loop: measures its lag and keeps :attr:`report` current.
+
+    :param state: reads the supervisor's state (called on the loop)
+    :param on_report: called on the loop with each new report; must not block
+    :param write: called in a worker thread with a report every ``write_every`` seconds (a status
+        file, say); a write still running when the next is due makes that one be skipped
+    """
+
+    def __init__(
+        self,
+        state: Callable[[], SupervisorState],
+        *,
+        interval: float = 0.5,
+        thresholds: Thresholds | None = None,
+        on_report: Callable[[Report], None] | None = None,
+        write: Callable[[Report], None] | None = None,
+        write_every: float = 2.0,
+    ) -> None:
+        self._state = state
+        self.interval = interval
+        self.thresholds = thresholds or Thresholds()
+        self._on_report = on_report
+        self._write = write
+        self._write_every = write_every
+        self._writing = False
+        self._lags: collections.deque[tuple[float, float]] = collections.deque()
+        self.report: Report | None = None
+
+    def refresh(self, lag: float) -> Report:
+        now = time.monotonic()
+        self._lags.append((now, lag))
+        while self._lags[0][0] < now - LAG_WINDOW:
+            self._lags.popleft()
+        peak = max(recent for _, recent in self._lags)
+        state = self._state()
+        report = Report(now, lag, peak, assess(state, peak, self.thresholds, time.time()), state)
+        self.report = report
+        return report
+
+    async def run(self) -> None:
+        lag = 0.0
+        next_write = 0.0
+        async with anyio.create_task_group() as tg:
+            while True:
+                report = self.refresh(lag)
+                if self._on_report is not None:
+                    self._on_report(report)
+                if self._write is not None and not self._writing and report.at >= next_write:
+                    next_write = report.at + self._write_every
+                    self._writing = True
+                    tg.start_soon(self._write_off_loop, report)
+                woke = time.monotonic()
+                await anyio.sleep(self.interval)
+                lag = max(0.0, time.monotonic() - woke - self.interval)
+
+    async def _write_off_loop(self, report: Report) -> None:
+        assert self._write is not None
+        try:
+            await anyio.to_thread.run_sync(self._write, report)
+        except Exception:  # a status file is a convenience: it must never stop the probe
+            log.exception("cannot write the status report")
+        finally:
+            self._writing = False

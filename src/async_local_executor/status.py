@@ -1,0 +1,145 @@
+"""The status file each executor keeps current, and reading it back for ``async-local-executor status``.
+
+One JSON file per executor instance, ``status.<instance>.json`` in the state directory, 0600, replaced
+atomically (write a temporary file, then rename) so a reader never sees half of one. It is written in a
+worker thread of the event loop, never on the scheduler's thread, and it is where the per-workload
+memory is read (``/proc`` reads for every running workload do not belong on the loop either). Nothing
+here knows Airflow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from async_local_executor.health import Report
+from async_local_executor.supervisor import MB
+
+PREFIX = "status."
+SUFFIX = ".json"
+# A report older than this comes from an executor whose loop (or whole scheduler) has stopped.
+STALE_AFTER = 15.0
+
+
+def status_path(directory: Path, instance: str) -> Path:
+    return directory / f"{PREFIX}{instance}{SUFFIX}"
+
+
+def tree_rss(pid: int) -> int | None:
+    """Resident memory of ``pid`` and its descendants, in bytes; None once it is gone."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return None
+    total = 0
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            total += int(proc.memory_info().rss)
+    return total
+
+
+def document(report: Report, meta: Mapping[str, Any], now: float | None = None) -> dict[str, Any]:
+    """What the status file holds, from one health report plus who wrote it."""
+    now = time.time() if now is None else now
+    state = report.state
+    running = []
+    for workload in sorted(state.running, key=lambda w: w.launched):
+        rss = tree_rss(workload.pid)
+        running.append(
+            {
+                "key": workload.label,
+                "pid": workload.pid,
+                "queue": workload.group,
+                "age_s": round(now - workload.launched, 1),
+                "rss_mb": None if rss is None else round(rss / MB, 1),
+            }
+        )
+    oldest = state.oldest_waiting_since
+    return {
+        **meta,
+        "written_at": now,
+        "health": report.health.as_dict(),
+        "loop_lag_ms": round(report.lag * 1000, 1),
+        "peak_loop_lag_ms": round(report.peak_lag * 1000, 1),
+        "running": running,
+        "waiting": state.waiting,
+        "oldest_wait_s": None if oldest is None else round(now - oldest, 1),
+        "memory": {
+            "guard_holding": state.memory_low,
+            "floor_mb": state.memory_floor // MB,
+            "available_mb": None if state.available_memory is None else state.available_memory // MB,
+        },
+        "launcher_problem": state.launcher_problem,
+        "recent_launch_failures": [
+            {"at": f.at, "key": f.label, "reason": f.reason} for f in state.recent_failures[-5:]
+        ],
+        "totals": {
+            "launched": state.launched_total,
+            "memory_waits": state.memory_waits_total,
+            **state.outcomes_total,
+        },
+    }
+
+
+class StatusWriter:
+    """Writes one instance's status file; :meth:`write` runs in a worker thread."""
+
+    def __init__(self, path: Path, meta: Mapping[str, Any]) -> None:
+        self.path = path
+        self._meta = dict(meta)
+
+    def write(self, report: Report) -> None:
+        data = json.dumps(document(report, self._meta), indent=1).encode()
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+
+    def remove(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+
+@dataclass(frozen=True)
+class Found:
+    """One status file as read back, with what the reader could tell about its freshness."""
+
+    path: Path
+    data: dict[str, Any]
+    stale: str | None  # why it cannot be trusted, or None when it is current
+
+    @property
+    def healthy(self) -> bool:
+        return self.stale is None and self.data.get("health", {}).get("status") == "healthy"
+
+
+def read_all(directory: Path, now: float | None = None) -> list[Found]:
+    """Every status file in ``directory``, each marked stale when its writer is gone or silent."""
+    now = time.time() if now is None else now
+    found: list[Found] = []
+    for path in sorted(directory.glob(f"{PREFIX}*{SUFFIX}")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # removed or replaced while we looked
+        pid = int(data.get("pid", 0))
+        age = now - float(data.get("written_at", 0))
+        stale = None
+        if not pid or not psutil.pid_exists(pid):
+            stale = f"scheduler pid {pid} is not running"
+        elif age > STALE_AFTER:
+            stale = f"not updated for {age:.0f}s"
+        found.append(Found(path, data, stale))
+    return found

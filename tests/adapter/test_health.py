@@ -1,0 +1,198 @@
+"""get_health(), the status file and CLI, and SIGUSR2's dump, on a real executor with real children."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from async_local_executor.health import Health, Verdict
+from async_local_executor.status import read_all
+from tests.adapter import workloads
+from tests.adapter.driver import GUARD, RecordingExecutor, Scheduler
+from tests.adapter.test_executor import holding, queue
+
+CLI = [sys.executable, "-m", "async_local_executor.cli"]
+
+
+def wait_for_health(ex: RecordingExecutor, done: Callable[[Health], bool]) -> Health:
+    # The verdict is refreshed on the loop every half second; polling it is how a prober reads it.
+    deadline = time.monotonic() + GUARD
+    while not done(health := ex.get_health()):
+        assert time.monotonic() < deadline, f"health stayed {health}"
+        time.sleep(0.02)
+    return health
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    directory = tmp_path / "state"
+    monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__STATE_DIR", str(directory))
+    return directory
+
+
+@pytest.fixture
+def executor(state_dir: Path) -> Iterator[RecordingExecutor]:
+    ex = RecordingExecutor(parallelism=2)
+    assert ex.get_health() == Health(Verdict.UNKNOWN, ("executor not started",))
+    ex.start()
+    yield ex
+    ex.end()
+
+
+def test_a_started_executor_turns_healthy(executor: RecordingExecutor) -> None:
+    assert wait_for_health(executor, lambda h: h.verdict is not Verdict.UNKNOWN) == Health(Verdict.HEALTHY)
+
+
+@pytest.mark.parametrize("launcher", ["forkserver"], indirect=True)
+def test_a_dead_fork_server_is_unhealthy_until_the_next_workload_brings_one_back(
+    executor: RecordingExecutor, launcher: str
+) -> None:
+    first = workloads.task("ok")
+    queue(executor, first)
+    scheduler = Scheduler(executor)
+    scheduler.run_until(lambda: first.key in scheduler.events)  # the fork server is up and serving
+    pid = _fork_server_pid()
+    os.kill(pid, 9)
+    health = wait_for_health(executor, lambda h: h.verdict is Verdict.UNHEALTHY)
+    assert health.reason == f"fork server (pid {pid}) is not running; a new one starts with the next workload"
+    item = workloads.task("ok", map_index=1)
+    queue(executor, item)
+    scheduler.run_until(lambda: item.key in scheduler.events)
+    wait_for_health(executor, lambda h: h.verdict is Verdict.HEALTHY)
+
+
+def _fork_server_pid() -> int:
+    [helper] = [p for p in psutil.Process().children() if "forkserver_helper" in " ".join(p.cmdline())]
+    return int(helper.pid)
+
+
+def test_a_tripped_memory_guard_is_unhealthy_and_says_so(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__MIN_AVAILABLE_MEMORY_MB", str(2**40))  # no host has it
+    monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__SHUTDOWN_TIMEOUT", "0")  # it would never launch
+    ex = RecordingExecutor(parallelism=2)
+    ex.start()
+    try:
+        queue(ex, workloads.task("ok"))
+        Scheduler(ex).loop_once()
+        health = wait_for_health(ex, lambda h: h.verdict is Verdict.UNHEALTHY)
+        assert health.reason is not None
+        assert "memory guard holding 1 workload(s)" in health.reason
+    finally:
+        ex.end()
+
+
+def test_a_blocked_loop_is_reported_while_blocked_and_after(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__HEALTH_LOOP_LAG_LIMIT", "0.5")
+    ex = RecordingExecutor(parallelism=2)
+    ex.start()
+    try:
+        wait_for_health(ex, lambda h: h.verdict is Verdict.HEALTHY)
+        # Fault injection: something on the loop thread blocks it, as a blocking call by mistake would.
+        ex._runtime._post(lambda supervisor, tg: time.sleep(7))  # type: ignore[union-attr]
+        # get_health() keeps answering from this thread while the loop cannot.
+        during = wait_for_health(ex, lambda h: h.verdict is Verdict.UNHEALTHY)
+        assert during.reason is not None
+        assert "event loop has not answered for" in during.reason
+        after = wait_for_health(ex, lambda h: "lagging" in (h.reason or ""))
+        assert after.verdict is Verdict.UNHEALTHY
+    finally:
+        ex.end()
+
+
+def test_status_cli_shows_a_running_workload_and_the_file_goes_with_the_executor(
+    executor: RecordingExecutor, state_dir: Path, tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    gate.touch()
+    held = workloads.task(f"hold:{gate}")
+    queue(executor, held)
+    scheduler = Scheduler(executor)
+    scheduler.run_until(lambda: holding(gate) == 1)
+    [marker] = gate.parent.glob(f"{gate.name}.*.started")
+    pid = int(marker.name.split(".")[1])
+    # Written every 2 s off the scheduler's thread: wait until a write has seen the workload.
+    scheduler.run_until(lambda: any(r["pid"] == pid for f in read_all(state_dir) for r in f.data["running"]))
+
+    shown = subprocess.run(
+        [*CLI, "status", "--json", "--state-dir", str(state_dir)], capture_output=True, text=True, check=True
+    )
+    [executor_status] = json.loads(shown.stdout)
+    assert executor_status["stale"] is None
+    assert executor_status["pid"] == os.getpid()
+    assert executor_status["health"] == {"status": "healthy", "reason": None}
+    [row] = executor_status["running"]
+    assert row["key"] == f"adapter_dag.hold:{gate} try 1"
+    assert row["pid"] == pid
+    assert row["rss_mb"] > 0
+    table = subprocess.run(
+        [*CLI, "status", "--state-dir", str(state_dir)], capture_output=True, text=True, check=True
+    )
+    assert "HEALTHY" in table.stdout
+    assert str(pid) in table.stdout
+    check = subprocess.run(
+        [*CLI, "status", "--check", "--state-dir", str(state_dir)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert check.returncode == 0, check.stdout
+    assert check.stdout.strip().endswith(": healthy")
+
+    gate.unlink()
+    scheduler.run_until(lambda: held.key in scheduler.events)
+    executor.end()
+    assert read_all(state_dir) == []
+    gone = subprocess.run(
+        [*CLI, "status", "--check", "--state-dir", str(state_dir)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert gone.returncode == 2
+
+
+def test_the_airflow_cli_command_runs_the_same_status(
+    executor: RecordingExecutor, state_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    wait_for_health(executor, lambda h: h.verdict is Verdict.HEALTHY)
+    Scheduler(executor).run_until(lambda: bool(read_all(state_dir)))
+    [group] = RecordingExecutor.get_cli_commands()
+    [command] = group.subcommands
+    assert (group.name, command.name) == ("async-local-executor", "status")
+    parser = argparse.ArgumentParser()
+    for arg in command.args:
+        arg.add_to_parser(parser)
+    command.func(parser.parse_args(["--json", "--state-dir", str(state_dir)]))
+    [shown] = json.loads(capsys.readouterr().out)
+    assert shown["instance"] == executor._journal.instance  # type: ignore[union-attr]
+
+
+def test_sigusr2_dump_logs_health_and_running_workloads(
+    executor: RecordingExecutor, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    gate = tmp_path / "gate"
+    gate.touch()
+    queue(executor, workloads.task(f"hold:{gate}"))
+    scheduler = Scheduler(executor)
+    scheduler.run_until(lambda: holding(gate) == 1)
+    scheduler.run_until(lambda: executor._runtime.report.state.running != ())  # type: ignore[union-attr]
+    caplog.set_level(logging.INFO, logger="async_local_executor.executor")
+    executor.debug_dump()
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "async_local_executor health: healthy" in text
+    assert f"adapter_dag.hold:{gate} try 1 pid" in text
+    gate.unlink()

@@ -1,0 +1,190 @@
+"""Health verdicts from live signals, the loop-lag probe on a blocked loop, and the status file."""
+
+from __future__ import annotations
+
+import json
+import stat
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from async_local_executor.health import Health, Probe, Report, Thresholds, Verdict, assess, stale
+from async_local_executor.launchers.base import LaunchRequest
+from async_local_executor.launchers.subprocess import SubprocessLauncher
+from async_local_executor.status import StatusWriter, read_all, status_path
+from async_local_executor.supervisor import MB, LaunchFailure, Supervisor, SupervisorState
+from tests.core.helpers import GUARD, Recorder, py
+
+pytestmark = pytest.mark.asyncio
+
+NOW = 1_000_000.0
+
+
+def quiet(**changes: object) -> SupervisorState:
+    base: dict[str, object] = {
+        "running": (),
+        "waiting": 0,
+        "oldest_waiting_since": None,
+        "memory_low": False,
+        "memory_floor": 256 * MB,
+        "available_memory": 8000 * MB,
+        "launcher_problem": None,
+        "recent_failures": (),
+        "launched_total": 0,
+        "memory_waits_total": 0,
+        "outcomes_total": {},
+    }
+    return SupervisorState(**{**base, **changes})  # type: ignore[arg-type]
+
+
+def verdict(state: SupervisorState, lag: float = 0.0) -> Health:
+    return assess(state, lag, Thresholds(), NOW)
+
+
+async def test_a_quiet_supervisor_is_healthy() -> None:
+    assert verdict(quiet()) == Health(Verdict.HEALTHY)
+
+
+@pytest.mark.parametrize(
+    ("state", "lag", "reason"),
+    [
+        (quiet(), 2.5, "event loop lagging 2.5s"),
+        (
+            quiet(launcher_problem="fork server (pid 7) is not running"),
+            0.0,
+            "fork server (pid 7) is not running",
+        ),
+        (
+            quiet(
+                recent_failures=tuple(
+                    LaunchFailure(NOW - i, f"t{i}", "Too many open files") for i in range(3)
+                )
+            ),
+            0.0,
+            "3 launch failures in the last 300s (last: t2: Too many open files)",
+        ),
+        (
+            quiet(memory_low=True, waiting=2, available_memory=100 * MB),
+            0.0,
+            "memory guard holding 2 workload(s): 100 MB available, floor 256 MB",
+        ),
+        (
+            quiet(waiting=4, oldest_waiting_since=NOW - 900),
+            0.0,
+            "4 workload(s) waiting to launch, the oldest for 900s",
+        ),
+    ],
+)
+async def test_each_cause_makes_it_unhealthy_and_says_why(
+    state: SupervisorState, lag: float, reason: str
+) -> None:
+    health = verdict(state, lag)
+    assert health.verdict is Verdict.UNHEALTHY
+    assert health.reason is not None
+    assert reason in health.reason
+
+
+async def test_old_or_few_launch_failures_and_short_waits_are_not_a_problem() -> None:
+    old = tuple(LaunchFailure(NOW - 1000, "t", "x") for _ in range(5))
+    few = tuple(LaunchFailure(NOW, "t", "x") for _ in range(2))
+    assert verdict(quiet(recent_failures=old)).verdict is Verdict.HEALTHY
+    assert verdict(quiet(recent_failures=few)).verdict is Verdict.HEALTHY
+    assert verdict(quiet(waiting=9, oldest_waiting_since=NOW - 60)).verdict is Verdict.HEALTHY
+
+
+async def test_no_report_is_unknown_and_an_old_one_means_the_loop_is_stuck() -> None:
+    thresholds = Thresholds(stall=5.0)
+    assert stale(None, thresholds, 0.0) == Health(Verdict.UNKNOWN, ("no health report yet",))
+    report = Report(at=100.0, lag=0.0, peak_lag=0.0, health=Health(Verdict.HEALTHY), state=quiet())
+    assert stale(report, thresholds, 104.0) is None
+    late = stale(report, thresholds, 112.0)
+    assert late == Health(Verdict.UNHEALTHY, ("event loop has not answered for 12s",))
+
+
+async def test_the_probe_measures_a_blocked_loop_and_keeps_the_peak() -> None:
+    probe = Probe(quiet, interval=0.02, thresholds=Thresholds(max_lag=0.2))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(probe.run)
+        with anyio.fail_after(GUARD):
+            while probe.report is None:  # noqa: ASYNC110 - the probe's first report has no event
+                await anyio.sleep(0.01)
+        assert probe.report.health.verdict is Verdict.HEALTHY
+        time.sleep(0.5)  # noqa: ASYNC251 - blocking the event loop is the fault under test
+        with anyio.fail_after(GUARD):
+            while probe.report.peak_lag < 0.4:  # noqa: ASYNC110 - as above
+                await anyio.sleep(0.01)
+        # Later probes are on time again, but the spike stays in the verdict for a while.
+        await anyio.sleep(0.1)
+        report = probe.report
+        assert report.lag < 0.4 <= report.peak_lag
+        assert report.health.verdict is Verdict.UNHEALTHY
+        assert "event loop lagging" in (report.health.reason or "")
+        tg.cancel_scope.cancel()
+
+
+async def test_supervisor_state_and_status_file_show_running_waiting_and_failures(tmp_path: Path) -> None:
+    recorder = Recorder()
+    gate = tmp_path / "gate"
+    gate.touch()
+    hold = py(f"import os, time\nwhile os.path.exists({str(gate)!r}): time.sleep(0.01)")
+    supervisor = Supervisor(SubprocessLauncher(output=recorder.output), recorder, limit=1)
+    gone = subprocess.Popen(py("pass"))  # noqa: ASYNC220 - set-up before the loop work begins
+    gone.wait()  # a pid no scheduler holds
+    writer = StatusWriter(
+        status_path(tmp_path, "abc"), {"instance": "abc", "pid": gone.pid, "parallelism": 1}
+    )
+    async with anyio.create_task_group() as tg:
+        await tg.start(supervisor.serve)
+        supervisor.submit(LaunchRequest("bad", ["/nonexistent/python3"], label="bad try 1"))
+        supervisor.submit(LaunchRequest("held", hold, label="held try 1", group="reports"))
+        supervisor.submit(LaunchRequest("next", py("pass"), label="next try 1"))
+        await recorder.until(lambda: "held" in recorder.pids)
+        state = supervisor.state()
+        [running] = state.running
+        assert (running.label, running.pid, running.group) == ("held try 1", recorder.pids["held"], "reports")
+        assert state.waiting == 1
+        assert [f.label for f in state.recent_failures] == ["bad try 1"]
+        assert state.launched_total == 1
+        assert state.outcomes_total == {"launch_failed": 1}
+
+        report = Report(time.monotonic(), 0.0, 0.0, Health(Verdict.HEALTHY), state)
+        await anyio.to_thread.run_sync(writer.write, report)
+        gate.unlink()
+        await recorder.until(lambda: len(recorder.outcomes) == 3)
+        await supervisor.shutdown(wait=GUARD)
+    assert stat.S_IMODE(writer.path.stat().st_mode) == 0o600
+    data = json.loads(writer.path.read_text())
+    [row] = data["running"]
+    assert (row["key"], row["pid"], row["queue"]) == ("held try 1", recorder.pids["held"], "reports")
+    assert row["rss_mb"] > 0
+    assert data["waiting"] == 1
+    assert data["health"] == {"status": "healthy", "reason": None}
+    assert data["recent_launch_failures"][0]["key"] == "bad try 1"
+    # Its writer is gone: a reader calls it stale rather than trusting it.
+    [found] = read_all(tmp_path)
+    assert found.path == writer.path
+    assert found.stale == f"scheduler pid {gone.pid} is not running"
+    assert not found.healthy
+
+
+async def test_probe_writes_off_the_loop_and_a_failed_write_does_not_stop_it(tmp_path: Path) -> None:
+    written: list[str] = []
+    loop_thread = threading.get_ident()
+
+    def write(report: Report) -> None:
+        written.append("off loop" if threading.get_ident() != loop_thread else "ON LOOP")
+        if len(written) == 1:
+            raise OSError("disk full")
+
+    probe = Probe(quiet, interval=0.01, write=write, write_every=0.0)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(probe.run)
+        with anyio.fail_after(GUARD):
+            while len(written) < 3:  # noqa: ASYNC110 - writes happen in threads; poll for them
+                await anyio.sleep(0.01)
+        tg.cancel_scope.cancel()
+    assert set(written) == {"off loop"}
