@@ -58,9 +58,15 @@ def status(args: argparse.Namespace) -> int:
     if not args.watch:
         console.print(render(read_all(directory), directory))
         return 0
-    from rich.live import Live
-
     try:
+        if not console.is_terminal:
+            # Piped or logged: one full report per period, each under a timestamp.
+            while True:
+                console.print(f"--- {datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} UTC")
+                console.print(render(read_all(directory), directory))
+                time.sleep(args.watch)  # the period the user asked for
+        from rich.live import Live
+
         with Live(render(read_all(directory), directory), console=console, auto_refresh=False) as live:
             while True:
                 time.sleep(args.watch)  # the redraw period the user asked for

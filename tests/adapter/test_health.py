@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -152,6 +153,8 @@ def test_status_cli_shows_a_running_workload_and_the_file_goes_with_the_executor
     assert check.returncode == 0, check.stdout
     assert check.stdout.strip().endswith(": healthy")
 
+    _watch_redraws_until_interrupted(state_dir, str(pid))
+
     gate.unlink()
     scheduler.run_until(lambda: held.key in scheduler.events)
     executor.end()
@@ -163,6 +166,24 @@ def test_status_cli_shows_a_running_workload_and_the_file_goes_with_the_executor
         check=False,
     )
     assert gone.returncode == 2
+
+
+def _watch_redraws_until_interrupted(state_dir: Path, pid: str) -> None:
+    watch = subprocess.Popen(
+        [*CLI, "status", "--watch", "0.1", "--state-dir", str(state_dir)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert watch.stdout is not None
+    reports = 0
+    for line in watch.stdout:  # each report starts with a timestamp line; ends at EOF if it dies
+        reports += line.startswith("--- ")
+        if reports == 2 and pid in line:
+            break
+    watch.send_signal(signal.SIGINT)
+    assert watch.wait(GUARD) == 0
+    assert reports == 2
 
 
 def test_the_airflow_cli_command_runs_the_same_status(

@@ -7,11 +7,14 @@ running. The stock executor's end() waits for running tasks without a bound.
 
 from __future__ import annotations
 
+import json
 import re
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -94,6 +97,8 @@ def _stop_with(sandbox: AirflowSandbox, sig: signal.Signals) -> None:
     # The fork server, the workload process and the task process that ignores SIGTERM.
     launched = _descendants(sandbox.pids["scheduler"])
     assert len(launched) >= 3, [" ".join(_cmdline(p)) for p in launched]
+    if sig is signal.SIGTERM:
+        _status_shows_the_running_task(sandbox)
     log = sandbox.process_logs["scheduler"]
     before = log.stat().st_size
 
@@ -118,3 +123,26 @@ def _stop_with(sandbox: AirflowSandbox, sig: signal.Signals) -> None:
     )
     assert len(ended) == int(waiting.group(1)) >= 1, shutdown
     assert "after SIGTERM; sending SIGKILL" in shutdown
+
+
+def _status_shows_the_running_task(sandbox: AirflowSandbox) -> None:
+    # The operator's view, with the deployment's own configuration (state_dir from AIRFLOW_HOME).
+    def shown() -> list[dict[str, Any]]:
+        out = subprocess.run(
+            [str(sandbox.bin_dir / "async-local-executor"), "status", "--json"],
+            env=sandbox.env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        return list(json.loads(out))
+
+    # Rewritten every 2 s: wait for a write that has seen the task.
+    _poll("the status file to list the task", lambda: any(s["running"] for s in shown()))
+    [status] = shown()
+    assert status["stale"] is None
+    assert status["pid"] == sandbox.pids["scheduler"]
+    assert status["health"] == {"status": "healthy", "reason": None}
+    [task] = status["running"]
+    assert task["key"].startswith("stubborn.ignore_sigterm try ")
+    assert task["rss_mb"] > 10  # the workload process and the task process it supervises
