@@ -42,9 +42,9 @@ class Recorder:
         self._changed.set()
         self._changed = anyio.Event()
 
-    async def until(self, predicate: object) -> None:
+    async def until(self, predicate: object, guard: float = GUARD) -> None:
         assert callable(predicate)
-        with anyio.fail_after(GUARD):
+        with anyio.fail_after(guard):
             while not predicate():
                 await self._changed.wait()
 

@@ -62,8 +62,12 @@ async def serving(
         try:
             yield supervisor
         finally:
-            with anyio.fail_after(GUARD):
-                await supervisor.shutdown(wait=GUARD)
+            try:
+                # Longer than the shutdown's own wait, so its escalation runs before the guard trips.
+                with anyio.fail_after(GUARD * 2 + grace):
+                    await supervisor.shutdown(wait=GUARD)
+            finally:
+                tg.cancel_scope.cancel()  # a shutdown cut short must fail the test, not leave serve() running
 
 
 def is_dead(pid: int) -> bool:
@@ -212,20 +216,25 @@ async def test_thousands_finishing_at_once_lose_no_result(tmp_path: Path, kind: 
     gate.touch()
     recorder = Recorder()
     try:
-        with gate.open() as held:
-            # Every child blocks on a shared lock until we drop our exclusive one: they all exit together.
-            fcntl.flock(held, fcntl.LOCK_EX)
-            async with serving(recorder, kind) as supervisor:
+        async with serving(recorder, kind) as supervisor:
+            # Inside serving(): whatever fails, the lock goes before the shutdown waits for the children.
+            with gate.open() as held:
+                # Every child blocks on a shared lock until we drop our exclusive one: they all exit together.
+                fcntl.flock(held, fcntl.LOCK_EX)
                 for i in range(n):
                     supervisor.submit(LaunchRequest(i, gate_waiter(kind, gate)))
-                await recorder.until(lambda: len(recorder.pids) == n)
+                await recorder.until(lambda: len(recorder.pids) == n, guard=THOUSANDS_GUARD)
                 assert recorder.outcomes == []
                 fcntl.flock(held, fcntl.LOCK_UN)
-                await recorder.until(lambda: len(recorder.outcomes) == n)
+            await recorder.until(lambda: len(recorder.outcomes) == n, guard=THOUSANDS_GUARD)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert sorted(o.key for o in recorder.outcomes) == list(range(n))  # type: ignore[type-var]
     assert all(o.ok for o in recorder.outcomes)
+
+
+# 1,500 launches on 2 busy cores: only a hang should trip this.
+THOUSANDS_GUARD = 300.0
 
 
 def gate_waiter(kind: str, gate: Path) -> list[str]:
