@@ -263,7 +263,7 @@ class AsyncLocalExecutor(BaseExecutor):
                 len(survivors),
             )
         for found in status.read_all(directory):
-            if found.stale and "not running" in found.stale:
+            if found.gone:
                 found.path.unlink(missing_ok=True)  # a crashed scheduler's last word
         team = f" team {self.team_name}" if self.team_name else ""
         return registry.LaunchJournal.open(directory, owner=f"scheduler pid {os.getpid()}{team}")

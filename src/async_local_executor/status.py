@@ -119,6 +119,7 @@ class Found:
     path: Path
     data: dict[str, Any]
     stale: str | None  # why it cannot be trusted, or None when it is current
+    gone: bool = False  # its scheduler is no longer running: nothing will ever update or remove it
 
     @property
     def healthy(self) -> bool:
@@ -137,9 +138,10 @@ def read_all(directory: Path, now: float | None = None) -> list[Found]:
         pid = int(data.get("pid", 0))
         age = now - float(data.get("written_at", 0))
         stale = None
-        if not pid or not psutil.pid_exists(pid):
+        gone = not pid or not psutil.pid_exists(pid)
+        if gone:
             stale = f"scheduler pid {pid} is not running"
         elif age > STALE_AFTER:
             stale = f"not updated for {age:.0f}s"
-        found.append(Found(path, data, stale))
+        found.append(Found(path, data, stale, gone))
     return found

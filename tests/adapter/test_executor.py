@@ -208,8 +208,7 @@ def test_token_never_in_argv_or_environment(tmp_path: Path, executor: RecordingE
     queue(executor, held)
     scheduler = Scheduler(executor)
     scheduler.run_until(lambda: holding(gate) == 1)
-    [marker] = gate.parent.glob(f"{gate.name}.*.started")
-    workload_pid = int(marker.name.split(".")[1])
+    workload_pid = held_pid(gate)
     # The workload's own process, and (fork server) the helper that forked it: every process we start.
     ours = [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
     assert workload_pid in {p.pid for p in ours}
@@ -299,6 +298,12 @@ def holding(gate: Path) -> int:
     return len(list(gate.parent.glob(f"{gate.name}.*.started")))
 
 
+def held_pid(gate: Path) -> int:
+    """The pid of the one stub child holding on ``gate`` (its marker file is named after it)."""
+    [marker] = gate.parent.glob(f"{gate.name}.*.started")
+    return int(marker.name.split(".")[1])
+
+
 def _child_pids() -> list[int]:
     children = psutil.Process().children(recursive=True)
     return [p.pid for p in children if p.status() != psutil.STATUS_ZOMBIE]
@@ -354,8 +359,7 @@ def test_revoke_of_a_waiting_or_running_workload_stops_it_and_reports_nothing(
         queue(ex, running, waiting)
         scheduler = Scheduler(ex)
         scheduler.run_until(lambda: holding(gate) == 1)
-        [marker] = tmp_path.glob("gate.*.started")
-        pid = int(marker.name.split(".")[1])
+        pid = held_pid(gate)
         ex.revoke_task(ti=workloads.Revoked(waiting.key))  # type: ignore[arg-type]
         ex.revoke_task(ti=workloads.Revoked(running.key))  # type: ignore[arg-type]
         assert ex.running == set()
@@ -476,8 +480,7 @@ def test_running_launches_are_journaled_and_marked_and_a_clean_end_removes_the_j
     queue(ex, held)
     scheduler = Scheduler(ex)
     scheduler.run_until(lambda: holding(gate) == 1)
-    [marker] = gate.parent.glob(f"{gate.name}.*.started")
-    workload_pid = int(marker.name.split(".")[1])
+    workload_pid = held_pid(gate)
     [journal] = state.glob(f"*{registry.SUFFIX}")
     # The supervisor's listener journals the start before the scheduler thread hears of it.
     scheduler.run_until(lambda: str(workload_pid) in journal.read_text())

@@ -20,7 +20,7 @@ from async_local_executor.health import Health, Verdict
 from async_local_executor.status import read_all
 from tests.adapter import workloads
 from tests.adapter.driver import GUARD, RecordingExecutor, Scheduler
-from tests.adapter.test_executor import holding, queue
+from tests.adapter.test_executor import held_pid, holding, queue
 
 CLI = [sys.executable, "-m", "async_local_executor.cli"]
 
@@ -123,8 +123,7 @@ def test_status_cli_shows_a_running_workload_and_the_file_goes_with_the_executor
     queue(executor, held)
     scheduler = Scheduler(executor)
     scheduler.run_until(lambda: holding(gate) == 1)
-    [marker] = gate.parent.glob(f"{gate.name}.*.started")
-    pid = int(marker.name.split(".")[1])
+    pid = held_pid(gate)
     # Written every 2 s off the scheduler's thread: wait until a write has seen the workload.
     scheduler.run_until(lambda: any(r["pid"] == pid for f in read_all(state_dir) for r in f.data["running"]))
 

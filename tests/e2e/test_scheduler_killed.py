@@ -18,24 +18,14 @@ import pytest
 
 from async_local_executor.demo import EXECUTOR
 from async_local_executor.sandbox import AirflowSandbox
+from tests.e2e.helpers import alive, cmdline, poll
 
 pytestmark = pytest.mark.e2e
 
 DAGS = Path(__file__).with_name("dags")
-GUARD = 600.0
 # The issue this guards against: upstream #23520, a task that outlives a killed scheduler and runs
 # beside its own retry after the restart.
 ORPHAN_DEADLINE = 10.0
-
-
-def _poll(what: str, done: object, guard: float = GUARD) -> None:
-    # Airflow's state lives in the database and in /proc; polling them is the only way to observe it.
-    assert callable(done)
-    deadline = time.monotonic() + guard
-    while not done():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} did not happen within {guard:.0f}s")
-        time.sleep(0.2)
 
 
 @pytest.fixture
@@ -59,38 +49,38 @@ def test_no_task_process_outlives_a_killed_scheduler_and_a_restart_finishes(sand
     sandbox.wait_for_dag("sleepers", timeout=120)
     run_id = sandbox.trigger("sleepers")
     scheduler = psutil.Process(sandbox.pids["scheduler"])
-    _poll(
+    poll(
         "three sleeping tasks and the shell's sleep running",
         lambda: (
             sum(r.state == "running" for r in sandbox.task_instances("sleepers", run_id)) == 4
-            and any("sleep 600" in " ".join(_cmdline(p.pid)) for p in scheduler.children(recursive=True))
+            and any("sleep 600" in " ".join(cmdline(p.pid)) for p in scheduler.children(recursive=True))
         ),
     )
     # The fork server, and per task its supervisor and the task process; the log server is Airflow's.
     launched = [
-        p.pid for p in scheduler.children(recursive=True) if "serve-logs" not in " ".join(_cmdline(p.pid))
+        p.pid for p in scheduler.children(recursive=True) if "serve-logs" not in " ".join(cmdline(p.pid))
     ]
     # What the parent-death chain covers stays in the scheduler's session; the BashOperator's shell
     # and its sleep left it.
     session = os.getsid(scheduler.pid)
     escaped = [pid for pid in launched if _session(pid) != session]
     chained = [pid for pid in launched if pid not in escaped]
-    assert len(chained) >= 1 + 4 * 2, [" ".join(_cmdline(pid)) for pid in chained]
-    assert escaped, [" ".join(_cmdline(pid)) for pid in launched]
+    assert len(chained) >= 1 + 4 * 2, [" ".join(cmdline(pid)) for pid in chained]
+    assert escaped, [" ".join(cmdline(pid)) for pid in launched]
 
     sandbox.kill("scheduler")
     deadline = time.monotonic() + ORPHAN_DEADLINE
-    while alive := [pid for pid in chained if _alive(pid)]:
-        assert time.monotonic() < deadline, f"still alive {ORPHAN_DEADLINE:.0f}s after kill -9: {alive}"
+    while survivors := [pid for pid in chained if alive(pid)]:
+        assert time.monotonic() < deadline, f"still alive {ORPHAN_DEADLINE:.0f}s after kill -9: {survivors}"
         time.sleep(0.1)
     # Nothing of the dead scheduler can reach these: only its successor's reclaim ends them.
-    assert all(_alive(pid) for pid in escaped)
+    assert all(alive(pid) for pid in escaped)
 
     sandbox.restart("scheduler")
-    _poll("the run to finish", lambda: sandbox.run_state("sleepers", run_id) in ("success", "failed"))
+    poll("the run to finish", lambda: sandbox.run_state("sleepers", run_id) in ("success", "failed"))
     rows = sandbox.task_instances("sleepers", run_id)
     assert sandbox.run_state("sleepers", run_id) == "success", rows
-    assert [pid for pid in escaped if _alive(pid)] == []
+    assert [pid for pid in escaped if alive(pid)] == []
     log = sandbox.process_logs["scheduler"].read_text(errors="replace")
     for pid in escaped:
         assert f"killed pid {pid} (" in log
@@ -106,17 +96,3 @@ def _session(pid: int) -> int | None:
         return os.getsid(pid)
     except OSError:
         return None
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        return list(psutil.Process(pid).cmdline())
-    except psutil.Error:
-        return []
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
-    except psutil.NoSuchProcess:
-        return False

@@ -21,11 +21,11 @@ import pytest
 
 from async_local_executor.demo import EXECUTOR
 from async_local_executor.sandbox import AirflowSandbox
+from tests.e2e.helpers import alive, cmdline, poll
 
 pytestmark = pytest.mark.e2e
 
 DAGS = Path(__file__).with_name("dags")
-GUARD = 600.0
 SHUTDOWN_TIMEOUT = 2
 GRACE = 2
 # Only a hang trips it: the shutdown itself takes SHUTDOWN_TIMEOUT + GRACE, the rest is the scheduler's.
@@ -47,36 +47,12 @@ def sandbox() -> Iterator[AirflowSandbox]:
         yield sb
 
 
-def _poll(what: str, done: object) -> None:
-    # Airflow's state lives in the database and in /proc; polling them is the only way to observe it.
-    assert callable(done)
-    deadline = time.monotonic() + GUARD
-    while not done():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} did not happen within {GUARD:.0f}s")
-        time.sleep(0.2)
-
-
-def _descendants(pid: int) -> list[psutil.Process]:
+def _descendants(pid: int) -> list[int]:
     try:
         procs = psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return []
-    return [p for p in procs if "serve-logs" not in " ".join(_cmdline(p))]
-
-
-def _cmdline(proc: psutil.Process) -> list[str]:
-    try:
-        return list(proc.cmdline())
-    except psutil.Error:
-        return []
-
-
-def _running(proc: psutil.Process) -> bool:
-    try:
-        return bool(proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE)
-    except psutil.NoSuchProcess:
-        return False
+    return [p.pid for p in procs if "serve-logs" not in " ".join(cmdline(p.pid))]
 
 
 def test_sigterm_and_sigint_stop_the_scheduler_within_its_bound_leaving_nothing(
@@ -90,13 +66,13 @@ def test_sigterm_and_sigint_stop_the_scheduler_within_its_bound_leaving_nothing(
 
 def _stop_with(sandbox: AirflowSandbox, sig: signal.Signals) -> None:
     run_id = sandbox.trigger("stubborn")
-    _poll(
+    poll(
         "the task running",
         lambda: [r.state for r in sandbox.task_instances("stubborn", run_id)] == ["running"],
     )
     # The fork server, the workload process and the task process that ignores SIGTERM.
     launched = _descendants(sandbox.pids["scheduler"])
-    assert len(launched) >= 3, [" ".join(_cmdline(p)) for p in launched]
+    assert len(launched) >= 3, [" ".join(cmdline(pid)) for pid in launched]
     if sig is signal.SIGTERM:
         _status_shows_the_running_task(sandbox)
     log = sandbox.process_logs["scheduler"]
@@ -109,7 +85,7 @@ def _stop_with(sandbox: AirflowSandbox, sig: signal.Signals) -> None:
     assert status == 0, f"{sig.name}: scheduler exited with {status}"
     assert took < EXIT_GUARD
     # What the dying scheduler did not reap is reparented and reaped by init; none may still run.
-    _poll("launched processes to be gone", lambda: not [p for p in launched if _running(p)])
+    poll("launched processes to be gone", lambda: not [pid for pid in launched if alive(pid)])
     shutdown = log.read_bytes()[before:].decode(errors="replace")
     assert f"Exiting gracefully upon receiving signal {int(sig)}" in shutdown
     # The first round's task was reset by the restarted scheduler and runs again here: count them.
@@ -138,7 +114,7 @@ def _status_shows_the_running_task(sandbox: AirflowSandbox) -> None:
         return list(json.loads(out))
 
     # Rewritten every 2 s: wait for a write that has seen the task.
-    _poll("the status file to list the task", lambda: any(s["running"] for s in shown()))
+    poll("the status file to list the task", lambda: any(s["running"] for s in shown()))
     [status] = shown()
     assert status["stale"] is None
     assert status["pid"] == sandbox.pids["scheduler"]
