@@ -334,12 +334,13 @@ class AsyncLocalExecutor(BaseExecutor):
                 "the executor's event loop thread died; see the CRITICAL log line before this one"
             ) from runtime.failure
         events = self._mailbox.events
+        ended = False
         while events:
             event = events.popleft()
             ticket = cast("_Ticket", event.key)
             key = cast("WorkloadKey", ticket.key)
             # Revoked ones too: until their process ends, they hold a slot like any other.
-            self._note_for_prefetch(ticket, event)
+            ended |= self._note_for_prefetch(ticket, event)
             states = self._states.get(key)
             if states is None or states.ticket != ticket:
                 # A revoked submission: the scheduler already decided this try's fate, and Airflow's
@@ -360,25 +361,32 @@ class AsyncLocalExecutor(BaseExecutor):
             self._finish(key, states, event)
             outcome = "success" if event.ok else _OUTCOME_NAMES.get(event.kind, event.kind.value)
             stats.incr(self._metric_name(f"final_events.{outcome}"), tags=self._metric_tags)
+        if ended:
+            self._log_prefetch_change()
 
-    def _note_for_prefetch(self, ticket: _Ticket, event: _Started | Outcome) -> None:
-        budget = self._budget
+    def _note_for_prefetch(self, ticket: _Ticket, event: _Started | Outcome) -> bool:
+        """Feed the prefetch budget; True when a workload ended."""
         if isinstance(event, _Started):
-            budget.launched(ticket, time.time())
-            return
+            self._budget.launched(ticket, event.at)
+            return False
         times = event.times
         duration = None
         if times is not None and times.launched is not None and times.ended is not None:
             duration = times.ended - times.launched
-        budget.ended(ticket, duration)
-        allowed = budget.allowed(time.time())
+        self._budget.ended(ticket, duration)
+        return True
+
+    def _log_prefetch_change(self) -> None:
+        # Once per sync(), not per outcome: allowed() takes a median over the running workloads.
+        budget, now = self._budget, time.time()
+        allowed = budget.allowed(now)
         if allowed != self._prefetch_logged:
             self._prefetch_logged = allowed
             log.info(
                 "prefetch now %d of %d: tasks take about %.0fs and [scheduler] task_queued_timeout is %.0fs",
                 allowed,
                 budget.maximum,
-                budget.duration(time.time()),
+                budget.duration(now),
                 budget.queued_timeout,
             )
 
