@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 BENCH_VARIANTS ?= stock,ours
 BENCH_ARGS ?=
 
-.PHONY: install test test-core lint demo lock clean bench bench-full bench-smoke
+.PHONY: install test test-core lint demo docs lock clean bench bench-full bench-smoke
 
 install: $(VENV)/.installed
 
@@ -32,6 +32,10 @@ lint: install
 
 demo: install
 	$(BIN)/python -m async_local_executor.demo
+
+# The configuration reference is generated from the provider info (tests check it is current).
+docs: install
+	$(BIN)/python -m async_local_executor.provider > docs/configuration.md
 
 # Quick profile (about 10 minutes on 2 cores): refreshes docs/benchmarks.md and its charts.
 bench: install

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Literal, Protocol, TypeVar
 
 SECTION = "async_local_executor"
 
@@ -31,33 +31,47 @@ class ConfSource(Protocol):
 
 @dataclass(frozen=True)
 class OptionDoc:
+    """One option, described once: the provider info, ``airflow config list`` and the reference derive from it."""
+
     name: str
+    type: Literal["string", "integer", "float", "boolean"]
     default: str
+    example: str
     description: str
+    version_added: str = "0.1.0"
 
 
 OPTIONS: tuple[OptionDoc, ...] = (
     OptionDoc(
         "shutdown_timeout",
+        "float",
         "60",
+        "120",
         "Seconds end() (scheduler shutdown on SIGTERM/SIGINT) waits for running workloads to finish "
         "before terminating them.",
     ),
     OptionDoc(
         "termination_grace_period",
+        "float",
         "10",
+        "30",
         "Seconds between SIGTERM and SIGKILL when a workload's process group is terminated.",
     ),
-    OptionDoc("event_loop", "auto", "auto (uvloop when installed), asyncio or uvloop."),
+    OptionDoc("event_loop", "string", "auto", "uvloop", "auto (uvloop when installed), asyncio or uvloop."),
     OptionDoc(
         "launcher",
+        "string",
         "forkserver",
+        "subprocess",
         "How a workload becomes a process: forkserver (a helper that imported Airflow once forks each "
-        "workload) or subprocess (a fresh interpreter per workload).",
+        "workload: milliseconds per launch) or subprocess (a fresh interpreter per workload: about 1.5 "
+        "to 2 s of CPU per launch).",
     ),
     OptionDoc(
         "forkserver_idle_timeout",
+        "float",
         "0",
+        "300",
         "0: the fork server starts with the executor and stays. A number of seconds: it starts with "
         "the first workload and exits after that long with no workload running, giving back its "
         "memory (about 125 MB) on an idle host; the next workload then waits for a new one to start "
@@ -65,28 +79,38 @@ OPTIONS: tuple[OptionDoc, ...] = (
     ),
     OptionDoc(
         "task_timeout",
+        "float",
         "0",
+        "3600",
         "Seconds a task's process may run before the executor terminates it (SIGTERM, then SIGKILL "
-        "after termination_grace_period), as a backstop for execution_timeout. 0: no limit. A task "
-        'overrides it with executor_config={"async_local_executor": {"task_timeout": SECONDS}}.',
+        "after termination_grace_period), as a backstop for execution_timeout (which the task enforces "
+        "itself, and cannot when it hangs in C code or ignores signals). 0: no limit. A task overrides "
+        'it with executor_config={"async_local_executor": {"task_timeout": SECONDS}}; an invalid value '
+        "fails that task, unlaunched, with the reason.",
     ),
     OptionDoc(
         "queue_limits",
+        "string",
         "",
-        "Per-queue limits on running tasks, e.g. reports:4,default:28 (a task's queue is its operator's "
-        "queue argument). A task held back by its queue's limit does not hold one of parallelism's "
-        "slots. Queues not listed are limited by parallelism alone.",
+        "reports:4,default:28",
+        "Per-queue limits on running tasks, as queue:N pairs (a task's queue is its operator's queue "
+        "argument). A task held back by its queue's limit does not hold one of parallelism's slots. "
+        "Queues not listed are limited by parallelism alone.",
     ),
     OptionDoc(
         "min_available_memory_mb",
+        "float",
         "256",
+        "1024",
         "While the host's available memory (MemAvailable) is below this many MB, workloads wait to "
-        "launch (they do not fail), with a warning in the scheduler log when that starts and ends. "
-        "0 turns the guard off.",
+        "launch (they do not fail), with one warning in the scheduler log when that starts and one "
+        "when it ends. 0 turns the guard off.",
     ),
     OptionDoc(
         "prefetch_multiplier",
+        "float",
         "1",
+        "0.5",
         "Workloads the executor accepts beyond parallelism, as a multiple of parallelism. They wait "
         "in the executor (state queued) and start the moment a slot frees, instead of one scheduler "
         "loop later; the number of running workloads never exceeds parallelism. 0 accepts only as "
@@ -96,29 +120,38 @@ OPTIONS: tuple[OptionDoc, ...] = (
     ),
     OptionDoc(
         "health_loop_lag_limit",
+        "float",
         "1",
+        "2",
         "get_health() reports unhealthy while the event loop has woken more than this many seconds "
         "late in the last 10 s (a late loop delays every launch and every exit it reports).",
     ),
     OptionDoc(
         "health_wait_limit",
+        "float",
         "600",
+        "1800",
         "get_health() reports unhealthy while a workload has waited longer than this many seconds "
         "for a slot, a queue limit or memory.",
     ),
     OptionDoc(
         "state_dir",
+        "string",
         "",
-        "Where each executor keeps its journal of running launches (pid, process start time, task), "
-        "0600 in a 0700 directory. A scheduler that starts kills what a crashed one left running, "
-        "found through these journals, before it launches anything. Empty: "
+        "/var/lib/airflow/async_local_executor",
+        "Where each executor keeps its journal of running launches (pid, process start time, task) "
+        "and its status file, 0600 in a 0700 directory. A scheduler that starts kills what a crashed "
+        "one left running, found through these journals, before it launches anything. Empty: "
         "{AIRFLOW_HOME}/async_local_executor.",
     ),
     OptionDoc(
         "preload_modules",
+        "string",
         "",
+        "pandas,numpy",
         "Comma-separated modules the fork server imports before forking, such as heavy libraries "
-        "your DAGs use, so every task shares them instead of importing them again.",
+        "your DAGs use, so every task shares them instead of importing them again. A module that "
+        "fails to import is logged and skipped.",
     ),
 )
 _DEFAULTS = {option.name: option.default for option in OPTIONS}

@@ -9,7 +9,7 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -445,44 +445,10 @@ class AsyncLocalExecutor(BaseExecutor):
 
     @staticmethod
     def get_cli_commands() -> list[GroupCommand]:
-        """``airflow async-local-executor status``, where Airflow loads executors' CLI commands."""
-        from airflow.cli.cli_config import ActionCommand, Arg, GroupCommand
+        """``airflow async-local-executor status`` (Airflow also finds it through the provider info)."""
+        from async_local_executor.provider import get_cli_commands
 
-        def run_status(args: Any) -> None:
-            from async_local_executor import cli
-
-            code = cli.status(args)
-            if code:
-                raise SystemExit(code)
-
-        arg = cast("Callable[..., Any]", Arg)  # Airflow's Arg is untyped
-        status_args = (
-            arg(("--json",), help="print the status files as one JSON list", action="store_true"),
-            arg(("--watch",), help="redraw every SECONDS until interrupted", type=float, metavar="SECONDS"),
-            arg(
-                ("--check",), help="exit 0 only if every executor is current and healthy", action="store_true"
-            ),
-            arg(
-                ("--state-dir",),
-                help="default: [async_local_executor] state_dir",
-                type=Path,
-                dest="state_dir",
-            ),
-        )
-        return [
-            GroupCommand(
-                name="async-local-executor",
-                help="Inspect AsyncLocalExecutor",
-                subcommands=(
-                    ActionCommand(
-                        name="status",
-                        help="Show what each AsyncLocalExecutor on this host is doing",
-                        func=run_status,
-                        args=status_args,
-                    ),
-                ),
-            )
-        ]
+        return get_cli_commands()
 
     def revoke_task(self, *, ti: TaskInstance) -> None:
         """Forget ``ti``'s workload and stop its process if it has one; no event, as Airflow requires.
