@@ -586,6 +586,13 @@ class AirflowSandbox:
             raise SandboxError(f"{name} is still running (pid {proc.pid})")
         self._spawn(name)
 
+    def reconfigure(self, values: Mapping[str, str]) -> None:
+        """Change configuration (``AIRFLOW__...`` variables) for the processes started from now on.
+
+        What editing airflow.cfg is to a deployment: running processes keep what they read.
+        """
+        self._env.update(values)
+
     def live_pids(self) -> list[int]:
         """Every live process this sandbox started, directly or not (task processes included)."""
         return _live_pids(self.marker, self._pgids)
