@@ -60,7 +60,7 @@ def test_switching_from_local_executor_leaves_nothing_stuck(sandbox: AirflowSand
     gate.unlink()
     caught = sandbox.trigger("switch")
 
-    def states() -> list[str | None]:
+    def states() -> list[str]:
         return sorted(str(r.state) for r in sandbox.task_instances("switch", caught))
 
     poll("two tasks running and two queued", lambda: states() == ["queued", "queued", "running", "running"])
