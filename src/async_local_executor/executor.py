@@ -16,13 +16,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from airflow.configuration import AIRFLOW_HOME
-from airflow.executors.base_executor import BaseExecutor, get_execution_api_server_url
-from airflow.models.callback import CallbackKey
-from airflow.models.connection_test import ConnectionTestKey
+from airflow.executors.base_executor import BaseExecutor
 from airflow.models.taskinstancekey import TaskInstanceKey
 from airflow.utils.helpers import prune_dict
 
-from async_local_executor import child, registry, status, tasklog
+from async_local_executor import child, child_cli, registry, status, tasklog
+from async_local_executor.compat import (
+    AIRFLOW_V3,
+    CallbackKey,
+    ConnectionTestKey,
+    airflow2_log_path,
+    execution_api_url,
+    executor_conf,
+    stats,
+)
 from async_local_executor.config import EventLoop, ExecutorConfig, LauncherKind
 from async_local_executor.errors import RuntimeNotRunning
 from async_local_executor.health import Health, Probe, Report, Thresholds, Verdict, stale
@@ -33,11 +40,6 @@ from async_local_executor.prefetch import PrefetchBudget
 from async_local_executor.runtime import Runtime, uvloop_available
 from async_local_executor.supervisor import MB, Outcome, OutcomeKind, Supervisor
 from async_local_executor.termination import TerminationPolicy
-
-try:  # Airflow 3.3
-    from airflow._shared.observability.metrics import stats
-except ImportError:  # pragma: no cover - older Airflow
-    from airflow.stats import Stats as stats  # type: ignore[no-redef]
 
 if TYPE_CHECKING:
     from airflow.cli.cli_config import GroupCommand
@@ -117,6 +119,17 @@ def describe(key: object) -> str:
     return str(key)
 
 
+def _append_task_log(folder: str, relative: str | None, key: Any, message: str) -> None:
+    """Runs in a worker thread: on Airflow 2, finding the log file takes a database read."""
+    try:
+        relative = relative or airflow2_log_path(key)
+    except Exception:  # the scheduler log still has the reason
+        log.exception("cannot find the log file of %s", describe(key))
+        return
+    if relative:
+        tasklog.append_line(folder, relative, message, text=not AIRFLOW_V3)
+
+
 def _log_child_output(key: Hashable, line: str) -> None:
     child_log.info("[%s] %s", describe(key), line)
 
@@ -133,6 +146,7 @@ class AsyncLocalExecutor(BaseExecutor):
     supports_callbacks: bool = True
     supports_connection_test: bool = True
     supports_multi_team: bool = True
+    team_name: str | None = None  # Airflow 3 sets it per instance; Airflow 2 has no teams
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # The api-server builds executors too, only to read logs: nothing here may start a thread.
@@ -166,15 +180,16 @@ class AsyncLocalExecutor(BaseExecutor):
         super().trigger_tasks(open_slots + self._budget.allowed(time.time()))
 
     def start(self) -> None:
-        self._config = config = ExecutorConfig.from_conf(self.conf)
+        conf = executor_conf(self)
+        self._config = config = ExecutorConfig.from_conf(conf)
         self._budget = PrefetchBudget(
             parallelism=self.parallelism,
             maximum=config.prefetch(self.parallelism),
-            queued_timeout=float(self.conf.get("scheduler", "task_queued_timeout", fallback="600") or 600),
+            queued_timeout=float(conf.get("scheduler", "task_queued_timeout", fallback="600") or 600),
         )
         self._prefetch_logged = self._budget.maximum
-        self._task_log_folder = self.conf.get("logging", "base_log_folder", fallback="") or ""
-        self._server = get_execution_api_server_url(self.conf)
+        self._task_log_folder = conf.get("logging", "base_log_folder", fallback="") or ""
+        self._server = execution_api_url(conf)
         self._argv = self._child_argv()
         team = f" [{self.team_name}]" if self.team_name else ""
         self._title_prefix = f"airflow worker -- AsyncLocalExecutor{team}:"
@@ -200,7 +215,8 @@ class AsyncLocalExecutor(BaseExecutor):
             return Supervisor(
                 launcher,
                 listener,
-                limit=self.parallelism,
+                # Airflow 2's parallelism 0 means unlimited (the memory guard still applies).
+                limit=self.parallelism or None,
                 policy=policy,
                 group_limits=dict(config.queue_limits),
                 memory_floor=int(config.min_available_memory_mb * MB),
@@ -269,12 +285,13 @@ class AsyncLocalExecutor(BaseExecutor):
         return registry.LaunchJournal.open(directory, owner=f"scheduler pid {os.getpid()}{team}")
 
     def _child_argv(self) -> tuple[str, ...]:
-        """The command that runs one workload; it reads the workload from stdin."""
-        return (sys.executable, "-m", "async_local_executor.child", "--parent-pid", str(os.getpid()))
+        """The command that runs one workload; it reads the workload (or Airflow 2 command) from stdin."""
+        entry = child.__name__ if AIRFLOW_V3 else child_cli.__name__
+        return (sys.executable, "-m", entry, "--parent-pid", str(os.getpid()))
 
     def _fork_target(self) -> str:
         """What a fork-server child runs: ``module:function`` taking ``(argv, stdin_bytes)``."""
-        return "async_local_executor.child:forked_main"
+        return f"{child.__name__ if AIRFLOW_V3 else child_cli.__name__}:forked_main"
 
     def _process_workloads(self, workload_items: Sequence[ExecutorWorkload]) -> None:
         if self._runtime is None:
@@ -299,9 +316,9 @@ class AsyncLocalExecutor(BaseExecutor):
             try:
                 timeout = self._config.timeout_for(getattr(ti, "executor_config", None))
             except ValueError as exc:
-                reason = f"not launched: {exc}"
-                log.error("workload %s %s", label, reason)
-                self.change_state(key, workload.failure_state, info=reason)
+                self._not_launched(
+                    key, label, workload.failure_state, str(exc), getattr(workload, "log_path", None)
+                )
                 continue
             ticket = _Ticket(key, next(self._serials))
             self._states[key] = _States(
@@ -323,6 +340,64 @@ class AsyncLocalExecutor(BaseExecutor):
                 )
             )
         self._runtime.submit(requests)
+
+    # Airflow 2: the base class's trigger_tasks hands over `airflow tasks run ...` commands here.
+    def _process_tasks(self, task_tuples: Sequence[tuple[Any, list[str], str | None, Any]]) -> None:
+        requests = []
+        for key, command, queue, executor_config in task_tuples:
+            self.queued_tasks.pop(key, None)
+            if (request := self._command_request(key, command, queue, executor_config)) is not None:
+                requests.append(request)
+        self._submit(requests)
+
+    def execute_async(
+        self, key: Any, command: list[str], queue: str | None = None, executor_config: Any = None
+    ) -> None:
+        """Airflow 2's hand-over of one task; _process_tasks batches them, this serves direct callers."""
+        if (request := self._command_request(key, command, queue, executor_config)) is not None:
+            self._submit([request])
+
+    def _command_request(
+        self, key: Any, command: list[str], queue: str | None, executor_config: Any
+    ) -> LaunchRequest | None:
+        from airflow.utils.state import TaskInstanceState
+
+        self.running.add(key)
+        label = describe(key)
+        try:
+            if not isinstance(command, list) or command[:3] != ["airflow", "tasks", "run"]:
+                raise ValueError(f"not an `airflow tasks run` command: {command!r}")
+            timeout = self._config.timeout_for(executor_config)
+        except ValueError as exc:
+            self._not_launched(key, label, TaskInstanceState.FAILED, str(exc), None)
+            return None
+        ticket = _Ticket(key, next(self._serials))
+        self._states[key] = _States(
+            ticket, None, TaskInstanceState.SUCCESS, TaskInstanceState.FAILED, label, None, time.time()
+        )
+        payload = child_cli.encode_payload(command, f"{self._title_prefix} {label}")
+        return LaunchRequest(
+            key=ticket, argv=self._argv, stdin=payload, label=label, timeout=timeout, group=queue or "default"
+        )
+
+    def _submit(self, requests: list[LaunchRequest]) -> None:
+        if self._runtime is None:
+            raise RuntimeError("AsyncLocalExecutor.start() was not called")
+        if requests:
+            self._runtime.submit(requests)
+
+    def cleanup_stuck_queued_tasks(self, tis: list[TaskInstance]) -> list[str]:
+        """Airflow 2.10's hook for tasks stuck in queued (2.11 calls revoke_task instead).
+
+        Each is revoked (stopped if it started, forgotten either way) and failed for the scheduler
+        to retry or fail, as the deprecated contract says; returns a line per task for its warning.
+        """
+        readable = []
+        for ti in tis:
+            self.revoke_task(ti=ti)
+            self.fail(ti.key, info="stuck in queued")
+            readable.append(repr(ti))
+        return readable
 
     def sync(self) -> None:
         runtime = self._runtime
@@ -406,7 +481,10 @@ class AsyncLocalExecutor(BaseExecutor):
         return stale(report, self._thresholds, time.monotonic()) or cast("Report", report).health
 
     def _metric_name(self, name: str) -> str:
-        return self._get_metric_name(f"async_local_executor.{name}")
+        name = f"async_local_executor.{name}"
+        if not AIRFLOW_V3:
+            return name  # Airflow 2 has no per-team metric names
+        return str(self._get_metric_name(name))
 
     def _emit_report(self, report: Report) -> None:
         # On the loop thread, every probe: gauges are a UDP datagram each (StatsD) or an in-memory
@@ -477,15 +555,25 @@ class AsyncLocalExecutor(BaseExecutor):
         if outcome.kind is OutcomeKind.EXITED:
             reason = _EXIT_REASONS.get(outcome.returncode or 0, reason)
         if outcome.kind in (OutcomeKind.LAUNCH_FAILED, OutcomeKind.NOT_STARTED):
-            # It never ran, so nothing else will say why: the task's log, Airflow's audit log and one
-            # scheduler line do, and the task is failed as never launched, not as having run.
-            reason = f"not launched: {reason}"
+            self._not_launched(key, states.label, states.failure, reason, states.log_path)
+            return
+        self.log.error("workload %s failed: %s", states.label, reason)
+        self.change_state(key, states.failure, info=reason)
+
+    def _not_launched(
+        self, key: WorkloadKey, label: str, failure: WorkloadState, why: str, log_path: str | None
+    ) -> None:
+        # It never ran, so nothing else will say why: the task's log, Airflow's audit log and one
+        # scheduler line do, and the task is failed as never launched, not as having run.
+        reason = f"not launched: {why}"
+        if isinstance(key, TaskInstanceKey):
             self.log_task_event(event="executor launch failed", extra=reason, ti_key=key)
-            if states.log_path and self._task_log_folder:
+            if self._task_log_folder and (log_path or not AIRFLOW_V3):
                 write = functools.partial(
-                    tasklog.append_line,
+                    _append_task_log,
                     self._task_log_folder,
-                    states.log_path,
+                    log_path,
+                    key,
                     f"The executor could not run this task: {reason}",
                 )
                 runtime = self._runtime
@@ -493,8 +581,8 @@ class AsyncLocalExecutor(BaseExecutor):
                     runtime.run_blocking(write)  # file I/O: never on the scheduler's thread
                 else:
                     write()  # shutting down: end() already waits, and nothing else needs the thread
-        self.log.error("workload %s failed: %s", states.label, reason)
-        self.change_state(key, states.failure, info=reason)
+        self.log.error("workload %s failed: %s", label, reason)
+        self.change_state(key, failure, info=reason)
 
     def end(self) -> None:
         self._shutdown(wait=self._config.shutdown_timeout)

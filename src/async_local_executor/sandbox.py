@@ -296,6 +296,9 @@ class AirflowSandbox:
     :param progress: called with one line per startup/shutdown step; default prints to stderr.
     """
 
+    # The long-running processes a deployment of this Airflow consists of, started in this order.
+    process_names: tuple[str, ...] = PROCESS_NAMES
+
     def __init__(
         self,
         *,
@@ -371,7 +374,7 @@ class AirflowSandbox:
     @property
     def process_logs(self) -> dict[str, Path]:
         """stdout+stderr file of each long-running process, plus ``db-migrate``."""
-        return {name: self.proc_logs_dir / f"{name}.log" for name in ("db-migrate", *PROCESS_NAMES)}
+        return {name: self.proc_logs_dir / f"{name}.log" for name in ("db-migrate", *self.process_names)}
 
     @property
     def callback_dir(self) -> Path:
@@ -488,10 +491,10 @@ class AirflowSandbox:
                     self._postgres.create()
             with self._step("airflow db migrate"):
                 self._migrate()
-            for name in PROCESS_NAMES:
+            for name in self.process_names:
                 with self._step(f"starting {name}"):
                     self._spawn(name)
-            with self._step("waiting for api-server, scheduler and dag-processor health"):
+            with self._step(f"waiting for {', '.join(self.process_names)} to be healthy"):
                 self.wait_healthy(self.startup_timeout)
         except BaseException:
             self.stop(keep_home=True)

@@ -1,0 +1,85 @@
+"""What differs between the Airflow majors the adapter runs on (3.3, and 2.10/2.11).
+
+Airflow 3 hands an executor workloads (``_process_workloads``) that run through the task SDK; Airflow 2
+hands it ``airflow tasks run ...`` command lists (``execute_async``). Everything version-specific the
+adapter needs is named here once, so executor.py reads the same on both.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from airflow import __version__ as AIRFLOW_VERSION
+
+AIRFLOW_V3 = int(AIRFLOW_VERSION.split(".", 1)[0]) >= 3
+
+if TYPE_CHECKING:
+    from async_local_executor.config import ConfSource
+
+if AIRFLOW_V3:
+    from airflow._shared.observability.metrics import stats
+    from airflow.models.callback import CallbackKey
+    from airflow.models.connection_test import ConnectionTestKey
+else:
+    from airflow.stats import Stats as stats  # type: ignore[no-redef]
+
+    class CallbackKey:  # type: ignore[no-redef]
+        """Airflow 2 has no callback workloads: no key is ever one of these."""
+
+        id: str
+
+    class ConnectionTestKey:  # type: ignore[no-redef]
+        """Airflow 2 has no connection-test workloads: no key is ever one of these."""
+
+        id: str
+
+
+__all__ = [
+    "AIRFLOW_V3",
+    "AIRFLOW_VERSION",
+    "CallbackKey",
+    "ConnectionTestKey",
+    "airflow2_log_path",
+    "execution_api_url",
+    "executor_conf",
+    "stats",
+]
+
+
+def executor_conf(executor: object) -> ConfSource:
+    """The executor's configuration: its team-aware ``conf`` on Airflow 3, the global one on Airflow 2."""
+    own = getattr(executor, "conf", None)
+    if own is not None:
+        return own  # type: ignore[no-any-return]
+    from airflow.configuration import conf
+
+    return conf
+
+
+def execution_api_url(conf: Any) -> str:
+    """Where Airflow 3 task processes reach the API; Airflow 2 tasks use the database instead."""
+    if not AIRFLOW_V3:
+        return ""
+    from airflow.executors.base_executor import get_execution_api_server_url
+
+    return str(get_execution_api_server_url(conf))
+
+
+def airflow2_log_path(key: Any) -> str | None:
+    """Airflow 2: a task try's log file under ``[logging] base_log_folder``, rendered as Airflow does.
+
+    Reads the run's log template from the database, so it runs off the scheduler's thread.
+    """
+    from airflow.utils.log.file_task_handler import FileTaskHandler
+    from airflow.utils.session import create_session
+
+    render = getattr(FileTaskHandler, "_render_filename_db_access")  # noqa: B009 - Airflow 2 only
+    with create_session() as session:
+        _, _, str_tpl, filename = render(ti=key, try_number=key.try_number, session=session)
+    if filename:
+        return str(filename)
+    if str_tpl:  # a template of the oldest kind, with {placeholders}: only the key's fields fit here
+        return str(str_tpl).format(
+            dag_id=key.dag_id, task_id=key.task_id, run_id=key.run_id, try_number=key.try_number
+        )
+    return None

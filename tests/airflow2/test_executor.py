@@ -1,0 +1,192 @@
+"""The executor on Airflow 2, driven as the 2.x scheduler drives it: commands in, states out.
+
+The stub child stands in for `airflow tasks run` (which needs the task's rows in a metadata database;
+tests/airflow2/test_end_to_end.py runs the real one). Everything else is real: the executor, its loop
+thread, both launch paths and the child processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from airflow.models.taskinstancekey import TaskInstanceKey
+from airflow.utils.state import TaskInstanceState
+
+from tests.adapter.driver import RecordingExecutor, Scheduler
+
+STUB = str(Path(__file__).with_name("stub_child.py"))
+
+
+class Airflow2Executor(RecordingExecutor):
+    argv = (RecordingExecutor.argv[0], STUB)
+
+    def _fork_target(self) -> str:
+        return "tests.airflow2.stub_child:forked"
+
+
+class TI:
+    """What the 2.x executor reads of a TaskInstance: its key and executor_config (a row needs a DB)."""
+
+    def __init__(self, key: TaskInstanceKey, executor_config: Any = None) -> None:
+        self.key = key
+        self.executor_config = executor_config
+
+    def __repr__(self) -> str:
+        return f"<TaskInstance: {self.key.dag_id}.{self.key.task_id} {self.key.run_id}>"
+
+
+def key(task_id: str) -> TaskInstanceKey:
+    return TaskInstanceKey("adapter_dag", task_id, "manual__1", 1, -1)
+
+
+def command(task_id: str) -> list[str]:
+    return ["airflow", "tasks", "run", "adapter_dag", task_id, "manual__1", "--local", "--subdir", "DAGS"]
+
+
+def queue_command(executor: Airflow2Executor, ti: TI, cmd: list[str]) -> None:
+    # Airflow 2's hand-over; mypy reads Airflow 3, where it does not exist.
+    getattr(executor, "queue_command")(ti, cmd, priority=1, queue="default")  # noqa: B009
+
+
+def queue(executor: Airflow2Executor, task_id: str, executor_config: Any = None) -> TI:
+    ti = TI(key(task_id), executor_config)
+    queue_command(executor, ti, command(task_id))
+    return ti
+
+
+@pytest.fixture
+def executor(request: pytest.FixtureRequest) -> Iterator[Airflow2Executor]:
+    marker = request.node.get_closest_marker("parallelism")
+    executor = Airflow2Executor(parallelism=marker.args[0] if marker else 4)
+    executor.start()
+    yield executor
+    executor.end()
+
+
+def started(gate: Path) -> list[int]:
+    return [int(p.name.split(".")[-2]) for p in gate.parent.glob(f"{gate.name}.*.started")]
+
+
+def test_commands_run_and_each_gets_one_final_state(executor: Airflow2Executor) -> None:
+    for name in ("ok", "crash", "killed"):
+        queue(executor, name)
+    scheduler = Scheduler(executor)
+    scheduler.run_until(lambda: len(scheduler.events) == 3)
+    assert scheduler.events[key("ok")] == (TaskInstanceState.SUCCESS, None)
+    state, info = scheduler.events[key("crash")]
+    assert state == TaskInstanceState.FAILED
+    assert "workload process crashed" in info
+    state, info = scheduler.events[key("killed")]
+    assert state == TaskInstanceState.FAILED
+    assert "SIGKILL" in info
+    assert executor.running == set()
+    assert [k for k, *_ in executor.changes].count(key("ok")) == 1
+
+
+@pytest.mark.parallelism(2)
+def test_parallelism_bounds_what_runs(executor: Airflow2Executor, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    gate.touch()
+    # Four tasks behind one gate: distinct keys (run ids), same behaviour.
+    for i in range(4):
+        ti = TI(TaskInstanceKey("adapter_dag", f"hold:{gate}", f"run_{i}", 1, -1))
+        queue_command(executor, ti, command(f"hold:{gate}"))
+    scheduler = Scheduler(executor)
+
+    def state() -> Any:
+        report = executor._runtime.report if executor._runtime else None
+        return None if report is None else report.state
+
+    scheduler.run_until(lambda: (s := state()) is not None and len(s.running) == 2 and s.waiting == 2)
+    assert len(started(gate)) <= 2
+    gate.unlink()
+    scheduler.run_until(lambda: len(scheduler.events) == 4)
+    assert {s for s, _ in scheduler.events.values()} == {TaskInstanceState.SUCCESS}
+
+
+@pytest.mark.parallelism(0)
+def test_parallelism_zero_means_unlimited(executor: Airflow2Executor, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    gate.touch()
+    many = 12
+    for i in range(many):
+        ti = TI(TaskInstanceKey("adapter_dag", f"hold:{gate}", f"run_{i}", 1, -1))
+        queue_command(executor, ti, command(f"hold:{gate}"))
+    assert executor.slots_available > many
+    scheduler = Scheduler(executor)
+    scheduler.run_until(lambda: len(started(gate)) == many)
+    gate.unlink()
+    scheduler.run_until(lambda: len(scheduler.events) == many)
+    assert {s for s, _ in scheduler.events.values()} == {TaskInstanceState.SUCCESS}
+
+
+def test_bad_input_fails_unlaunched_and_says_why(executor: Airflow2Executor) -> None:
+    wrong = TI(key("not_a_task_run"))
+    queue_command(executor, wrong, ["airflow", "dags", "list"])
+    queue(executor, "bad_timeout", executor_config={"async_local_executor": {"task_timeout": "soon"}})
+    queue(executor, "ok")
+    scheduler = Scheduler(executor)
+    scheduler.run_until(lambda: len(scheduler.events) == 3)
+    state, info = scheduler.events[key("not_a_task_run")]
+    assert state == TaskInstanceState.FAILED
+    assert info.startswith("not launched: not an `airflow tasks run` command")
+    state, info = scheduler.events[key("bad_timeout")]
+    assert state == TaskInstanceState.FAILED
+    assert info.startswith('not launched: executor_config["async_local_executor"]["task_timeout"]')
+    assert scheduler.events[key("ok")] == (TaskInstanceState.SUCCESS, None)
+    assert executor.running == set()
+
+
+def test_execute_async_called_directly_runs_the_command(executor: Airflow2Executor) -> None:
+    executor.execute_async(key=key("ok"), command=command("ok"))
+    scheduler = Scheduler(executor)
+    scheduler.run_until(lambda: key("ok") in scheduler.events)
+    assert scheduler.events[key("ok")] == (TaskInstanceState.SUCCESS, None)
+
+
+def _held(executor: Airflow2Executor, gate: Path, scheduler: Scheduler) -> tuple[TI, int]:
+    gate.touch()
+    ti = queue(executor, f"hold:{gate}")
+    scheduler.run_until(lambda: len(started(gate)) == 1)
+    [pid] = started(gate)
+    return ti, pid
+
+
+def test_revoke_task_stops_the_process_without_an_event(executor: Airflow2Executor, tmp_path: Path) -> None:
+    scheduler = Scheduler(executor)
+    ti, pid = _held(executor, tmp_path / "gate", scheduler)
+    executor.revoke_task(ti=ti)  # type: ignore[arg-type]
+    scheduler.run_until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie")
+    # A later task runs: the revoked one's exit is drained and produces nothing.
+    queue(executor, "ok")
+    scheduler.run_until(lambda: key("ok") in scheduler.events)
+    assert ti.key not in scheduler.events
+    assert executor.running == set()
+    # Revoked before it was handed to the loop: just forgotten.
+    waiting = queue(executor, "never")
+    executor.revoke_task(ti=waiting)  # type: ignore[arg-type]
+    assert waiting.key not in executor.queued_tasks
+
+
+def test_cleanup_stuck_queued_tasks_stops_and_fails_them(executor: Airflow2Executor, tmp_path: Path) -> None:
+    scheduler = Scheduler(executor)
+    ti, pid = _held(executor, tmp_path / "gate", scheduler)
+    readable = executor.cleanup_stuck_queued_tasks([ti])  # type: ignore[list-item]
+    assert readable == [repr(ti)]
+    scheduler.run_until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie")
+    queue(executor, "ok")
+    scheduler.run_until(lambda: key("ok") in scheduler.events)
+    assert scheduler.events[ti.key] == (TaskInstanceState.FAILED, "stuck in queued")
+    assert [k for k, *_ in executor.changes].count(ti.key) == 1
+    assert executor.running == set()
+
+
+def test_nothing_is_left_running_after_end(executor: Airflow2Executor, tmp_path: Path) -> None:
+    scheduler = Scheduler(executor)
+    _, pid = _held(executor, tmp_path / "gate", scheduler)
+    executor.terminate()
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
