@@ -39,6 +39,7 @@ __all__ = [
     "AIRFLOW_VERSION",
     "CallbackKey",
     "ConnectionTestKey",
+    "airflow2_audit",
     "airflow2_log_path",
     "execution_api_url",
     "executor_conf",
@@ -83,3 +84,17 @@ def airflow2_log_path(key: Any) -> str | None:
             dag_id=key.dag_id, task_id=key.task_id, run_id=key.run_id, try_number=key.try_number
         )
     return None
+
+
+def airflow2_audit(key: Any, event: str, extra: str) -> None:
+    """Airflow 2: write an audit-log record for a task try ourselves.
+
+    Airflow 2.11.2 saves executors' records (``log_task_event``) with ``bulk_save_objects`` over a
+    generator, which SQLAlchemy 1.4 silently drops: none reaches the table. A database write, so it
+    runs off the scheduler's thread.
+    """
+    from airflow.models.log import Log
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        session.add(Log(event=event, task_instance=key, extra=extra))

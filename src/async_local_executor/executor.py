@@ -25,6 +25,7 @@ from async_local_executor.compat import (
     AIRFLOW_V3,
     CallbackKey,
     ConnectionTestKey,
+    airflow2_audit,
     airflow2_log_path,
     execution_api_url,
     executor_conf,
@@ -119,14 +120,19 @@ def describe(key: object) -> str:
     return str(key)
 
 
-def _append_task_log(folder: str, relative: str | None, key: Any, message: str) -> None:
-    """Runs in a worker thread: on Airflow 2, finding the log file takes a database read."""
-    try:
-        relative = relative or airflow2_log_path(key)
-    except Exception:  # the scheduler log still has the reason
-        log.exception("cannot find the log file of %s", describe(key))
-        return
+def _tell_the_task(folder: str, relative: str | None, key: Any, reason: str) -> None:
+    """Runs in a worker thread: on Airflow 2 this reads and writes the database."""
+    if not AIRFLOW_V3:
+        try:
+            airflow2_audit(key, "executor launch failed", reason)
+        except Exception:  # the scheduler log still has the reason
+            log.exception("cannot record the launch failure of %s in the audit log", describe(key))
+        try:
+            relative = airflow2_log_path(key)
+        except Exception:
+            log.exception("cannot find the log file of %s", describe(key))
     if relative:
+        message = f"The executor could not run this task: {reason}"
         tasklog.append_line(folder, relative, message, text=not AIRFLOW_V3)
 
 
@@ -567,14 +573,15 @@ class AsyncLocalExecutor(BaseExecutor):
         # scheduler line do, and the task is failed as never launched, not as having run.
         reason = f"not launched: {why}"
         if isinstance(key, TaskInstanceKey):
-            self.log_task_event(event="executor launch failed", extra=reason, ti_key=key)
+            if AIRFLOW_V3:
+                self.log_task_event(event="executor launch failed", extra=reason, ti_key=key)
             if self._task_log_folder and (log_path or not AIRFLOW_V3):
                 write = functools.partial(
-                    _append_task_log,
+                    _tell_the_task,
                     self._task_log_folder,
                     log_path,
                     key,
-                    f"The executor could not run this task: {reason}",
+                    reason,
                 )
                 runtime = self._runtime
                 if runtime is not None and runtime.alive:

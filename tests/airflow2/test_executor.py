@@ -21,6 +21,13 @@ from tests.adapter.driver import RecordingExecutor, Scheduler
 STUB = str(Path(__file__).with_name("stub_child.py"))
 
 
+@pytest.fixture(autouse=True, params=["forkserver", "subprocess"])
+def launcher(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test here runs on both launch paths."""
+    monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__LAUNCHER", str(request.param))
+    return str(request.param)
+
+
 class Airflow2Executor(RecordingExecutor):
     argv = (RecordingExecutor.argv[0], STUB)
 
