@@ -285,6 +285,10 @@ class AirflowSandbox:
     :param dags_folder: folder with DAG files; defaults to the package's ``example_dags``.
     :param parallelism: ``[core] parallelism`` and ``[core] max_active_tasks_per_dag``.
     :param extra_config: environment variables applied last (may override anything).
+    :param extra_processes: more long-running Airflow processes, name -> ``airflow`` CLI arguments
+        (e.g. ``{"celery-worker": ("celery", "worker")}``): same environment, own process group and
+        log file under ``proc_logs_dir``, started after the three above and stopped before the
+        api-server by ``stop()``.
     :param home: ``AIRFLOW_HOME``; default a fresh temporary directory.
     :param python: python executable of the virtualenv that runs Airflow; its directory must
         hold the ``airflow`` script. Defaults to ``sys.executable``.
@@ -307,6 +311,7 @@ class AirflowSandbox:
         dags_folder: str | os.PathLike[str] = DEFAULT_DAGS_FOLDER,
         parallelism: int = 8,
         extra_config: Mapping[str, str] | None = None,
+        extra_processes: Mapping[str, Sequence[str]] | None = None,
         home: str | os.PathLike[str] | None = None,
         python: str | os.PathLike[str] | None = None,
         keep_home: bool = False,
@@ -348,6 +353,10 @@ class AirflowSandbox:
             raise ValueError(f"unsupported database: {database!r}")
 
         self._extra_config = dict(extra_config or {})
+        self.extra_processes = {name: tuple(args) for name, args in (extra_processes or {}).items()}
+        for name in self.extra_processes:
+            if name in ("db-migrate", *PROCESS_NAMES) or not name or "/" in name:
+                raise ValueError(f"invalid extra process name: {name!r}")
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._log_handles: list[Any] = []
         self._pgids: set[int] = set()
@@ -374,7 +383,8 @@ class AirflowSandbox:
     @property
     def process_logs(self) -> dict[str, Path]:
         """stdout+stderr file of each long-running process, plus ``db-migrate``."""
-        return {name: self.proc_logs_dir / f"{name}.log" for name in ("db-migrate", *self.process_names)}
+        names = ("db-migrate", *self.process_names, *self.extra_processes)
+        return {name: self.proc_logs_dir / f"{name}.log" for name in names}
 
     @property
     def callback_dir(self) -> Path:
@@ -491,7 +501,7 @@ class AirflowSandbox:
                     self._postgres.create()
             with self._step("airflow db migrate"):
                 self._migrate()
-            for name in self.process_names:
+            for name in (*self.process_names, *self.extra_processes):
                 with self._step(f"starting {name}"):
                     self._spawn(name)
             with self._step(f"waiting for {', '.join(self.process_names)} to be healthy"):
@@ -548,7 +558,7 @@ class AirflowSandbox:
         handle = log_path.open("ab")
         self._log_handles.append(handle)
         proc = subprocess.Popen(
-            self._airflow_argv([name]),
+            self._airflow_argv(self.extra_processes.get(name, (name,))),
             env=self._env,
             cwd=self.home,
             stdin=subprocess.DEVNULL,
@@ -647,8 +657,10 @@ class AirflowSandbox:
         # One at a time, scheduler first: its executor waits for running tasks on shutdown, and those
         # still need the api-server to report their final state. Stopping everything at once made
         # tasks retry against a dead api-server until the scheduler was SIGKILLed.
-        order: list[str] = [n for n in ("scheduler", "dag-processor", "api-server") if n in self._procs]
-        order += [name for name in self._procs if name not in order]
+        # Extra processes (a Celery worker) go before the api-server for the same reason.
+        order: list[str] = [n for n in ("scheduler", "dag-processor") if n in self._procs]
+        order += [name for name in self._procs if name not in (*order, "api-server")]
+        order += [n for n in ("api-server",) if n in self._procs]
         procs = [(name, self._procs[name]) for name in order]
         for name, proc in procs:
             if proc.poll() is None:
