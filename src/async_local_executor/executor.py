@@ -515,6 +515,6 @@ class AsyncLocalExecutor(BaseExecutor):
         writer, self._status = self._status, None
         if writer is not None:
             writer.remove()
-        if journal is not None and not runtime.alive:
+        if journal is not None and not runtime.alive and runtime.failure is None:
             # Every workload has its final event and its process is gone: nothing left to reclaim.
             journal.close()

@@ -404,7 +404,10 @@ def test_a_key_queued_again_after_revoke_gets_its_own_outcome(
     ]
 
 
-def test_a_dead_loop_thread_stops_the_scheduler_loudly(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_dead_loop_thread_stops_the_scheduler_loudly(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__STATE_DIR", str(tmp_path))
     ex = RecordingExecutor(parallelism=2)
     ex.start()
     runtime = ex._runtime
@@ -422,6 +425,8 @@ def test_a_dead_loop_thread_stops_the_scheduler_loudly(caplog: pytest.LogCapture
         Scheduler(ex).loop_once()
     assert "event loop thread is dead" in caplog.text
     ex.end()  # still returns: nothing left to wait for
+    # What the dead loop launched may still run: the next scheduler reclaims it through the journal.
+    assert list(tmp_path.glob(f"*{registry.SUFFIX}"))
 
 
 def test_task_timeout_from_executor_config_fails_the_task_with_the_reason(
