@@ -162,6 +162,13 @@ class AsyncLocalExecutor(BaseExecutor):
     def slots_available(self) -> int:
         return int(super().slots_available) + self._budget.allowed(time.time())
 
+    # The scheduler itself queues no more than [core] parallelism minus what every executor holds
+    # (slots_occupied). Prefetched workloads wait for one of our slots and hold none of parallelism's,
+    # so up to the prefetch they are not counted; counted, the prefetch could never fill.
+    @property
+    def slots_occupied(self) -> int:
+        return max(0, int(super().slots_occupied) - self._budget.allowed(time.time()))
+
     def trigger_tasks(self, open_slots: int) -> None:
         super().trigger_tasks(open_slots + self._budget.allowed(time.time()))
 
