@@ -163,8 +163,8 @@ def _float(conf: ConfSource, name: str) -> float:
         value = float(raw)
     except ValueError:
         raise ValueError(f"[{SECTION}] {name} must be a number, got {raw!r}") from None
-    if value < 0:
-        raise ValueError(f"[{SECTION}] {name} must be >= 0, got {raw!r}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"[{SECTION}] {name} must be a finite number >= 0, got {raw!r}")
     return value
 
 

@@ -182,6 +182,13 @@ class AsyncLocalExecutor(BaseExecutor):
     def slots_available(self) -> int:
         return int(super().slots_available) + self._budget.allowed(time.time())
 
+    # The scheduler itself queues no more than [core] parallelism minus what every executor holds
+    # (slots_occupied). Prefetched workloads wait for one of our slots and hold none of parallelism's,
+    # so up to the prefetch they are not counted; counted, the prefetch could never fill.
+    @property
+    def slots_occupied(self) -> int:
+        return max(0, int(super().slots_occupied) - self._budget.allowed(time.time()))
+
     def trigger_tasks(self, open_slots: int) -> None:
         super().trigger_tasks(open_slots + self._budget.allowed(time.time()))
 
@@ -610,6 +617,6 @@ class AsyncLocalExecutor(BaseExecutor):
         writer, self._status = self._status, None
         if writer is not None:
             writer.remove()
-        if journal is not None and not runtime.alive:
+        if journal is not None and not runtime.alive and runtime.failure is None:
             # Every workload has its final event and its process is gone: nothing left to reclaim.
             journal.close()

@@ -107,7 +107,7 @@ def configuration_reference() -> str:
         "",
         (
             f"Every option lives in the `[{SECTION}]` section of airflow.cfg, or in an environment variable "
-            f"`AIRFLOW__{SECTION.upper()}__<OPTION>`. `airflow config list --section {SECTION}` shows the "
+            f"`AIRFLOW__{SECTION.upper()}__<OPTION>`. `airflow config list --section {SECTION} --show-values` shows the "
             "values in force. An invalid value stops the executor at start with an error naming the option."
         ),
         "",

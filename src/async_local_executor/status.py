@@ -126,6 +126,14 @@ class Found:
         return self.stale is None and self.data.get("health", {}).get("status") == "healthy"
 
 
+def _running(pid: int) -> bool:
+    # A killed scheduler nobody has reaped yet is a zombie: it exists, and runs nothing.
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
+
+
 def read_all(directory: Path, now: float | None = None) -> list[Found]:
     """Every status file in ``directory``, each marked stale when its writer is gone or silent."""
     now = time.time() if now is None else now
@@ -138,7 +146,7 @@ def read_all(directory: Path, now: float | None = None) -> list[Found]:
         pid = int(data.get("pid", 0))
         age = now - float(data.get("written_at", 0))
         stale = None
-        gone = not pid or not psutil.pid_exists(pid)
+        gone = not pid or not _running(pid)
         if gone:
             stale = f"scheduler pid {pid} is not running"
         elif age > STALE_AFTER:

@@ -155,6 +155,28 @@ def test_5000_queued_at_parallelism_256_heartbeat_keeps_returning(tmp_path: Path
     assert len(scheduler.heartbeat_seconds) > 2
 
 
+def test_the_schedulers_own_cap_leaves_room_for_the_prefetch(tmp_path: Path) -> None:
+    # The scheduler queues at most [core] parallelism minus every executor's slots_occupied.
+    gate = tmp_path / "gate"
+    gate.touch()
+    ex = RecordingExecutor(parallelism=2)  # prefetch_multiplier 1: two more may wait here
+    ex.start()
+    try:
+        queue(ex, *[workloads.task(f"hold:{gate}", map_index=i) for i in range(2)])
+        scheduler = Scheduler(ex)
+        scheduler.run_until(lambda: holding(gate) == 2)
+        assert ex.parallelism - ex.slots_occupied == 2  # both slots taken; room for two prefetched
+        queue(ex, *[workloads.task(f"hold:{gate}", map_index=i) for i in range(2, 4)])
+        scheduler.loop_once()
+        assert len(ex.running) == 4
+        assert ex.parallelism - ex.slots_occupied == 0
+        assert holding(gate) == 2
+        gate.unlink()
+        scheduler.run_until(lambda: len(scheduler.events) == 4)
+    finally:
+        ex.end()
+
+
 def test_without_prefetch_the_executor_accepts_only_free_slots(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -404,7 +426,10 @@ def test_a_key_queued_again_after_revoke_gets_its_own_outcome(
     ]
 
 
-def test_a_dead_loop_thread_stops_the_scheduler_loudly(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_dead_loop_thread_stops_the_scheduler_loudly(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__STATE_DIR", str(tmp_path))
     ex = RecordingExecutor(parallelism=2)
     ex.start()
     runtime = ex._runtime
@@ -422,6 +447,8 @@ def test_a_dead_loop_thread_stops_the_scheduler_loudly(caplog: pytest.LogCapture
         Scheduler(ex).loop_once()
     assert "event loop thread is dead" in caplog.text
     ex.end()  # still returns: nothing left to wait for
+    # What the dead loop launched may still run: the next scheduler reclaims it through the journal.
+    assert list(tmp_path.glob(f"*{registry.SUFFIX}"))
 
 
 def test_task_timeout_from_executor_config_fails_the_task_with_the_reason(

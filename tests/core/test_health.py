@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import anyio
+import psutil
 import pytest
 
 from async_local_executor.health import Health, Probe, Report, Thresholds, Verdict, assess, stale
@@ -188,3 +189,23 @@ async def test_probe_writes_off_the_loop_and_a_failed_write_does_not_stop_it(tmp
                 await anyio.sleep(0.01)
         tg.cancel_scope.cancel()
     assert set(written) == {"off loop"}
+
+
+async def test_a_killed_scheduler_not_yet_reaped_is_not_running(tmp_path: Path) -> None:
+    zombie = subprocess.Popen(py("import time; time.sleep(60)"))  # noqa: ASYNC220 - a pid to leave unreaped
+    try:
+        zombie.kill()
+        # Killed, not reaped: the pid still exists, as a zombie, until its parent waits for it.
+        deadline = time.monotonic() + 10
+        while psutil.Process(zombie.pid).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, "the child did not become a zombie"
+            await anyio.sleep(0.01)
+        writer = StatusWriter(
+            status_path(tmp_path, "z"), {"instance": "z", "pid": zombie.pid, "parallelism": 1}
+        )
+        writer.write(Report(time.monotonic(), 0.0, 0.0, Health(Verdict.HEALTHY), quiet()))
+        [found] = read_all(tmp_path)
+        assert found.gone
+        assert found.stale == f"scheduler pid {zombie.pid} is not running"
+    finally:
+        zombie.wait()
