@@ -4,12 +4,17 @@ PYTHON ?= python3
 VENV ?= .venv
 LOCK ?= constraints/airflow-3.3.2-py3.11.txt
 BIN := $(VENV)/bin
+# The same package on Airflow 2.11, in a virtualenv of its own with its own lock file.
+VENV2 ?= .venv-airflow2
+LOCK2 ?= constraints/airflow-2.11.2-py3.11.txt
+BIN2 := $(VENV2)/bin
 PYTEST_ARGS ?=
 # Benchmarks: which executor variants to compare (each against stock) and where results go.
 BENCH_VARIANTS ?= stock,ours
 BENCH_ARGS ?=
 
-.PHONY: install test test-core lint demo docs lock clean bench bench-full bench-smoke
+.PHONY: install install-airflow2 test test-airflow3 test-airflow2 test-core lint demo docs lock lock-airflow2 \
+	clean bench bench-full bench-smoke bench-airflow2
 
 install: $(VENV)/.installed
 
@@ -19,8 +24,23 @@ $(VENV)/.installed: pyproject.toml $(LOCK)
 	$(BIN)/pip install --quiet --constraint $(LOCK) --editable '.[uvloop,test,bench]'
 	touch $@
 
-test: install
+install-airflow2: $(VENV2)/.installed
+
+$(VENV2)/.installed: pyproject.toml $(LOCK2)
+	$(PYTHON) -m venv $(VENV2)
+	$(BIN2)/pip install --quiet --upgrade pip
+	$(BIN2)/pip install --quiet --constraint $(LOCK2) --editable '.[uvloop,test,bench]'
+	touch $@
+
+# Everything: the suite on Airflow 3.3, then the Airflow 2.11 tests (end to end on PostgreSQL).
+test: test-airflow3 test-airflow2
+
+test-airflow3: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# tests/core is Airflow-free and already ran above; tests/airflow2 is what differs.
+test-airflow2: install-airflow2
+	$(BIN2)/python -m pytest tests/airflow2 $(PYTEST_ARGS)
 
 test-core: install
 	$(BIN)/python -m pytest tests/core tests/adapter $(PYTEST_ARGS)
@@ -46,6 +66,11 @@ bench-full: install
 	$(BIN)/python -m benchmarks --profile full --variants $(BENCH_VARIANTS) --out build/bench/full.jsonl \
 		--charts docs/benchmarks --markdown docs/benchmarks.md $(BENCH_ARGS)
 
+# The quick profile on Airflow 2.11 (PostgreSQL): stock 2.11 LocalExecutor against this executor.
+bench-airflow2: install-airflow2
+	$(BIN2)/python -m benchmarks --profile quick --variants $(BENCH_VARIANTS) --out build/bench/airflow2-quick.jsonl \
+		--charts docs/benchmarks-airflow2 --markdown docs/benchmarks-airflow2.md $(BENCH_ARGS)
+
 # A few tasks, one repetition: proves the harness works (tests/bench runs the same profile).
 bench-smoke: install
 	$(BIN)/python -m benchmarks --profile smoke --variants $(BENCH_VARIANTS) --out build/bench/smoke.jsonl \
@@ -61,5 +86,15 @@ lock:
 	  .lock-venv/bin/pip freeze | grep -v -i '^async.local.executor'; } > $(LOCK)
 	rm -rf .lock-venv
 
+lock-airflow2:
+	rm -rf .lock-venv
+	$(PYTHON) -m venv .lock-venv
+	.lock-venv/bin/pip install --quiet --upgrade pip
+	.lock-venv/bin/pip install --quiet 'apache-airflow==2.11.2' '.[uvloop,test,bench]'
+	{ echo '# The tested Airflow 2 set: apache-airflow 2.11.2 and everything it pulls in, plus the test and benchmark tools.'; \
+	  echo '# Regenerate with `make lock-airflow2` after changing a dependency.'; \
+	  .lock-venv/bin/pip freeze | grep -v -i '^async.local.executor'; } > $(LOCK2)
+	rm -rf .lock-venv
+
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) $(VENV2) build *.egg-info src/*.egg-info

@@ -13,6 +13,7 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from async_local_executor.sandbox import installed_airflow_major
 from benchmarks import harness, report
 from benchmarks.deployment import BASELINE, Variant, parse_variant
 from benchmarks.scenarios.base import Case
@@ -83,7 +84,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--repeat", type=int, help="repetitions per variant (default: smoke 1, quick 1, full 3)")
     p.add_argument(
-        "--database", default="sqlite", help="sqlite, postgres, or a SQLAlchemy URL of an empty DB"
+        "--database",
+        help="sqlite, postgres, or a SQLAlchemy URL of an empty DB (default: sqlite on Airflow 3, "
+        "postgres on Airflow 2, which refuses SQLite for parallel executors)",
     )
     p.add_argument(
         "--out", type=Path, help="JSON lines file to append to (default build/bench/<profile>.jsonl)"
@@ -140,7 +143,11 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"no such case(s) in this profile: {', '.join(sorted(unknown))}")
             cases = [case for case in cases if case.name in wanted]
         repeat = args.repeat or harness.DEFAULT_REPEAT[args.profile]
-        plan = harness.Plan(args.profile, cases, variants, repeat, args.database)
+        airflow2 = installed_airflow_major() < 3
+        database = args.database or ("postgres" if airflow2 else "sqlite")
+        if airflow2 and database == "sqlite":
+            raise SystemExit("Airflow 2 refuses SQLite for parallel executors: use --database postgres")
+        plan = harness.Plan(args.profile, cases, variants, repeat, database)
         display = LiveDisplay(console, len(plan.runs()))
         console.print(
             f"profile [b]{args.profile}[/b]: {len(cases)} case(s) x {repeat} repetition(s) x "

@@ -1,4 +1,4 @@
-"""Executor variants and one benchmark deployment: a fresh AirflowSandbox per run."""
+"""Executor variants and one benchmark deployment: a fresh sandbox per run, for the installed Airflow."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from async_local_executor.sandbox import AirflowSandbox
+from async_local_executor.sandbox import AirflowSandbox, installed_airflow_major
+from async_local_executor.sandbox_airflow2 import Airflow2Sandbox
 from benchmarks import timed_executor
 from benchmarks.probes import HeartbeatLog, own_cpu_seconds, tree_cpu_seconds
 
@@ -135,7 +136,9 @@ def deployment(
         **dict(dag_env),
         **dict(variant.env),
     }
-    sandbox = AirflowSandbox(
+    # Airflow 2 is a scheduler alone, on PostgreSQL (it refuses SQLite for a parallel executor).
+    kind = AirflowSandbox if installed_airflow_major() >= 3 else Airflow2Sandbox
+    sandbox = kind(
         executor=timed_executor.CLASS_PATH,
         database=database,
         dags_folder=DAGS_FOLDER,

@@ -8,8 +8,14 @@ from __future__ import annotations
 
 import os
 import time
+from datetime import datetime
 
-from airflow.sdk import dag, task
+try:
+    from airflow.sdk import dag, task
+except ImportError:  # Airflow 2
+    from airflow.decorators import dag, task  # type: ignore[no-redef,attr-defined,unused-ignore]
+
+START = datetime(2024, 1, 1)
 
 TASKS = int(os.environ.get("ALE_BENCH_TASKS", "200"))
 SLEEP = float(os.environ.get("ALE_BENCH_SLEEP", "20"))
@@ -17,7 +23,9 @@ SLEEP = float(os.environ.get("ALE_BENCH_SLEEP", "20"))
 SLEEP_SPREAD = float(os.environ.get("ALE_BENCH_SLEEP_SPREAD", "0"))
 
 
-@dag(dag_id="bench_noop", schedule=None, catchup=False, max_active_runs=1, tags=["benchmark"])
+@dag(
+    dag_id="bench_noop", schedule=None, start_date=START, catchup=False, max_active_runs=1, tags=["benchmark"]
+)
 def bench_noop() -> None:
     @task(do_xcom_push=False)
     def noop(i: int) -> None:
@@ -26,7 +34,14 @@ def bench_noop() -> None:
     noop.expand(i=list(range(TASKS)))
 
 
-@dag(dag_id="bench_sleep", schedule=None, catchup=False, max_active_runs=1, tags=["benchmark"])
+@dag(
+    dag_id="bench_sleep",
+    schedule=None,
+    start_date=START,
+    catchup=False,
+    max_active_runs=1,
+    tags=["benchmark"],
+)
 def bench_sleep() -> None:
     @task(do_xcom_push=False)
     def sleep(i: int) -> None:

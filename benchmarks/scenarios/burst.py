@@ -81,17 +81,6 @@ def _succeeded(sb: AirflowSandbox, run_id: str) -> list[int]:
     return [int(str(r[0])) for r in rows]
 
 
-def _clear(sb: AirflowSandbox, run_id: str, map_indexes: list[int]) -> None:
-    body = {
-        "dry_run": False,
-        "dag_run_id": run_id,
-        "only_failed": False,
-        "reset_dag_runs": True,
-        "task_ids": [["sleep", i] for i in map_indexes],
-    }
-    sb.api("POST", f"dags/{DAG_ID}/clearTaskInstances", body)
-
-
 def _count_in_task_logs(sb: AirflowSandbox, needle: str) -> int:
     count = 0
     for path in (sb.logs_dir / f"dag_id={DAG_ID}").rglob("*.log"):
@@ -132,7 +121,7 @@ def run(size: Size, ctx: RunContext) -> Outcome:
                 problem = is_stalled()
                 done = _succeeded(sb, run_id)
                 if len(done) >= size.batch:
-                    _clear(sb, run_id, done)
+                    sb.clear(DAG_ID, run_id, "sleep", done)
                     clears += 1
                     if ctx.progress is not None:
                         ctx.progress(

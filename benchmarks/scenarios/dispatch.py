@@ -23,6 +23,7 @@ from pathlib import Path
 
 import psutil
 
+from async_local_executor.sandbox import installed_airflow_major
 from benchmarks.deployment import REPO_ROOT, executor_info
 from benchmarks.scenarios.base import Case, Outcome, RunContext
 from benchmarks.stats import percentile
@@ -59,12 +60,12 @@ def cases(profile: str) -> list[Case]:
 
 
 @contextlib.contextmanager
-def _silent_api() -> Iterator[str]:
-    """An address that accepts TCP connections and never answers: every workload blocks on it."""
+def _silent_port() -> Iterator[int]:
+    """A port that accepts TCP connections and never answers: every workload blocks on it."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         sock.listen(4096)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/execution/"
+        yield int(sock.getsockname()[1])
 
 
 def _kill_marked(marker: str) -> None:
@@ -80,7 +81,7 @@ def run(size: Size, ctx: RunContext) -> Outcome:
     marker = uuid.uuid4().hex
     with (
         tempfile.TemporaryDirectory(prefix=f"ale-bench-dispatch-{variant.label}-") as tmp,
-        _silent_api() as api,
+        _silent_port() as port,
     ):
         out = Path(tmp) / "heartbeats.txt"
         env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
@@ -90,13 +91,16 @@ def run(size: Size, ctx: RunContext) -> Outcome:
                 "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")])),
                 "AIRFLOW_HOME": tmp,
                 "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-                "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": api,
+                "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
                 # One attempt and a timeout past the window: a started workload blocks for the whole run.
                 "AIRFLOW__WORKERS__EXECUTION_API_RETRIES": "1",
                 "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": str(size.hard_timeout + 60),
                 **variant.env,
             }
         )
+        if installed_airflow_major() < 3:
+            # Airflow 2's tasks talk to the metadata database instead: the same silent port.
+            env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"postgresql+psycopg2://bench@127.0.0.1:{port}/bench"
         argv = [
             sys.executable, "-m", "benchmarks.scenarios.dispatch_driver",
             "--executor", variant.executor,

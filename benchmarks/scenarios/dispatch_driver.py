@@ -3,10 +3,12 @@
 ``python -m benchmarks.scenarios.dispatch_driver --executor PATH --workloads K --parallelism P
 --window SECONDS --block-limit SECONDS --out FILE``
 
-Queues K real ``ExecuteTask`` workloads, then calls ``heartbeat()`` and ``get_event_buffer()`` in a
-loop for ``window`` seconds. The workers' task SDK supervisors talk to an execution API address (set by
-the parent) that accepts connections and never answers, so every started workload blocks, as a
-long-running task does: this is the realistic case in which the stock executor's activity pipe fills.
+Queues K real ``ExecuteTask`` workloads (on Airflow 2, K ``airflow tasks run`` commands), then calls
+``heartbeat()`` and ``get_event_buffer()`` in a loop for ``window`` seconds. The workers' task SDK
+supervisors talk to an execution API address (on Airflow 2, the task's CLI to a metadata database
+address) set by the parent, which accepts connections and never answers, so every started workload
+blocks, as a long-running task does: this is the realistic case in which the stock executor's activity
+pipe fills.
 A watchdog thread writes ``blocked`` and ends the process when one heartbeat() call runs longer than
 ``block-limit``; the parent also has a hard timeout. Output lines in FILE:
 
@@ -21,9 +23,13 @@ import argparse
 import os
 import threading
 import time
+import types
 import uuid
+from importlib.metadata import version
 from pathlib import Path
 from typing import IO, Any
+
+AIRFLOW2 = int(version("apache-airflow").split(".", 1)[0]) < 3
 
 
 def _workload(index: int) -> Any:
@@ -47,6 +53,36 @@ def _workload(index: int) -> Any:
         log_path=None,
         bundle_info=BundleInfo(name="dags-folder"),
     )
+
+
+class _TaskInstance:
+    """What an Airflow 2 executor reads of a queued TaskInstance (a database row needs a database)."""
+
+    def __init__(self, index: int) -> None:
+        from airflow.models.taskinstancekey import TaskInstanceKey
+
+        self.key = TaskInstanceKey("bench_dispatch", "sleep", "manual__1", 1, index)
+        self.executor_config: dict[str, Any] = {}
+        self.dag_run = types.SimpleNamespace(start_date=None)  # no trace for the stock base class
+
+
+def _queue(executor: Any, index: int) -> None:
+    if not AIRFLOW2:
+        executor.queue_workload(_workload(index), session=None)
+        return
+    ti = _TaskInstance(index)
+    command = [
+        "airflow",
+        "tasks",
+        "run",
+        "bench_dispatch",
+        "sleep",
+        "manual__1",
+        "--local",
+        "--map-index",
+        str(index),
+    ]
+    executor.queue_command(ti, command, priority=1, queue="default")
 
 
 def _watchdog(executor: Any, total: int, limit: float, state: dict[str, float], out: IO[str]) -> None:
@@ -74,15 +110,14 @@ def main() -> None:
     from benchmarks.timed_executor import resolve
 
     executor = resolve(args.executor)(parallelism=args.parallelism)
-    workloads = [_workload(i) for i in range(args.workloads)]
     out = open(args.out, "a", buffering=1)  # noqa: SIM115 - os._exit ends the process, not a with block
     state: dict[str, float] = {}
     threading.Thread(
         target=_watchdog, args=(executor, args.workloads, args.block_limit, state, out), daemon=True
     ).start()
     executor.start()
-    for workload in workloads:
-        executor.queue_workload(workload, session=None)
+    for index in range(args.workloads):
+        _queue(executor, index)
     deadline = time.monotonic() + args.window
     while time.monotonic() < deadline:
         state["in_heartbeat_since"] = began = time.perf_counter()

@@ -57,6 +57,7 @@ __all__ = [
     "SandboxTimeout",
     "TaskInstanceRow",
     "free_port",
+    "installed_airflow_major",
 ]
 
 DEFAULT_DAGS_FOLDER: Final[Path] = Path(__file__).resolve().parent / "example_dags"
@@ -113,6 +114,13 @@ class CallbackRow:
 
 def _log(message: str) -> None:
     print(f"[sandbox] {message}", file=sys.stderr, flush=True)
+
+
+def installed_airflow_major() -> int:
+    """The major version of the Airflow installed beside this package, without importing it."""
+    from importlib.metadata import version
+
+    return int(version("apache-airflow").split(".", 1)[0])
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -817,6 +825,17 @@ class AirflowSandbox:
         body = {"dag_run_id": run_id, "logical_date": None, "conf": dict(conf or {})}
         result = self.api("POST", f"dags/{_q(dag_id)}/dagRuns", body)
         return str(result["dag_run_id"])
+
+    def clear(self, dag_id: str, run_id: str, task_id: str, map_indexes: Sequence[int]) -> None:
+        """Clear some mapped task instances of a run (they run again), as the UI's Clear does."""
+        body = {
+            "dry_run": False,
+            "dag_run_id": run_id,
+            "only_failed": False,
+            "reset_dag_runs": True,
+            "task_ids": [[task_id, i] for i in map_indexes],
+        }
+        self.api("POST", f"dags/{_q(dag_id)}/clearTaskInstances", body)
 
     def xcom(
         self, dag_id: str, run_id: str, task_id: str, *, key: str = "return_value", map_index: int = -1

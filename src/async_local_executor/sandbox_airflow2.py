@@ -12,17 +12,33 @@ executor that runs tasks in parallel, so the database is PostgreSQL.
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from async_local_executor.sandbox import AirflowSandbox, SandboxTimeout
+from async_local_executor.sandbox import AirflowSandbox, SandboxError, SandboxTimeout
 
 __all__ = ["Airflow2Sandbox"]
 
 # How recent the scheduler job's heartbeat must be for the deployment to count as up.
 _HEARTBEAT_FRESH = 10.0
+# Airflow 2's CLI cannot clear single map indexes; its own clear_task_instances can.
+_CLEAR = """
+import json, sys
+from airflow.models.dagrun import DagRun
+from airflow.models.taskinstance import TaskInstance, clear_task_instances
+from airflow.utils.session import create_session
+from airflow.utils.state import DagRunState
+dag_id, run_id, task_id, indexes = json.loads(sys.argv[1])
+with create_session() as session:
+    tis = session.query(TaskInstance).filter(
+        TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id, TaskInstance.task_id == task_id,
+        TaskInstance.map_index.in_(indexes),
+    ).all()
+    clear_task_instances(tis, session, dag_run_state=DagRunState.QUEUED)
+"""
 
 
 class Airflow2Sandbox(AirflowSandbox):
@@ -94,6 +110,20 @@ class Airflow2Sandbox(AirflowSandbox):
         run_id = run_id or f"sandbox__{time.strftime('%Y%m%dT%H%M%S')}_{uuid.uuid4().hex[:8]}"
         self.airflow("dags", "trigger", dag_id, "--run-id", run_id, "--conf", json.dumps(dict(conf or {})))
         return run_id
+
+    def clear(self, dag_id: str, run_id: str, task_id: str, map_indexes: Sequence[int]) -> None:
+        """Clear some mapped task instances of a run with Airflow's own function (what the UI calls)."""
+        result = subprocess.run(
+            [str(self.python), "-c", _CLEAR, json.dumps([dag_id, run_id, task_id, list(map_indexes)])],
+            env=self._env,
+            cwd=self.home,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise SandboxError(f"clearing {dag_id}/{run_id}/{task_id} failed:\n{result.stderr[-3000:]}")
 
     def xcom(
         self, dag_id: str, run_id: str, task_id: str, *, key: str = "return_value", map_index: int = -1

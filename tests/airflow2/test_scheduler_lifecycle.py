@@ -1,0 +1,151 @@
+"""A real Airflow 2.11 scheduler stopped, killed and asked to revoke: the executor's guarantees hold.
+
+- SIGTERM: a bounded shutdown (shutdown_timeout, then SIGTERM, grace, SIGKILL), exit 0, nothing left.
+- kill -9: what the parent-death chain reaches dies within seconds; a BashOperator's shell (its own
+  session) is killed by the restarted scheduler before it launches anything; the run then succeeds.
+- [scheduler] task_queued_timeout: Airflow 2.11 calls revoke_task for a task waiting inside the
+  executor; it is forgotten there, rescheduled by Airflow, and runs once a slot frees.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from async_local_executor.sandbox_airflow2 import Airflow2Sandbox
+from tests.e2e.helpers import alive, cmdline, poll
+
+pytestmark = pytest.mark.e2e
+
+DAGS = Path(__file__).with_name("dags")
+EXECUTOR = "async_local_executor.executor.AsyncLocalExecutor"
+ORPHAN_DEADLINE = 10.0
+EXIT_GUARD = 120.0
+
+Make = Callable[..., Airflow2Sandbox]
+
+
+@pytest.fixture
+def make(tmp_path: Path) -> Iterator[Make]:
+    made: list[Airflow2Sandbox] = []
+
+    def build(parallelism: int = 4, **config: str) -> Airflow2Sandbox:
+        sb = Airflow2Sandbox(
+            executor=EXECUTOR,
+            dags_folder=DAGS,
+            parallelism=parallelism,
+            extra_config={"ALE_GATE_DIR": str(tmp_path), **config},
+        )
+        made.append(sb)
+        sb.start()
+        return sb
+
+    yield build
+    for sb in made:
+        sb.stop()
+
+
+def _launched(sandbox: Airflow2Sandbox) -> list[int]:
+    scheduler = psutil.Process(sandbox.pids["scheduler"])
+    # Airflow 2's own children of the scheduler (its DAG file processor, the log server) are not ours.
+    ours = [p for p in scheduler.children() if "async_local_executor" in " ".join(cmdline(p.pid))]
+    return [p.pid for child in ours for p in [child, *child.children(recursive=True)]]
+
+
+def test_sigterm_stops_the_scheduler_within_its_bound_leaving_nothing(make: Make) -> None:
+    sandbox = make(
+        AIRFLOW__ASYNC_LOCAL_EXECUTOR__SHUTDOWN_TIMEOUT="2",
+        AIRFLOW__ASYNC_LOCAL_EXECUTOR__TERMINATION_GRACE_PERIOD="2",
+    )
+    sandbox.wait_for_dag("stubborn2", timeout=120)
+    run_id = sandbox.trigger("stubborn2")
+    poll(
+        "the task running",
+        lambda: [r.state for r in sandbox.task_instances("stubborn2", run_id)] == ["running"],
+    )
+    launched = _launched(sandbox)
+    # The fork server, the workload process (`tasks run --local`) and the task process it forked.
+    assert len(launched) >= 3, [" ".join(cmdline(pid)) for pid in launched]
+    log = sandbox.process_logs["scheduler"]
+    before = log.stat().st_size
+
+    status = sandbox.signal_and_wait("scheduler", signal.SIGTERM, timeout=EXIT_GUARD)
+
+    assert status == 0
+    poll("launched processes to be gone", lambda: not [pid for pid in launched if alive(pid)], guard=30)
+    shutdown = log.read_bytes()[before:].decode(errors="replace")
+    assert "shutting down: waiting up to 2s for 1 running workloads" in shutdown
+    assert "after SIGTERM; sending SIGKILL" in shutdown
+    assert re.search(
+        r"workload stubborn2\.ignore_sigterm try 1 failed: executor shut down: terminated", shutdown
+    )
+
+
+def test_nothing_outlives_a_killed_scheduler_and_a_restart_finishes(make: Make) -> None:
+    sandbox = make(
+        AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD="10",
+        AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL="5",
+        AIRFLOW__SCHEDULER__SCHEDULER_ZOMBIE_TASK_THRESHOLD="20",
+    )
+    sandbox.wait_for_dag("sleepers2", timeout=120)
+    run_id = sandbox.trigger("sleepers2")
+    poll(
+        "two sleeping tasks and the shell's sleep running",
+        lambda: (
+            sum(r.state == "running" for r in sandbox.task_instances("sleepers2", run_id)) == 3
+            and any("sleep 600" in " ".join(cmdline(pid)) for pid in _launched(sandbox))
+        ),
+    )
+    launched = _launched(sandbox)
+    session = os.getsid(sandbox.pids["scheduler"])
+    escaped = [pid for pid in launched if _session(pid) != session]
+    chained = [pid for pid in launched if pid not in escaped]
+    assert escaped, [" ".join(cmdline(pid)) for pid in launched]
+    described = {pid: " ".join(cmdline(pid)) for pid in launched}
+
+    sandbox.kill("scheduler")
+    deadline = time.monotonic() + ORPHAN_DEADLINE
+    while survivors := [pid for pid in chained if alive(pid)]:
+        assert time.monotonic() < deadline, [" ".join(cmdline(pid)) for pid in survivors]
+        time.sleep(0.1)
+    assert all(alive(pid) for pid in escaped)
+
+    sandbox.restart("scheduler")
+    poll("the run to finish", lambda: sandbox.run_state("sleepers2", run_id) in ("success", "failed"))
+    assert sandbox.run_state("sleepers2", run_id) == "success", sandbox.task_instances("sleepers2", run_id)
+    log = sandbox.process_logs["scheduler"].read_text(errors="replace")
+    assert [described[pid] for pid in escaped if alive(pid)] == [], (described, log[-5000:])
+    for pid in escaped:
+        assert f"killed pid {pid} (" in log
+
+
+def test_a_task_queued_too_long_is_revoked_then_runs(make: Make, tmp_path: Path) -> None:
+    # One slot, one more prefetched; Airflow 2.11 revokes what stays queued longer than 8 s.
+    sandbox = make(
+        parallelism=1,
+        AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT="8",
+        AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT_CHECK_INTERVAL="2",
+        AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG="16",
+    )
+    sandbox.wait_for_dag("gated2", timeout=120)
+    run_id = sandbox.trigger("gated2")
+    log = sandbox.process_logs["scheduler"]
+    poll("the waiting task revoked", lambda: "revoking gated2.hold" in log.read_text(errors="replace"))
+    assert len(list(tmp_path.glob("started.*"))) == 1  # the revoked one never started
+    (tmp_path / "gate").touch()
+    assert sandbox.wait_for_run("gated2", run_id, timeout=180) == "success"
+    assert len(list(tmp_path.glob("started.*"))) == 2
+
+
+def _session(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
