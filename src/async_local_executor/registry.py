@@ -33,6 +33,7 @@ import os
 import signal
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +73,20 @@ def _start_time(pid: int) -> float | None:
         return None
 
 
+# Journals open in this process. A process the scheduler forks (Airflow 2's DAG file processor, for
+# one) would share each journal's open file and so its lock, and keep it locked after the scheduler
+# died: a restarted scheduler would take a dead one for alive and reclaim nothing. Forks close them.
+_open_journals: weakref.WeakSet[LaunchJournal] = weakref.WeakSet()
+
+
+def _close_in_fork() -> None:
+    for journal in list(_open_journals):
+        journal._forget_in_fork()
+
+
+os.register_at_fork(after_in_child=_close_in_fork)
+
+
 class LaunchJournal:
     """This instance's journal. Opened with :meth:`open`; writes never raise (a full disk only warns).
 
@@ -89,6 +104,14 @@ class LaunchJournal:
         self._live: dict[int, bytes] = {}
         self._lines = 1
         self._broken = False
+        _open_journals.add(self)
+
+    def _forget_in_fork(self) -> None:
+        # Closing our copy leaves the lock with the process that took it.
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     @classmethod
     def open(cls, directory: Path, *, owner: str) -> LaunchJournal:

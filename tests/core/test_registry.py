@@ -169,3 +169,38 @@ def test_the_journal_is_compacted_and_keeps_only_live_launches(
 def test_reclaim_of_a_missing_directory_finds_nothing(tmp_path: Path) -> None:
     assert reclaim(tmp_path / "never-created") == []
     assert not (tmp_path / "never-created").exists()
+
+
+# An executor whose process forks after opening its journal (Airflow 2's scheduler forks its DAG file
+# processor): the fork outlives the owner, and must not keep the journal locked.
+FORKING_OWNER = """
+import os, sys, time
+from pathlib import Path
+from async_local_executor.registry import LaunchJournal
+journal = LaunchJournal.open(Path(sys.argv[1]), owner="forking owner")
+pid = os.fork()
+if pid == 0:
+    time.sleep(600)
+    os._exit(0)
+print(pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_process_the_owner_forked_does_not_keep_its_journal_locked(
+    tmp_path: Path, spawned: list[int]
+) -> None:
+    owner = subprocess.Popen(
+        [sys.executable, "-c", FORKING_OWNER, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    spawned.append(owner.pid)
+    forked = int(read_line(owner))
+    spawned.append(forked)
+    owner.kill()
+    owner.wait()
+    assert running(forked)
+
+    reclaim(tmp_path)
+
+    # Taken for a dead executor's journal (not a live one's), reclaimed and removed.
+    assert list(tmp_path.glob(f"*{SUFFIX}")) == []
