@@ -6,6 +6,7 @@ for a plugin of that name, then imports the module path), and parallelism 0 (unl
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -94,6 +95,12 @@ def test_a_dag_runs_to_the_states_it_asks_for(sandbox: Airflow2Sandbox) -> None:
 
     # Every try has its log (the unlaunched one, the executor's line).
     assert sandbox.missing_task_logs("demo2", run_id) == []
+
+    # The operator's view through Airflow 2's CLI, which loads the configured executor's commands.
+    out = sandbox.airflow("async-local-executor", "status", "--json").stdout
+    [status] = json.loads(out[out.index("[\n") :])  # after any log line Airflow prints first
+    assert status["pid"] == sandbox.pids["scheduler"]
+    assert status["stale"] is None
 
     parallelism = int(sandbox.env["AIRFLOW__CORE__PARALLELISM"])
     if parallelism:
