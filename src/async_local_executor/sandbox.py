@@ -817,12 +817,15 @@ class AirflowSandbox:
         run_id: str | None = None,
         unpause: bool = True,
     ) -> str:
-        """Unpause ``dag_id`` and create a manual run through the REST API; return its run_id."""
+        """Unpause ``dag_id`` and create a manual run; return its run_id."""
         if unpause:
             self.unpause(dag_id)
         # Our own run_id keeps log paths free of ':' and '+', unlike the default manual__<iso>.
         run_id = run_id or f"sandbox__{time.strftime('%Y%m%dT%H%M%S')}_{uuid.uuid4().hex[:8]}"
-        body = {"dag_run_id": run_id, "logical_date": None, "conf": dict(conf or {})}
+        return self._create_run(dag_id, run_id, dict(conf or {}))
+
+    def _create_run(self, dag_id: str, run_id: str, conf: dict[str, Any]) -> str:
+        body = {"dag_run_id": run_id, "logical_date": None, "conf": conf}
         result = self.api("POST", f"dags/{_q(dag_id)}/dagRuns", body)
         return str(result["dag_run_id"])
 

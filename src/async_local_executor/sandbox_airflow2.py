@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
-import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from async_local_executor.sandbox import AirflowSandbox, SandboxError, SandboxTimeout
@@ -27,7 +25,6 @@ _HEARTBEAT_FRESH = 10.0
 # Airflow 2's CLI cannot clear single map indexes; its own clear_task_instances can.
 _CLEAR = """
 import json, sys
-from airflow.models.dagrun import DagRun
 from airflow.models.taskinstance import TaskInstance, clear_task_instances
 from airflow.utils.session import create_session
 from airflow.utils.state import DagRunState
@@ -99,19 +96,8 @@ class Airflow2Sandbox(AirflowSandbox):
     def unpause(self, dag_id: str) -> None:
         self.airflow("dags", "unpause", dag_id)
 
-    def trigger(
-        self,
-        dag_id: str,
-        conf: Mapping[str, Any] | None = None,
-        *,
-        run_id: str | None = None,
-        unpause: bool = True,
-    ) -> str:
-        """Unpause ``dag_id`` and create a manual run with the CLI; return its run_id."""
-        if unpause:
-            self.unpause(dag_id)
-        run_id = run_id or f"sandbox__{time.strftime('%Y%m%dT%H%M%S')}_{uuid.uuid4().hex[:8]}"
-        self.airflow("dags", "trigger", dag_id, "--run-id", run_id, "--conf", json.dumps(dict(conf or {})))
+    def _create_run(self, dag_id: str, run_id: str, conf: dict[str, Any]) -> str:
+        self.airflow("dags", "trigger", dag_id, "--run-id", run_id, "--conf", json.dumps(conf))
         return run_id
 
     def clear(self, dag_id: str, run_id: str, task_id: str, map_indexes: Sequence[int]) -> None:
