@@ -33,6 +33,22 @@ _PRELOAD = (
     "airflow.operators.empty",
     "airflow.decorators",
     "airflow.utils.log.file_task_handler",
+    # What `tasks run --local` still imported in each child (measured with PYTHONPROFILEIMPORTTIME on
+    # 2.11.2; about 80 ms a task).
+    "airflow.www.extensions.init_session",
+    "airflow.models.serialized_dag",
+    "airflow.models.taskinstancehistory",
+    "airflow.models.errors",
+    "airflow.operators.subdag",
+    "airflow.api.common.experimental.get_task_instance",
+    "airflow.datasets.metadata",
+    "airflow.listeners.spec.dagrun",
+    "airflow.listeners.spec.dataset",
+    "airflow.listeners.spec.importerrors",
+    "airflow.listeners.spec.lifecycle",
+    "airflow.listeners.spec.taskinstance",
+    "airflow.macros",
+    "jinja2.ext",
     "setproctitle",
     "encodings.idna",
 )
