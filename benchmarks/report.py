@@ -286,21 +286,35 @@ def write_markdown(
     digests = sorted({r.get("source_digest", "?") for r in records})
     when = min(r["started_at"] for r in records)
     wall = sum(float(r["wall_s"]) for r in records)
+    airflow2 = str(vers.get("apache-airflow") or "").startswith("2.")
+    deployment = (
+        "Airflow 2.11 (a scheduler, which parses DAG files itself, on a fresh PostgreSQL database and "
+        "`AIRFLOW_HOME` per run)"
+        if airflow2
+        else "Airflow 3.3 (api-server, scheduler and dag-processor as separate processes, a fresh "
+        "`AIRFLOW_HOME` and database per run)"
+    )
+    how = (
+        """$ make bench-airflow2   # quick profile on Airflow 2.11 (.venv-airflow2), writes this page
+$ .venv-airflow2/bin/python -m benchmarks --profile full --variants stock,ours --repeat 3 \\
+      --out results.jsonl"""
+        if airflow2
+        else """$ make bench        # quick profile (about 10 minutes on 2 cores), writes this page and the charts
+$ make bench-full   # every scenario at full size, 3 repetitions
+$ make bench-smoke  # a few tasks, one repetition: proves the harness works (CI runs this via make test)
+$ .venv/bin/python -m benchmarks --profile quick --scenarios throughput,dispatch \\
+      --variants stock,ours,ours-forkserver --repeat 3 --database postgres --out results.jsonl"""
+    )
     text = f"""# Benchmarks: AsyncLocalExecutor against the stock LocalExecutor
 
 Every performance claim this project makes comes from this suite (`benchmarks/`). It runs a real
-Airflow 3.3 (api-server, scheduler and dag-processor as separate processes, a fresh `AIRFLOW_HOME` and
-database per run) once per executor variant, alternating A B A B over the repetitions on the same DAG
-and configuration, and reports medians and the ratio of each pair.
+{deployment} once per executor variant, alternating A B A B over the repetitions on the same DAG and
+configuration, and reports medians and the ratio of each pair.
 
 ## How to run it
 
 ```console
-$ make bench        # quick profile (about 10 minutes on 2 cores), writes this page and the charts
-$ make bench-full   # every scenario at full size, 3 repetitions
-$ make bench-smoke  # a few tasks, one repetition: proves the harness works (CI runs this via make test)
-$ .venv/bin/python -m benchmarks --profile quick --scenarios throughput,dispatch \\
-      --variants stock,ours,ours-forkserver --repeat 3 --database postgres --out results.jsonl
+{how}
 ```
 
 `--variants` takes known labels (`stock`, `ours`, `ours-forkserver`, `ours-subprocess`) or
@@ -359,7 +373,7 @@ Scenarios:
   sleep, and pairs each memory sample with the number of task instances in state running.
 - **burst**: the dispatch-deadlock repro (upstream #70526): many sleeping mapped tasks at high
   parallelism; each time enough of them have succeeded, those are cleared again through the REST API,
-  so a dispatch burst meets results coming back. Loop stalls are gaps in the scheduler job's
+  so a dispatch burst meets results coming back (on Airflow 2, with Airflow's own `clear_task_instances`). Loop stalls are gaps in the scheduler job's
   `latest_heartbeat` (polled from the database at 2 Hz); the run is abandoned once the scheduler has not
   heartbeated for a while (a deadlock).
 - **dispatch**: no deployment; a driver process builds the executor, queues K real `ExecuteTask`
@@ -369,7 +383,10 @@ Scenarios:
   does not return within 10 s is reported as blocked with the number of workloads dispatched before it
   (the driver then ends; a hard timeout backs that up). The stock executor dispatches up to
   `parallelism` per heartbeat because it never fills `running`; ours stops at `parallelism` because it
-  does, so its heartbeat() cost is the scheduling bookkeeping over K queued workloads.
+  does, so its heartbeat() cost is the scheduling bookkeeping over K queued workloads. On Airflow 2 the
+  workloads are `airflow tasks run` commands whose metadata database address never answers, and the
+  stock executor at a limited parallelism hands them to its workers through a `multiprocessing`
+  manager's queue (a server process), not a raw pipe, so it does not block there.
 
 How the executor heartbeat is timed in a deployment: Airflow 3.3 only emits
 `scheduler.executor_heartbeat_duration` to StatsD/OpenTelemetry, so the deployment runs
