@@ -400,7 +400,7 @@ class AsyncLocalExecutor(BaseExecutor):
             self._runtime.submit(requests)
 
     def cleanup_stuck_queued_tasks(self, tis: list[TaskInstance]) -> list[str]:
-        """Airflow 2.10's hook for tasks stuck in queued (2.11 calls revoke_task instead).
+        """The deprecated hook for tasks stuck in queued, for Airflow 2 schedulers without revoke_task.
 
         Each is revoked (stopped if it started, forgotten either way) and failed for the scheduler
         to retry or fail, as the deprecated contract says; returns a line per task for its warning.
