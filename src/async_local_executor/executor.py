@@ -19,6 +19,7 @@ from airflow.configuration import AIRFLOW_HOME
 from airflow.executors.base_executor import BaseExecutor
 from airflow.models.taskinstancekey import TaskInstanceKey
 from airflow.utils.helpers import prune_dict
+from airflow.utils.state import TaskInstanceState
 
 from async_local_executor import child, child_cli, registry, status, tasklog
 from async_local_executor.compat import (
@@ -373,8 +374,6 @@ class AsyncLocalExecutor(BaseExecutor):
     def _command_request(
         self, key: Any, command: list[str], queue: str | None, executor_config: Any
     ) -> LaunchRequest | None:
-        from airflow.utils.state import TaskInstanceState
-
         self.running.add(key)
         label = describe(key)
         try:

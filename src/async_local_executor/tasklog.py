@@ -27,13 +27,13 @@ def append_line(
     """
     path = Path(base_folder, relative_path)
     now = datetime.now(timezone.utc)
-    record = {
-        "timestamp": now.isoformat().replace("+00:00", "Z"),
-        "level": "error",
-        "event": message,
-        "logger": "async_local_executor",
-    }
-    line = f"[{now.isoformat()}] {{async_local_executor}} ERROR - {message}" if text else json.dumps(record)
+    if text:
+        line = f"[{now.isoformat()}] {{async_local_executor}} ERROR - {message}"
+    else:
+        stamp = now.isoformat().replace("+00:00", "Z")
+        line = json.dumps(
+            {"timestamp": stamp, "level": "error", "event": message, "logger": "async_local_executor"}
+        )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a", encoding="utf-8") as f:
