@@ -178,11 +178,12 @@ import os, sys, time
 from pathlib import Path
 from async_local_executor.registry import LaunchJournal
 journal = LaunchJournal.open(Path(sys.argv[1]), owner="forking owner")
-pid = os.fork()
-if pid == 0:
+if os.fork() == 0:
+    # os.fork() returns here only after the at-fork hooks ran: the journal is closed in this process
+    # once its pid is printed (the parent printing it would race the hook).
+    print(os.getpid(), flush=True)
     time.sleep(600)
     os._exit(0)
-print(pid, flush=True)
 time.sleep(600)
 """
 
