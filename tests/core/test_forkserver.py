@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 
+import anyio
 import psutil
 import pytest
 
@@ -14,7 +15,7 @@ from async_local_executor.launchers.base import LaunchRequest
 from async_local_executor.launchers.forkserver import ForkServerLauncher
 from async_local_executor.launchers.subprocess import SubprocessLauncher
 from async_local_executor.supervisor import OutcomeKind
-from tests.core.helpers import Recorder, py
+from tests.core.helpers import GUARD, Recorder, py
 from tests.core.test_supervisor import TARGET, serving, until_dead
 
 pytestmark = pytest.mark.asyncio
@@ -145,6 +146,44 @@ async def test_helper_killed_with_children_in_flight_loses_none_and_restarts() -
         assert outcome.reason.startswith("fork server died")
     assert recorder.outcome("after").ok
     assert launcher.helpers_started == 2
+
+
+async def _helper_replaced(launcher: ForkServerLauncher, dead: int) -> int:
+    with anyio.fail_after(GUARD):
+        # The launcher publishes no event for a new helper; the guard bounds a real failure.
+        while launcher.helper_pid in (None, dead):  # noqa: ASYNC110
+            await anyio.sleep(0.01)
+    pid = launcher.helper_pid
+    assert pid is not None
+    return pid
+
+
+async def test_an_idle_helper_that_dies_is_replaced_without_waiting_for_a_workload(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="async_local_executor.launchers.forkserver")
+    recorder = Recorder()
+    launcher = fork_server(recorder, restart_delay=0.2)
+    async with serving(recorder, launcher) as supervisor:
+        first = await _helper_replaced(launcher, -1)
+        os.kill(first, signal.SIGKILL)
+        await until_dead(first)
+        with anyio.fail_after(GUARD):
+            while launcher.problem is None:  # noqa: ASYNC110 - seen before the restart delay ends
+                await anyio.sleep(0.01)
+        assert launcher.problem == f"fork server (pid {first}) is not running; a new one is starting"
+        second = await _helper_replaced(launcher, first)  # no workload asked for it
+        assert launcher.problem is None
+        os.kill(second, signal.SIGKILL)
+        third = await _helper_replaced(launcher, second)
+        supervisor.submit(LaunchRequest("after", py("import os; print(os.getppid())")))
+        await recorder.until(lambda: recorder.outcomes)
+    assert recorder.outcome("after").ok
+    assert [line for k, line in recorder.lines if k == "after"] == [str(third)]
+    assert launcher.helpers_started == 3
+    # Helpers that die young are replaced less and less eagerly.
+    delays = [r.getMessage() for r in caplog.records if r.getMessage().startswith("starting a new")]
+    assert delays == ["starting a new fork server in 0.2s", "starting a new fork server in 0.4s"]
 
 
 async def test_a_helper_that_stops_answering_is_replaced() -> None:

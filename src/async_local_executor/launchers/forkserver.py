@@ -40,6 +40,9 @@ from async_local_executor.launchers.tree import GroupSignaller
 log = logging.getLogger(__name__)
 
 HELPER_KEY = "fork-server"  # the key the helper's own output is logged under
+# Longest wait before a dead helper is replaced (kept-warm mode); a helper that lived longer than this
+# is replaced after restart_delay.
+RESTART_DELAY_MAX = 60.0
 DRAIN_AFTER_EXIT = 5.0
 
 
@@ -113,7 +116,7 @@ class _Helper:
                     if not self._closing:
                         log.error(
                             "fork server died (pid %d); its in-flight workloads are lost, a new one "
-                            "starts on demand",
+                            "replaces it",
                             self.pid,
                         )
                         self._abandon("fork server died")
@@ -341,8 +344,9 @@ class ForkServerLauncher:
     :param ping_interval: seconds between liveness checks of the helper
     :param ping_timeout: a helper that does not answer a check within this is killed and replaced
     :param start_timeout: a helper that is not ready within this counts as unable to start
-    :param idle_timeout: ``None``: start the helper with the launcher and keep it; a number: start it
-        with the first launch and stop it after that many seconds with nothing in flight (the next
+    :param idle_timeout: ``None``: start the helper with the launcher and keep it, replacing it
+        ``restart_delay`` seconds after it dies (doubled each time a replacement dies young); a number: start
+        it with the first launch and stop it after that many seconds with nothing in flight (the next
         launch starts a new one), trading the helper's start time for its memory while idle
     """
 
@@ -359,6 +363,7 @@ class ForkServerLauncher:
         ping_timeout: float = 30.0,
         start_timeout: float = 120.0,
         idle_timeout: float | None = None,
+        restart_delay: float = 1.0,
     ) -> None:
         if ":" not in target:
             raise ValueError(f"target must look like module:function, got {target!r}")
@@ -372,10 +377,12 @@ class ForkServerLauncher:
         self._ping_timeout = ping_timeout
         self._start_timeout = start_timeout
         self._idle_timeout = idle_timeout
+        self._restart_delay = restart_delay
         self._helper: _Helper | None = None
         self._disabled: str | None = None
         self._lock = anyio.Lock()
         self._tg: anyio.abc.TaskGroup | None = None
+        self._closing = False
         self.helpers_started = 0
 
     @property
@@ -387,8 +394,9 @@ class ForkServerLauncher:
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         if self._idle_timeout is None:
-            # Warm up now: the helper's imports take seconds, better spent before the first workload.
-            self._tg.start_soon(self._current)
+            # Warm up now, and again whenever the helper dies: its imports take seconds, better spent
+            # before the next workload than in its launch (and an idle scheduler stays healthy).
+            self._tg.start_soon(self._keep_warm)
         else:
             self._tg.start_soon(self._stop_when_idle, self._idle_timeout)
         return self
@@ -397,6 +405,7 @@ class ForkServerLauncher:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool | None:
         assert self._tg is not None
+        self._closing = True
         helper = self._helper
         if helper is not None:
             helper.close()
@@ -411,7 +420,7 @@ class ForkServerLauncher:
             return f"fork server unavailable ({self._disabled}); every workload starts a fresh interpreter"
         helper = self._helper
         if self._idle_timeout is None and helper is not None and not helper.alive:
-            return f"fork server (pid {helper.pid}) is not running; a new one starts with the next workload"
+            return f"fork server (pid {helper.pid}) is not running; a new one is starting"
         return None
 
     async def launch(self, request: LaunchRequest) -> Child:
@@ -426,6 +435,26 @@ class ForkServerLauncher:
             except OverflowError as exc:
                 return await self._launch_fallback(request, str(exc))
         raise LaunchError("fork server died twice while starting this workload")
+
+    async def _keep_warm(self) -> None:
+        delay: float | None = None
+        while not self._closing:
+            helper = await self._current()
+            if helper is None:
+                return  # disabled: every launch takes the fallback
+            started = anyio.current_time()
+            await helper.gone.wait()
+            if self._closing:
+                return
+            # A helper that keeps dying soon after it starts (its preload crashing, the OOM killer) is
+            # restarted less and less often; launches meanwhile start one on demand anyway.
+            lived = anyio.current_time() - started
+            if delay is None or lived > RESTART_DELAY_MAX:
+                delay = self._restart_delay
+            else:
+                delay = min(delay * 2, RESTART_DELAY_MAX)
+            log.info("starting a new fork server in %.1fs", delay)
+            await anyio.sleep(delay)
 
     async def _stop_when_idle(self, idle: float) -> None:
         while True:
