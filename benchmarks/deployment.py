@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ from benchmarks.probes import HeartbeatLog, own_cpu_seconds, tree_cpu_seconds
 REPO_ROOT: Final[Path] = Path(__file__).resolve().parent.parent
 DAGS_FOLDER: Final[Path] = Path(__file__).resolve().parent / "dags"
 LAUNCHER_ENV: Final[str] = "AIRFLOW__ASYNC_LOCAL_EXECUTOR__LAUNCHER"
+IDLE_TIMEOUT_ENV: Final[str] = "AIRFLOW__ASYNC_LOCAL_EXECUTOR__FORKSERVER_IDLE_TIMEOUT"
 OURS: Final[str] = "async_local_executor.AsyncLocalExecutor"
 
 
@@ -38,9 +40,7 @@ KNOWN_VARIANTS: Final[dict[str, Variant]] = {
     "ours-forkserver": Variant("ours-forkserver", OURS, {LAUNCHER_ENV: "forkserver"}),
     "ours-subprocess": Variant("ours-subprocess", OURS, {LAUNCHER_ENV: "subprocess"}),
     # The fork server started by the first workload and stopped after 60 s without one.
-    "ours-ondemand": Variant(
-        "ours-ondemand", OURS, {"AIRFLOW__ASYNC_LOCAL_EXECUTOR__FORKSERVER_IDLE_TIMEOUT": "60"}
-    ),
+    "ours-ondemand": Variant("ours-ondemand", OURS, {IDLE_TIMEOUT_ENV: "60"}),
 }
 BASELINE: Final[str] = "stock"
 
@@ -72,6 +72,7 @@ def parse_variant(spec: str) -> Variant:
 class Deployment:
     sandbox: AirflowSandbox
     heartbeat_log: Path
+    variant_env: Mapping[str, str] = field(default_factory=dict)
 
     def cpu(self) -> dict[str, float]:
         """Cumulative CPU seconds per Airflow process tree, and of the scheduler process alone."""
@@ -88,6 +89,23 @@ class Deployment:
 
     def query(self, sql: str) -> list[tuple[object, ...]]:
         return self.sandbox.query(sql)
+
+    def wait_executor_ready(self, timeout: float) -> None:
+        """Wait for what an executor prepares at start; a kept-warm fork server imports for seconds.
+
+        Measurements start from a ready scheduler, as in a deployment that has been up a while: the
+        helper's one-time imports would otherwise land in the first tasks' CPU and start latency.
+        """
+        info = self.executor_info()
+        if info.get("launcher") != "forkserver" or IDLE_TIMEOUT_ENV in self.variant_env:
+            return
+        log = self.sandbox.process_logs["scheduler"]
+        deadline = time.monotonic() + timeout
+        # The scheduler's log is the only signal; the deadline bounds a helper that never starts.
+        while "fork server ready (pid" not in log.read_text(errors="replace"):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the fork server was not ready within {timeout:.0f}s (see {log})")
+            time.sleep(0.2)
 
     def executor_info(self) -> dict[str, str]:
         """What the executor said about itself when it started (its launcher, for AsyncLocalExecutor)."""
@@ -150,7 +168,7 @@ def deployment(
     failed = True
     try:
         with sandbox:
-            yield Deployment(sandbox, heartbeat_log)
+            yield Deployment(sandbox, heartbeat_log, dict(variant.env))
         failed = False
     finally:
         if keep_home or failed:

@@ -111,7 +111,9 @@ def stalled(loop: LoopProbe, limit: float) -> Callable[[], str | None]:
 
 
 def wait_parsed(dep: Deployment, dag_id: str) -> None:
+    """Wait until the DAG is parsed and the executor is ready (what a measurement may start from)."""
     try:
         dep.sandbox.wait_for_dag(dag_id, timeout=120)
     except SandboxTimeout as exc:
         raise RuntimeError(f"{dag_id} was not parsed: {exc}") from exc
+    dep.wait_executor_ready(timeout=120)
