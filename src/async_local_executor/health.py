@@ -84,7 +84,10 @@ def assess(state: SupervisorState, lag: float, thresholds: Thresholds, now: floa
         reasons.append(f"event loop lagging {lag:.1f}s (limit {thresholds.max_lag:g}s)")
     if state.launcher_problem:
         reasons.append(state.launcher_problem)
-    recent = [f for f in state.recent_failures if now - f.at <= thresholds.failure_window]
+    # A launch that worked since the failures shows the cause has passed (a burst of EMFILE, say);
+    # an executor that keeps failing with nothing launching in between is what this is for.
+    since = max(now - thresholds.failure_window, state.last_launched_at or 0.0)
+    recent = [f for f in state.recent_failures if f.at >= since]
     if len(recent) >= thresholds.failures:
         last = recent[-1]
         reasons.append(

@@ -106,6 +106,7 @@ class SupervisorState:
     launcher_problem: str | None
     recent_failures: tuple[LaunchFailure, ...]
     launched_total: int
+    last_launched_at: float | None  # wall clock of the latest successful launch
     memory_waits_total: int  # workloads that had to wait for memory
     outcomes_total: Mapping[str, int]  # OutcomeKind value (or "ok") -> count
 
@@ -187,6 +188,7 @@ class Supervisor:
         self._launcher = launcher
         self._failures: collections.deque[LaunchFailure] = collections.deque(maxlen=RECENT_FAILURES)
         self._launched_total = 0
+        self._last_launched_at: float | None = None
         self._memory_waits_total = 0
         self._outcomes_total: collections.Counter[str] = collections.Counter()
         self._listener = listener
@@ -231,6 +233,7 @@ class Supervisor:
             launcher_problem=getattr(self._launcher, "problem", None),
             recent_failures=tuple(self._failures),
             launched_total=self._launched_total,
+            last_launched_at=self._last_launched_at,
             memory_waits_total=self._memory_waits_total,
             outcomes_total=dict(self._outcomes_total),
         )
@@ -394,7 +397,7 @@ class Supervisor:
                         )
                         return
                     tracked.child = child
-                    tracked.launched = time.time()
+                    tracked.launched = self._last_launched_at = time.time()
                     self._launched_total += 1
                     tracked.life.advance(Step.LAUNCHED)
                     self._listener.started(request.key, child.pid)

@@ -36,6 +36,7 @@ def quiet(**changes: object) -> SupervisorState:
         "launcher_problem": None,
         "recent_failures": (),
         "launched_total": 0,
+        "last_launched_at": None,
         "memory_waits_total": 0,
         "outcomes_total": {},
     }
@@ -97,6 +98,15 @@ async def test_old_or_few_launch_failures_and_short_waits_are_not_a_problem() ->
     assert verdict(quiet(waiting=9, oldest_waiting_since=NOW - 60)).verdict is Verdict.HEALTHY
 
 
+async def test_launch_failures_followed_by_a_launch_that_worked_are_not_a_problem() -> None:
+    failures = tuple(LaunchFailure(NOW - 10 + i, f"t{i}", "Too many open files") for i in range(4))
+    assert verdict(quiet(recent_failures=failures, last_launched_at=NOW - 5)).verdict is Verdict.HEALTHY
+    # Three of them after the last launch: still failing.
+    health = verdict(quiet(recent_failures=failures, last_launched_at=NOW - 9.5))
+    assert health.reason is not None
+    assert "3 launch failures in the last 300s (last: t3: Too many open files)" in health.reason
+
+
 async def test_no_report_is_unknown_and_an_old_one_means_the_loop_is_stuck() -> None:
     thresholds = Thresholds(stall=5.0)
     assert stale(None, thresholds, 0.0) == Health(Verdict.UNKNOWN, ("no health report yet",))
@@ -131,7 +141,9 @@ async def test_supervisor_state_and_status_file_show_running_waiting_and_failure
     recorder = Recorder()
     gate = tmp_path / "gate"
     gate.touch()
-    hold = py(f"import os, time\nwhile os.path.exists({str(gate)!r}): time.sleep(0.01)")
+    hold = py(
+        f"import os, time\nprint('holding', flush=True)\nwhile os.path.exists({str(gate)!r}): time.sleep(0.01)"
+    )
     supervisor = Supervisor(SubprocessLauncher(output=recorder.output), recorder, limit=1)
     gone = subprocess.Popen(py("pass"))  # noqa: ASYNC220 - set-up before the loop work begins
     gone.wait()  # a pid no scheduler holds
@@ -143,7 +155,8 @@ async def test_supervisor_state_and_status_file_show_running_waiting_and_failure
         supervisor.submit(LaunchRequest("bad", ["/nonexistent/python3"], label="bad try 1"))
         supervisor.submit(LaunchRequest("held", hold, label="held try 1", group="reports"))
         supervisor.submit(LaunchRequest("next", py("pass"), label="next try 1"))
-        await recorder.until(lambda: "held" in recorder.pids)
+        # Running its own code, not still being exec'd (whose resident set can round to 0 MB).
+        await recorder.until(lambda: ("held", "holding") in recorder.lines)
         state = supervisor.state()
         [running] = state.running
         assert (running.label, running.pid, running.group) == ("held try 1", recorder.pids["held"], "reports")
