@@ -159,6 +159,7 @@ class AsyncLocalExecutor(BaseExecutor):
         # The api-server builds executors too, only to read logs: nothing here may start a thread.
         super().__init__(*args, **kwargs)
         self._runtime: Runtime | None = None
+        self._stopped = False  # end() or terminate() has finished
         self._mailbox = _Mailbox()
         self._states: dict[WorkloadKey, _States] = {}
         self._serials = itertools.count()
@@ -486,7 +487,7 @@ class AsyncLocalExecutor(BaseExecutor):
         """
         runtime = self._runtime
         if runtime is None:
-            return Health(Verdict.UNKNOWN, ("executor not started",))
+            return Health(Verdict.UNKNOWN, ("executor stopped" if self._stopped else "executor not started",))
         if not runtime.alive:
             return Health(Verdict.UNHEALTHY, (f"event loop thread is dead: {runtime.failure!r}",))
         report = runtime.report
@@ -611,6 +612,7 @@ class AsyncLocalExecutor(BaseExecutor):
         # Past `wait` and the grace period, every process has been SIGKILLed; the margin covers reaping.
         runtime.shutdown(wait, timeout=wait + self._config.termination_grace_period + 30.0)
         self._runtime = None
+        self._stopped = True
         self.sync()
         journal, self._journal = self._journal, None
         writer, self._status = self._status, None

@@ -48,6 +48,7 @@ def executor(state_dir: Path) -> Iterator[RecordingExecutor]:
     ex.start()
     yield ex
     ex.end()
+    assert ex.get_health() == Health(Verdict.UNKNOWN, ("executor stopped",))
 
 
 def test_a_started_executor_turns_healthy(executor: RecordingExecutor) -> None:
