@@ -16,7 +16,7 @@ import pytest
 from async_local_executor.health import Health, Probe, Report, Thresholds, Verdict, assess, stale
 from async_local_executor.launchers.base import LaunchRequest
 from async_local_executor.launchers.subprocess import SubprocessLauncher
-from async_local_executor.status import StatusWriter, read_all, status_path
+from async_local_executor.status import StatusWriter, read_all, status_path, tree_rss
 from async_local_executor.supervisor import MB, LaunchFailure, Supervisor, SupervisorState
 from tests.core.helpers import GUARD, Recorder, py
 
@@ -222,3 +222,39 @@ async def test_a_killed_scheduler_not_yet_reaped_is_not_running(tmp_path: Path) 
         assert found.stale == f"scheduler pid {zombie.pid} is not running"
     finally:
         zombie.wait()
+
+
+# A parent whose child holds 64 MB resident; the parent prints both pids once the memory is touched.
+HOLDER = """
+import subprocess, sys
+child = subprocess.Popen(
+    [sys.executable, "-c", "import sys; b = bytearray(64 << 20); print('ok', flush=True); sys.stdin.read()"],
+    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+)
+child.stdout.readline()
+print(child.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+async def test_tree_rss_counts_each_workload_with_its_descendants_in_one_pass() -> None:
+    parents = [
+        subprocess.Popen(py(HOLDER), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # noqa: ASYNC220
+        for _ in range(2)
+    ]
+    try:
+        with anyio.fail_after(GUARD):
+            children = [int(await anyio.to_thread.run_sync(p.stdout.readline)) for p in parents]  # type: ignore[union-attr]
+        gone = subprocess.Popen(py("pass"))  # noqa: ASYNC220
+        gone.wait()
+        memory = tree_rss([*(p.pid for p in parents), gone.pid])
+        for parent, child in zip(parents, children, strict=True):
+            total = memory[parent.pid]
+            assert total is not None
+            assert total >= 64 * MB + psutil.Process(parent.pid).memory_info().rss // 2
+            assert psutil.Process(child).ppid() == parent.pid
+        assert memory[gone.pid] is None
+    finally:
+        for parent in parents:
+            parent.kill()
+            parent.wait()
