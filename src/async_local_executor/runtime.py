@@ -13,6 +13,7 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable
 
@@ -135,12 +136,14 @@ class Runtime:
             await supervisor.shutdown(wait)
             done.set_result(None)
 
+        # One bound for both waits: a loop stuck in the first must not be given the whole bound again.
+        deadline = time.monotonic() + timeout
         self._post(lambda supervisor, tg: tg.start_soon(shut, supervisor))
         try:
             done.result(timeout)
         except concurrent.futures.TimeoutError:
             log.error("event loop did not finish shutting down within %.1fs", timeout)
-        thread.join(timeout)
+        thread.join(max(0.0, deadline - time.monotonic()))
 
     def _post(self, op: _Op) -> None:
         loop, wake = self._loop, self._wake

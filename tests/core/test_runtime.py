@@ -1,0 +1,39 @@
+"""The loop thread's runtime, with a plain supervisor and no Airflow."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from async_local_executor.launchers.subprocess import SubprocessLauncher
+from async_local_executor.runtime import Runtime
+from async_local_executor.supervisor import Supervisor
+from tests.core.helpers import GUARD, Recorder
+
+
+class StuckSupervisor(Supervisor):
+    """Its shutdown blocks the loop thread itself (as a hung system call on the loop would)."""
+
+    def __init__(self, released: threading.Event) -> None:
+        recorder = Recorder()
+        super().__init__(SubprocessLauncher(output=recorder.output), recorder, limit=None)
+        self.released = released
+
+    async def shutdown(self, wait: float) -> None:
+        self.released.wait(GUARD)
+        await super().shutdown(wait)
+
+
+def test_shutdown_of_a_stuck_loop_returns_within_its_timeout_not_twice_it() -> None:
+    released = threading.Event()
+    runtime = Runtime(lambda: StuckSupervisor(released), use_uvloop=False)
+    runtime.start()
+    timeout = 2.0
+    began = time.monotonic()
+    try:
+        runtime.shutdown(0.0, timeout=timeout)
+        elapsed = time.monotonic() - began
+    finally:
+        released.set()
+    # Waiting for the shutdown and joining the thread share one bound (each took all of it before).
+    assert timeout <= elapsed < 1.5 * timeout
