@@ -437,17 +437,19 @@ class Supervisor:
             log.exception("supervising workload %s failed", request.label or request.key)
             if not tracked.life.finished:
                 tracked.life.phase = Phase.FINISHED
-                self._count(
-                    tracked,
-                    Outcome(request.key, OutcomeKind.LAUNCH_FAILED, reason=f"internal error: {exc!r}"),
-                )
+                if tracked.child is None:
+                    kind = OutcomeKind.LAUNCH_FAILED
+                else:
+                    # It runs with nothing left to reap it or report its exit: kill its group, so the
+                    # task is not still running (and reporting) after its final event says failed.
+                    kind = OutcomeKind.LOST
+                    if not tracked.exited.is_set():
+                        with contextlib.suppress(OSError):
+                            tracked.child.signal(signal.SIGKILL)
+                outcome = Outcome(request.key, kind, reason=f"internal error: {exc!r}")
+                self._count(tracked, outcome)
                 self._listener.finished(
-                    Outcome(
-                        request.key,
-                        OutcomeKind.LAUNCH_FAILED,
-                        reason=f"internal error: {exc!r}",
-                        times=Times(tracked.accepted, tracked.launched, time.time()),
-                    )
+                    dataclasses.replace(outcome, times=Times(tracked.accepted, tracked.launched, time.time()))
                 )
         finally:
             if tracked.deadline is not None:

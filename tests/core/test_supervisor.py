@@ -470,3 +470,23 @@ async def test_a_child_that_closes_its_output_early_is_still_awaited(kind: str) 
     outcome = recorder.outcome("k")
     assert (outcome.kind, outcome.returncode) == (OutcomeKind.EXITED, 5)
     assert ("k", "bye") in recorder.lines
+
+
+class FailingOnStart(Recorder):
+    """A listener that raises when told a workload started: a bug after the process exists."""
+
+    def started(self, key: Any, pid: int) -> None:
+        super().started(key, pid)
+        raise RuntimeError("listener bug")
+
+
+async def test_an_internal_error_after_launch_kills_the_process_and_reports_it_lost(kind: str) -> None:
+    recorder = FailingOnStart()
+    async with serving(recorder, kind) as supervisor:
+        supervisor.submit(LaunchRequest("running", py("import time; time.sleep(600)")))
+        await recorder.until(lambda: recorder.outcomes)
+        # Nothing reaps or reports it any more: it must not run on after its final event.
+        await until_dead(recorder.pids["running"])
+    [outcome] = recorder.outcomes
+    assert outcome.kind is OutcomeKind.LOST
+    assert outcome.reason == "internal error: RuntimeError('listener bug')"
