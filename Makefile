@@ -8,12 +8,17 @@ BIN := $(VENV)/bin
 VENV2 ?= .venv-airflow2
 LOCK2 ?= constraints/airflow-2.11.2-py3.11.txt
 BIN2 := $(VENV2)/bin
+# The oldest Airflow 2 supported, 2.10, for the same Airflow 2 tests (no Celery extra: its provider needs 2.11).
+VENV210 ?= .venv-airflow210
+LOCK210 ?= constraints/airflow-2.10.5-py3.11.txt
+BIN210 := $(VENV210)/bin
 PYTEST_ARGS ?=
 # Benchmarks: which executor variants to compare (each against stock) and where results go.
 BENCH_VARIANTS ?= stock,ours
 BENCH_ARGS ?=
 
-.PHONY: install install-airflow2 test test-airflow3 test-airflow2 test-core lint demo docs lock lock-airflow2 \
+.PHONY: install install-airflow2 install-airflow210 test test-airflow3 test-airflow2 test-airflow210 test-core \
+	lint demo docs lock lock-airflow2 lock-airflow210 \
 	clean bench bench-full bench-smoke bench-airflow2
 
 install: $(VENV)/.installed
@@ -21,7 +26,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet --constraint $(LOCK) --editable '.[uvloop,test,bench]'
+	$(BIN)/pip install --quiet --constraint $(LOCK) --editable '.[uvloop,test,test-celery,bench]'
 	touch $@
 
 install-airflow2: $(VENV2)/.installed
@@ -29,11 +34,19 @@ install-airflow2: $(VENV2)/.installed
 $(VENV2)/.installed: pyproject.toml $(LOCK2)
 	$(PYTHON) -m venv $(VENV2)
 	$(BIN2)/pip install --quiet --upgrade pip
-	$(BIN2)/pip install --quiet --constraint $(LOCK2) --editable '.[uvloop,test,bench]'
+	$(BIN2)/pip install --quiet --constraint $(LOCK2) --editable '.[uvloop,test,test-celery,bench]'
 	touch $@
 
-# Everything: the suite on Airflow 3.3, then the Airflow 2.11 tests (end to end on PostgreSQL).
-test: test-airflow3 test-airflow2
+install-airflow210: $(VENV210)/.installed
+
+$(VENV210)/.installed: pyproject.toml $(LOCK210)
+	$(PYTHON) -m venv $(VENV210)
+	$(BIN210)/pip install --quiet --upgrade pip
+	$(BIN210)/pip install --quiet --constraint $(LOCK210) --editable '.[uvloop,test,bench]'
+	touch $@
+
+# Everything: the suite on Airflow 3.3, then the Airflow 2 tests (end to end on PostgreSQL) on 2.11 and 2.10.
+test: test-airflow3 test-airflow2 test-airflow210
 
 test-airflow3: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -41,6 +54,9 @@ test-airflow3: install
 # tests/core is Airflow-free and already ran above; tests/airflow2 is what differs.
 test-airflow2: install-airflow2
 	$(BIN2)/python -m pytest tests/airflow2 $(PYTEST_ARGS)
+
+test-airflow210: install-airflow210
+	$(BIN210)/python -m pytest tests/airflow2 $(PYTEST_ARGS)
 
 test-core: install
 	$(BIN)/python -m pytest tests/core tests/adapter $(PYTEST_ARGS)
@@ -80,7 +96,7 @@ lock:
 	rm -rf .lock-venv
 	$(PYTHON) -m venv .lock-venv
 	.lock-venv/bin/pip install --quiet --upgrade pip
-	.lock-venv/bin/pip install --quiet '.[uvloop,test,bench]'
+	.lock-venv/bin/pip install --quiet '.[uvloop,test,test-celery,bench]'
 	{ echo '# The tested set: apache-airflow 3.3.2 and everything it pulls in, plus the test and benchmark tools.'; \
 	  echo '# Regenerate with `make lock` after changing a dependency.'; \
 	  .lock-venv/bin/pip freeze | grep -v -i '^async.local.executor'; } > $(LOCK)
@@ -90,11 +106,21 @@ lock-airflow2:
 	rm -rf .lock-venv
 	$(PYTHON) -m venv .lock-venv
 	.lock-venv/bin/pip install --quiet --upgrade pip
-	.lock-venv/bin/pip install --quiet 'apache-airflow==2.11.2' '.[uvloop,test,bench]'
+	.lock-venv/bin/pip install --quiet 'apache-airflow==2.11.2' '.[uvloop,test,test-celery,bench]'
 	{ echo '# The tested Airflow 2 set: apache-airflow 2.11.2 and everything it pulls in, plus the test and benchmark tools.'; \
 	  echo '# Regenerate with `make lock-airflow2` after changing a dependency.'; \
 	  .lock-venv/bin/pip freeze | grep -v -i '^async.local.executor'; } > $(LOCK2)
 	rm -rf .lock-venv
 
+lock-airflow210:
+	rm -rf .lock-venv
+	$(PYTHON) -m venv .lock-venv
+	.lock-venv/bin/pip install --quiet --upgrade pip
+	.lock-venv/bin/pip install --quiet 'apache-airflow==2.10.5' '.[uvloop,test,bench]'
+	{ echo '# The tested Airflow 2.10 set: apache-airflow 2.10.5 and everything it pulls in, plus the test and benchmark tools.'; \
+	  echo '# Regenerate with `make lock-airflow210` after changing a dependency.'; \
+	  .lock-venv/bin/pip freeze | grep -v -i '^async.local.executor'; } > $(LOCK210)
+	rm -rf .lock-venv
+
 clean:
-	rm -rf $(VENV) $(VENV2) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) $(VENV2) $(VENV210) build *.egg-info src/*.egg-info

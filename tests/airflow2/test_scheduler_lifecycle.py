@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -110,7 +111,20 @@ def test_nothing_outlives_a_killed_scheduler_and_a_restart_finishes(make: Make) 
     assert escaped, [" ".join(cmdline(pid)) for pid in launched]
     described = {pid: " ".join(cmdline(pid)) for pid in launched}
 
+    # Airflow's own helpers of the scheduler (its DAG file processor manager, its log server) survive a
+    # kill -9 of it; the manager, forked with the scheduler's database connection open, keeps that
+    # connection and any transaction the kill interrupted, with its row locks, so a new scheduler may
+    # never queue the reset tasks (seen on 2.10.5). A service manager kills them with the scheduler
+    # (systemd's KillMode=mixed, docs/operations.md); so does this test. They are not the executor's.
+    airflow_helpers = [
+        child
+        for child in psutil.Process(sandbox.pids["scheduler"]).children()
+        if child.pid not in launched and "forkserver_helper" not in " ".join(cmdline(child.pid))
+    ]
     sandbox.kill("scheduler")
+    for helper in airflow_helpers:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            helper.kill()
     deadline = time.monotonic() + ORPHAN_DEADLINE
     while survivors := [pid for pid in chained if alive(pid)]:
         assert time.monotonic() < deadline, [" ".join(cmdline(pid)) for pid in survivors]
