@@ -92,35 +92,31 @@ bench-smoke: install
 	$(BIN)/python -m benchmarks --profile smoke --variants $(BENCH_VARIANTS) --out build/bench/smoke.jsonl \
 		--charts build/bench/smoke-charts $(BENCH_ARGS)
 
-lock:
+# Install into a throwaway virtualenv and freeze it into a lock file.
+# $(1): what to install; $(2): what the set is; $(3): the lock file.
+define freeze_lock
 	rm -rf .lock-venv
 	$(PYTHON) -m venv .lock-venv
 	.lock-venv/bin/pip install --quiet --upgrade pip
-	.lock-venv/bin/pip install --quiet '.[uvloop,test,test-celery,bench]'
-	{ echo '# The tested set: apache-airflow 3.3.2 and everything it pulls in, plus the test and benchmark tools.'; \
-	  echo '# Regenerate with `make lock` after changing a dependency.'; \
-	  .lock-venv/bin/pip freeze | grep -v -i '^async.local.executor'; } > $(LOCK)
+	.lock-venv/bin/pip install --quiet $(1)
+	{ echo '# $(2) and everything it pulls in, plus the test and benchmark tools.'; \
+	  echo '# Regenerate with `make $@` after changing a dependency.'; \
+	  .lock-venv/bin/pip freeze | grep -v -i '^async.local.executor'; } > $(3)
 	rm -rf .lock-venv
+endef
+
+EXTRAS := '.[uvloop,test,test-celery,bench]'
+# Airflow 2.10: without test-celery (its Celery provider needs Airflow 2.11).
+EXTRAS_210 := '.[uvloop,test,bench]'
+
+lock:
+	$(call freeze_lock,$(EXTRAS),The tested set: apache-airflow 3.3.2,$(LOCK))
 
 lock-airflow2:
-	rm -rf .lock-venv
-	$(PYTHON) -m venv .lock-venv
-	.lock-venv/bin/pip install --quiet --upgrade pip
-	.lock-venv/bin/pip install --quiet 'apache-airflow==2.11.2' '.[uvloop,test,test-celery,bench]'
-	{ echo '# The tested Airflow 2 set: apache-airflow 2.11.2 and everything it pulls in, plus the test and benchmark tools.'; \
-	  echo '# Regenerate with `make lock-airflow2` after changing a dependency.'; \
-	  .lock-venv/bin/pip freeze | grep -v -i '^async.local.executor'; } > $(LOCK2)
-	rm -rf .lock-venv
+	$(call freeze_lock,'apache-airflow==2.11.2' $(EXTRAS),The tested Airflow 2 set: apache-airflow 2.11.2,$(LOCK2))
 
 lock-airflow210:
-	rm -rf .lock-venv
-	$(PYTHON) -m venv .lock-venv
-	.lock-venv/bin/pip install --quiet --upgrade pip
-	.lock-venv/bin/pip install --quiet 'apache-airflow==2.10.5' '.[uvloop,test,bench]'
-	{ echo '# The tested Airflow 2.10 set: apache-airflow 2.10.5 and everything it pulls in, plus the test and benchmark tools.'; \
-	  echo '# Regenerate with `make lock-airflow210` after changing a dependency.'; \
-	  .lock-venv/bin/pip freeze | grep -v -i '^async.local.executor'; } > $(LOCK210)
-	rm -rf .lock-venv
+	$(call freeze_lock,'apache-airflow==2.10.5' $(EXTRAS_210),The tested Airflow 2.10 set: apache-airflow 2.10.5,$(LOCK210))
 
 clean:
 	rm -rf $(VENV) $(VENV2) $(VENV210) build *.egg-info src/*.egg-info
