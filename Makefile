@@ -21,29 +21,28 @@ BENCH_ARGS ?=
 	lint demo docs lock lock-airflow2 lock-airflow210 \
 	clean bench bench-full bench-smoke bench-airflow2
 
+# A virtualenv from a lock file. $(1): the virtualenv; $(2): the lock file; $(3): the extras.
+define make_venv
+	$(PYTHON) -m venv $(1)
+	$(1)/bin/pip install --quiet --upgrade pip
+	$(1)/bin/pip install --quiet --constraint $(2) --editable $(3)
+	touch $@
+endef
+
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml $(LOCK)
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet --constraint $(LOCK) --editable '.[uvloop,test,test-celery,bench]'
-	touch $@
+	$(call make_venv,$(VENV),$(LOCK),$(EXTRAS))
 
 install-airflow2: $(VENV2)/.installed
 
 $(VENV2)/.installed: pyproject.toml $(LOCK2)
-	$(PYTHON) -m venv $(VENV2)
-	$(BIN2)/pip install --quiet --upgrade pip
-	$(BIN2)/pip install --quiet --constraint $(LOCK2) --editable '.[uvloop,test,test-celery,bench]'
-	touch $@
+	$(call make_venv,$(VENV2),$(LOCK2),$(EXTRAS))
 
 install-airflow210: $(VENV210)/.installed
 
 $(VENV210)/.installed: pyproject.toml $(LOCK210)
-	$(PYTHON) -m venv $(VENV210)
-	$(BIN210)/pip install --quiet --upgrade pip
-	$(BIN210)/pip install --quiet --constraint $(LOCK210) --editable '.[uvloop,test,bench]'
-	touch $@
+	$(call make_venv,$(VENV210),$(LOCK210),$(EXTRAS_210))
 
 # Everything: the suite on Airflow 3.3, then the Airflow 2 tests (end to end on PostgreSQL) on 2.11 and 2.10.
 test: test-airflow3 test-airflow2 test-airflow210
