@@ -5,15 +5,16 @@ about two seconds of CPU. The scheduler itself cannot fork (its event-loop threa
 multi-threaded), so the forking happens in a helper started with ``exec``
 (:mod:`~async_local_executor.launchers.forkserver_helper`, which also documents the protocol).
 
-The event loop reads the helper's channel continuously, so neither side can block on a full buffer.
-If the helper dies, children that had started are killed with their process groups and reported lost;
-requests not yet started are retried on a fresh helper. If a helper cannot start at all, launches go
-to the fallback launcher from then on, with one warning.
+The helper only forks: each child is the scheduler's own (``CLONE_PARENT``), reports its pid on a
+control socket of its own, and is reaped here through a pidfd. So a helper that dies, hangs or is
+replaced costs no running workload: requests it had not started are retried on a fresh helper, and
+every child it forked runs on and is reported with its real exit status. The helper's liveness is
+judged by progress, never by one reply that had to wait behind a busy loop. If a helper cannot start
+at all, launches go to the fallback launcher from then on, with one warning.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import itertools
 import logging
@@ -29,11 +30,13 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.to_thread
+import psutil
 from typing_extensions import Self
 
 from async_local_executor.errors import ChildLost, LaunchError
 from async_local_executor.launchers.base import Child, Launcher, LaunchRequest, OutputSink
-from async_local_executor.launchers.forkserver_helper import MAX_MESSAGE, decode, encode, size_buffers
+from async_local_executor.launchers.forkserver_helper import GO, MAX_MESSAGE, decode, encode, size_buffers
 from async_local_executor.launchers.output import LineSplitter, discard, drain_stream
 from async_local_executor.launchers.tree import GroupSignaller
 
@@ -44,6 +47,11 @@ HELPER_KEY = "fork-server"  # the key the helper's own output is logged under
 # is replaced after restart_delay.
 RESTART_DELAY_MAX = 60.0
 DRAIN_AFTER_EXIT = 5.0
+# A retired helper gets this long to leave on its own before it is killed (it owns no workload).
+RETIRE_GRACE = 5.0
+# A child whose control socket closed without a pid, while the helper said nothing: how long the
+# helper's explanation is awaited before the launch is reported failed anyway.
+EXPLANATION_WAIT = 10.0
 
 
 class _HelperDied(Exception):
@@ -53,17 +61,27 @@ class _HelperDied(Exception):
 @dataclass(eq=False)
 class _Spawn:
     request: LaunchRequest
-    started: anyio.Event = field(default_factory=anyio.Event)
-    exited: anyio.Event = field(default_factory=anyio.Event)
-    pid: int | None = None
-    status: int | None = None
+    resolved: anyio.Event = field(default_factory=anyio.Event)  # the helper refused it, or is gone
     error: str | None = None
-    helper_died: bool = False
-    lost: str | None = None
+
+
+def kernel_state(pid: int) -> str:
+    """The process's state as the kernel reports it (psutil's names); ``"gone"`` when it does not exist."""
+    try:
+        return str(psutil.Process(pid).status())
+    except psutil.Error:
+        return "gone"
+
+
+def _exit_status(result: os.waitid_result) -> int:
+    """As :attr:`subprocess.Popen.returncode`: negative ``-N`` when signal N ended it."""
+    if result.si_code == os.CLD_EXITED:
+        return int(result.si_status)
+    return -int(result.si_status)
 
 
 class _Helper:
-    """One helper process, its channel, and the requests it has in flight."""
+    """One helper process, its channel, and the spawn requests it has not answered yet."""
 
     def __init__(
         self,
@@ -83,17 +101,23 @@ class _Helper:
         self._ping_timeout = ping_timeout
         self._ids = itertools.count()
         self._pending: dict[int, _Spawn] = {}
-        self._pong = anyio.Event()
+        self._heard = 0  # messages received so far: the helper's progress
         self.pid = process.pid
-        self.alive = False
+        self.ready = False
         self.start_error: str | None = None
         self.gone = anyio.Event()
+        self.retired = anyio.Event()  # set when it must take no new launch (also once it is gone)
         self._closing = False
         self._idle_since = anyio.current_time()
 
     @property
+    def alive(self) -> bool:
+        """Takes launches: started, not retired, not gone."""
+        return self.ready and not self.retired.is_set()
+
+    @property
     def idle_since(self) -> float | None:
-        """When the helper last had nothing in flight; ``None`` while it has."""
+        """When the helper last had no request in flight; ``None`` while it has."""
         return None if self._pending else self._idle_since
 
     def _settle(self, request_id: int) -> None:
@@ -108,24 +132,23 @@ class _Helper:
                 tg.start_soon(self._drain_own_output)
                 self.start_error = await self._handshake()
                 if self.start_error is None:
-                    self.alive = True
+                    self.ready = True
                     task_status.started()
-                    tg.start_soon(self._pinger)
+                    tg.start_soon(self._watch)
                     while (message := await self._recv()) is not None:
                         self._dispatch(message)
                     if not self._closing:
                         log.error(
-                            "fork server died (pid %d); its in-flight workloads are lost, a new one "
-                            "replaces it",
+                            "fork server (pid %d) exited; a new one replaces it (running workloads are "
+                            "not affected)",
                             self.pid,
                         )
-                        self._abandon("fork server died")
                 else:
                     task_status.started()
                 tg.cancel_scope.cancel()
         finally:
-            self.alive = False
-            self._abandon("fork server died")
+            self.retired.set()
+            self._abandon()
             with anyio.CancelScope(shield=True):
                 await self._reap()
             self.gone.set()
@@ -143,44 +166,82 @@ class _Helper:
 
     async def spawn(self, request: LaunchRequest) -> ForkServerChild:
         request_id = next(self._ids)
-        message = encode(
-            {
-                "op": "spawn",
-                "id": request_id,
-                "argv": list(request.argv),
-                "stdin": base64.b64encode(request.stdin).decode(),
-            }
-        )
+        message = encode({"op": "spawn", "id": request_id, "argv": list(request.argv)})
         if len(message) > MAX_MESSAGE:
             raise OverflowError(f"spawn request of {len(message)} bytes exceeds {MAX_MESSAGE}")
         try:
             read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
         except OSError as exc:  # EMFILE/ENFILE: a launch failure to report, not a crash of ours
             raise LaunchError(f"cannot create the workload's output pipe: {exc.strerror}") from exc
+        try:
+            control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        except OSError as exc:
+            os.close(read_fd)
+            os.close(write_fd)
+            raise LaunchError(f"cannot create the workload's control socket: {exc.strerror}") from exc
         os.set_blocking(read_fd, False)
+        control.setblocking(False)
         spawn = _Spawn(request)
         self._pending[request_id] = spawn
         try:
             try:
-                await self._send(message, write_fd)
+                await self._send(message, [write_fd, theirs.fileno()])
             finally:
-                os.close(write_fd)  # the helper holds its own copy now; EOF must depend on the child only
-            await spawn.started.wait()
+                # The helper holds its own copies now; EOF on either must depend on the child only.
+                os.close(write_fd)
+                theirs.close()
+            pid = await self._child_pid(control, spawn)
         except BaseException:
             os.close(read_fd)
-            self._settle(request_id)
+            control.close()
             raise
-        if spawn.helper_died:
+        finally:
+            self._settle(request_id)
+        if pid is None:
             os.close(read_fd)
-            raise _HelperDied
-        if spawn.error is not None:
-            os.close(read_fd)
-            raise LaunchError(spawn.error)
-        return ForkServerChild(spawn, read_fd, self._output)
+            control.close()
+            if spawn.error is not None:
+                raise LaunchError(spawn.error)
+            if self.retired.is_set():
+                raise _HelperDied
+            raise LaunchError("the workload process ended before it could start")
+        return await ForkServerChild.adopt(pid, control, read_fd, request, self._output)
+
+    async def _child_pid(self, control: socket.socket, spawn: _Spawn) -> int | None:
+        """The pid the child reports on its control socket; ``None`` when the socket closed without one."""
+        received = b""
+        while b"\n" not in received:
+            try:
+                chunk = control.recv(64)
+            except BlockingIOError:
+                await anyio.wait_readable(control)
+                continue
+            except OSError:
+                chunk = b""
+            if not chunk:
+                # Closed with no pid: the helper refused the request or went away (it closes its copy
+                # either way, and then says which on the channel).
+                with anyio.move_on_after(EXPLANATION_WAIT):
+                    await spawn.resolved.wait()
+                return None
+            received += chunk
+        return int(received.split(b"\n", 1)[0])
+
+    def retire(self, why: str) -> None:
+        """Take no new launch; close the channel and kill the process if it does not leave by itself.
+
+        The helper owns no workload (each is the scheduler's child), so this costs none of them.
+        """
+        if self.retired.is_set():
+            return
+        log.error("fork server (pid %d) %s; replacing it (running workloads are not affected)", self.pid, why)
+        self.retired.set()
+        self.close()
 
     def close(self) -> None:
         """Close our end of the channel; the helper exits when it sees that."""
         self._closing = True
+        self.retired.set()
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
 
@@ -189,66 +250,63 @@ class _Helper:
             os.kill(self.process.pid, signal.SIGKILL)
 
     def _dispatch(self, message: dict[str, Any]) -> None:
-        op = message["op"]
-        if op == "pong":
-            self._pong.set()
-            return
+        self._heard += 1
+        if message["op"] != "spawn_failed":
+            return  # a pong: progress is all it says
         spawn = self._pending.get(int(message["id"]))
-        if spawn is None:
-            log.warning("fork server sent a message for an unknown request: %s", message)
-            return
-        if op == "started":
-            spawn.pid = int(message["pid"])
-            spawn.started.set()
-        elif op == "spawn_failed":
+        if spawn is not None:
             spawn.error = str(message.get("error", "spawn failed"))
-            self._settle(int(message["id"]))
-            spawn.started.set()
-        elif op == "exited":
-            spawn.status = int(message["status"])
-            self._settle(int(message["id"]))
-            spawn.exited.set()
+            spawn.resolved.set()
 
-    def _abandon(self, reason: str) -> None:
+    def _abandon(self) -> None:
         for spawn in self._pending.values():
-            if spawn.pid is None:
-                spawn.helper_died = True
-                spawn.started.set()
-            else:
-                # The child got SIGKILL from the kernel when the helper died (PDEATHSIG); its own
-                # children did not, so the group goes too. Its status died with the helper.
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(spawn.pid, signal.SIGKILL)
-                spawn.lost = reason
-                spawn.exited.set()
-        self._pending.clear()
+            spawn.resolved.set()
 
-    async def _pinger(self) -> None:
+    def _read_ready(self) -> None:
+        """Dispatch whatever the channel holds now, before judging the helper by it."""
         while True:
-            await anyio.sleep(self._ping_interval)
-            self._pong = anyio.Event()
             try:
-                await self._send(encode({"op": "ping", "id": -1}))
-            except _HelperDied:
-                return  # the reader sees the same and cleans up
-            with anyio.move_on_after(self._ping_timeout) as scope:
-                await self._pong.wait()
-            if scope.cancelled_caught:
-                log.error(
-                    "fork server (pid %d) did not answer within %.0fs; killing it",
-                    self.pid,
-                    self._ping_timeout,
-                )
+                data = self._sock.recv(MAX_MESSAGE)
+            except (BlockingIOError, OSError):
+                return
+            if not data:
+                return
+            self._dispatch(decode(data))
+
+    async def _watch(self) -> None:
+        """Retire a helper that makes no progress for ``ping_timeout`` seconds of the loop's own time.
+
+        Each tick counts as one interval however late the loop woke up (a lagging loop could not have
+        read an answer either), and the channel is read before the helper is judged.
+        """
+        silent = 0.0
+        heard = self._heard
+        while not self.retired.is_set():
+            await anyio.sleep(self._ping_interval)
+            self._read_ready()
+            state = kernel_state(self.pid)
+            if state in ("gone", psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+                return  # the reader sees the channel close and reports it
+            if self._heard != heard:
+                heard, silent = self._heard, 0.0
+            else:
+                silent += self._ping_interval
+            if silent >= self._ping_timeout:
+                self.retire(f"made no progress for {silent:.0f}s (process state: {state})")
+                with anyio.move_on_after(RETIRE_GRACE):
+                    await self.gone.wait()
                 self.kill()
                 return
+            with contextlib.suppress(BlockingIOError, OSError):
+                # Never waited on: a channel too full to take a ping is itself a helper not reading.
+                self._sock.send(encode({"op": "ping", "id": -1}))
 
-    async def _send(self, data: bytes, fd: int | None = None) -> None:
+    async def _send(self, data: bytes, fds: list[int]) -> None:
         while True:
+            if self.retired.is_set():
+                raise _HelperDied
             try:
-                if fd is None:
-                    self._sock.send(data)
-                else:
-                    socket.send_fds(self._sock, [data], [fd])
+                socket.send_fds(self._sock, [data], fds)
                 return
             except BlockingIOError:
                 await anyio.wait_writable(self._sock)
@@ -279,16 +337,37 @@ class _Helper:
 
 
 class ForkServerChild:
-    """A workload process forked by the helper; the same contract as a plain subprocess child."""
+    """A workload process forked by a helper as our own child; the same contract as a subprocess child."""
 
-    def __init__(self, spawn: _Spawn, read_fd: int, output: OutputSink) -> None:
-        assert spawn.pid is not None
-        self._spawn = spawn
-        self._pid = spawn.pid
+    def __init__(
+        self, pid: int, pidfd: int, read_fd: int, request: LaunchRequest, output: OutputSink
+    ) -> None:
+        self._pid = pid
+        self._pidfd = pidfd
         self._read_fd = read_fd
+        self._request = request
         self._output = output
         self._drained = anyio.Event()
-        self._signaller = GroupSignaller(self._pid)
+        self._signaller = GroupSignaller(pid)
+
+    @classmethod
+    async def adopt(
+        cls, pid: int, control: socket.socket, read_fd: int, request: LaunchRequest, output: OutputSink
+    ) -> ForkServerChild:
+        """Take charge of the child that reported ``pid``, then send it its payload (it runs after that)."""
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError as exc:
+            # Told nothing, it exits by itself (EXIT_PARENT_GONE); reaped off the loop, it is quick.
+            control.close()
+            os.close(read_fd)
+            await anyio.to_thread.run_sync(os.waitpid, pid, 0)
+            raise LaunchError(f"cannot watch the workload process: {exc.strerror}") from exc
+        child = cls(pid, pidfd, read_fd, request, output)
+        # Shielded: a child that got half its payload would run with a truncated workload.
+        with anyio.CancelScope(shield=True):
+            await _send_all(control, GO + request.stdin)
+        return child
 
     @property
     def pid(self) -> int:
@@ -301,7 +380,7 @@ class ForkServerChild:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._drain)
-                await self._spawn.exited.wait()
+                status = await self._reap()
                 # Whatever the child left in its group would outlive the workload and hold the pipe.
                 self.signal(signal.SIGKILL)
                 with anyio.move_on_after(DRAIN_AFTER_EXIT):
@@ -309,13 +388,22 @@ class ForkServerChild:
                 tg.cancel_scope.cancel()
         finally:
             os.close(self._read_fd)
-        if self._spawn.lost is not None:
-            raise ChildLost(self._spawn.lost)
-        assert self._spawn.status is not None
-        return self._spawn.status
+            os.close(self._pidfd)
+        return status
+
+    async def _reap(self) -> int:
+        while True:
+            try:
+                # WNOHANG: returns at once; the pidfd being readable is what says the exit happened.
+                result = os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOHANG)  # noqa: ASYNC222
+            except ChildProcessError as exc:
+                raise ChildLost(f"its exit status was taken by another waiter ({exc})") from exc
+            if result is not None:
+                return _exit_status(result)
+            await anyio.wait_readable(self._pidfd)
 
     async def _drain(self) -> None:
-        splitter = LineSplitter(self._spawn.request.key, self._output)
+        splitter = LineSplitter(self._request.key, self._output)
         try:
             while True:
                 try:
@@ -331,8 +419,23 @@ class ForkServerChild:
             self._drained.set()
 
 
+async def _send_all(sock: socket.socket, data: bytes) -> None:
+    """Write ``data`` and close; a child that is gone already just misses it (its exit tells why)."""
+    view = memoryview(data)
+    try:
+        while view:
+            try:
+                view = view[sock.send(view) :]
+            except BlockingIOError:
+                await anyio.wait_writable(sock)
+    except OSError:
+        pass
+    finally:
+        sock.close()
+
+
 class ForkServerLauncher:
-    """Launches workloads through a fork-server helper, restarting it when it dies.
+    """Launches workloads through a fork-server helper, replacing it when it dies or stops progressing.
 
     :param target: ``module:function`` run in each child with ``(argv, stdin_bytes)``; its module may
         define ``preload()``, called once in the helper before the first fork
@@ -342,11 +445,12 @@ class ForkServerLauncher:
         the channel
     :param env: the helper's environment, which every child inherits; ``None`` to inherit ours
     :param ping_interval: seconds between liveness checks of the helper
-    :param ping_timeout: a helper that does not answer a check within this is killed and replaced
+    :param ping_timeout: a helper that shows no progress for this long (in ticks of the loop's own
+        time) is replaced; its running workloads are not affected
     :param start_timeout: a helper that is not ready within this counts as unable to start
     :param idle_timeout: ``None``: start the helper with the launcher and keep it, replacing it
         ``restart_delay`` seconds after it dies (doubled each time a replacement dies young); a number: start
-        it with the first launch and stop it after that many seconds with nothing in flight (the next
+        it with the first launch and stop it after that many seconds without a launch (the next
         launch starts a new one), trading the helper's start time for its memory while idle
     """
 
@@ -443,7 +547,7 @@ class ForkServerLauncher:
             if helper is None:
                 return  # disabled: every launch takes the fallback
             started = anyio.current_time()
-            await helper.gone.wait()
+            await helper.retired.wait()
             if self._closing:
                 return
             # A helper that keeps dying soon after it starts (its preload crashing, the OOM killer) is
