@@ -7,6 +7,7 @@ adapter needs is named here once, so executor.py reads the same on both.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow import __version__ as AIRFLOW_VERSION
@@ -41,6 +42,7 @@ __all__ = [
     "ConnectionTestKey",
     "airflow2_audit",
     "airflow2_log_path",
+    "child_client_env",
     "execution_api_url",
     "executor_conf",
     "stats",
@@ -64,6 +66,33 @@ def execution_api_url(conf: Any) -> str:
     from airflow.executors.base_executor import get_execution_api_server_url
 
     return str(get_execution_api_server_url(conf))
+
+
+# Airflow's default [workers] execution_api_timeout is 5 s. A burst of task starts queues their first
+# calls at the api-server past that; the task SDK then retries PATCH .../run, and in Airflow 3.3 a late
+# original can put a task that already finished back to running, which the scheduler then fails.
+CLIENT_TIMEOUT_OPTION = ("workers", "execution_api_timeout")
+SAFE_CLIENT_TIMEOUT = 60.0
+
+
+def child_client_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """Environment for task processes: a safe execution-API client timeout unless the operator set one.
+
+    Airflow 2 tasks use the database, not the API: nothing to set there.
+    """
+    if not AIRFLOW_V3:
+        return {}
+    import configparser
+
+    from airflow.configuration import conf
+
+    section, key = CLIENT_TIMEOUT_OPTION
+    variable = f"AIRFLOW__{section.upper()}__{key.upper()}"
+    if any(name in environ for name in (variable, f"{variable}_CMD", f"{variable}_SECRET")):
+        return {}
+    if configparser.ConfigParser.has_option(conf, section, key):  # set in airflow.cfg
+        return {}
+    return {variable: f"{SAFE_CLIENT_TIMEOUT:g}"}
 
 
 def airflow2_log_path(key: Any) -> str | None:

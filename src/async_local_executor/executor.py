@@ -22,12 +22,15 @@ from airflow.utils.helpers import prune_dict
 from airflow.utils.state import TaskInstanceState
 
 from async_local_executor import child, child_cli, registry, status, tasklog
+from async_local_executor.child_output import ChildOutput
 from async_local_executor.compat import (
     AIRFLOW_V3,
+    SAFE_CLIENT_TIMEOUT,
     CallbackKey,
     ConnectionTestKey,
     airflow2_audit,
     airflow2_log_path,
+    child_client_env,
     execution_api_url,
     executor_conf,
     stats,
@@ -50,7 +53,6 @@ if TYPE_CHECKING:
     from airflow.models.taskinstance import TaskInstance
 
 log = logging.getLogger(__name__)
-child_log = logging.getLogger("async_local_executor.child")
 
 _EXIT_REASONS = {
     child.EXIT_CRASHED: "workload process crashed (its traceback is in the scheduler log)",
@@ -137,10 +139,6 @@ def _tell_the_task(folder: str, relative: str | None, key: Any, reason: str) -> 
         tasklog.append_line(folder, relative, message, text=not AIRFLOW_V3)
 
 
-def _log_child_output(key: Hashable, line: str) -> None:
-    child_log.info("[%s] %s", describe(key), line)
-
-
 class AsyncLocalExecutor(BaseExecutor):
     """Runs each workload as its own process, supervised by an event loop on a dedicated thread.
 
@@ -161,6 +159,7 @@ class AsyncLocalExecutor(BaseExecutor):
         self._runtime: Runtime | None = None
         self._stopped = False  # end() or terminate() has finished
         self._mailbox = _Mailbox()
+        self._output = ChildOutput(describe)
         self._states: dict[WorkloadKey, _States] = {}
         self._serials = itertools.count()
         self._config = ExecutorConfig()
@@ -214,15 +213,24 @@ class AsyncLocalExecutor(BaseExecutor):
         policy = TerminationPolicy(grace=config.termination_grace_period)
         self._journal = journal = self._open_journal(config)
         listener = registry.RecordingListener(self._mailbox, journal, describe)
-        child_env = journal.child_env(os.environ)
+        client_env = child_client_env(os.environ)
+        if client_env:
+            log.info(
+                "task processes get [workers] execution_api_timeout = %gs (Airflow's default of 5s lets a "
+                "burst of task starts time out at the api-server and be retried unsafely); set it to "
+                "choose your own",
+                SAFE_CLIENT_TIMEOUT,
+            )
+        child_env = {**journal.child_env(os.environ), **client_env}
+        output = self._output
 
         def make_supervisor() -> Supervisor:
-            launcher: Launcher = SubprocessLauncher(output=_log_child_output, env=child_env)
+            launcher: Launcher = SubprocessLauncher(output=output, env=child_env)
             if config.launcher is LauncherKind.FORKSERVER:
                 launcher = ForkServerLauncher(
                     target=self._fork_target(),
                     preload=config.preload_modules,
-                    output=_log_child_output,
+                    output=output,
                     fallback=launcher,
                     env=child_env,
                     idle_timeout=config.forkserver_idle_timeout or None,
@@ -429,6 +437,7 @@ class AsyncLocalExecutor(BaseExecutor):
             key = cast("WorkloadKey", ticket.key)
             # Revoked ones too: until their process ends, they hold a slot like any other.
             ended |= self._note_for_prefetch(ticket, event)
+            tail = [] if isinstance(event, _Started) else self._output.pop(ticket)
             states = self._states.get(key)
             if states is None or states.ticket != ticket:
                 # A revoked submission: the scheduler already decided this try's fate, and Airflow's
@@ -446,7 +455,7 @@ class AsyncLocalExecutor(BaseExecutor):
                     self.change_state(key, states.running, remove_running=False)
                 continue
             del self._states[key]
-            self._finish(key, states, event)
+            self._finish(key, states, event, tail)
             outcome = "success" if event.ok else _OUTCOME_NAMES.get(event.kind, event.kind.value)
             stats.incr(self._metric_name(f"final_events.{outcome}"), tags=self._metric_tags)
         if ended:
@@ -560,7 +569,7 @@ class AsyncLocalExecutor(BaseExecutor):
         except RuntimeNotRunning:
             self.log.exception("cannot stop revoked workload %s", states.label)
 
-    def _finish(self, key: WorkloadKey, states: _States, outcome: Outcome) -> None:
+    def _finish(self, key: WorkloadKey, states: _States, outcome: Outcome, tail: Sequence[str]) -> None:
         if outcome.ok:
             self.change_state(key, states.success)
             return
@@ -570,7 +579,16 @@ class AsyncLocalExecutor(BaseExecutor):
         if outcome.kind in (OutcomeKind.LAUNCH_FAILED, OutcomeKind.NOT_STARTED):
             self._not_launched(key, states.label, states.failure, reason, states.log_path)
             return
-        self.log.error("workload %s failed: %s", states.label, reason)
+        if tail:
+            log.error(
+                "workload %s failed: %s; its last %d output lines:\n\t%s",
+                states.label,
+                reason,
+                len(tail),
+                "\n\t".join(tail),
+            )
+        else:
+            log.error("workload %s failed: %s", states.label, reason)
         self.change_state(key, states.failure, info=reason)
 
     def _not_launched(

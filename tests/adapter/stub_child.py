@@ -24,8 +24,11 @@ def behave(raw: str, args: list[str]) -> int:
     payload = json.loads(raw)
     workload = payload["workload"]
     name = workload.get("ti", {}).get("task_id") or workload.get("connection_id") or "ok"
-    print(f"stub running {name} argv={args} server={payload['server']}", flush=True)
+    timeout = os.environ.get("AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT")
+    print(f"stub running {name} argv={args} server={payload['server']} client_timeout={timeout}", flush=True)
     if name == "crash":
+        for i in range(30):
+            print(f"crash line {i}")
         return 1
     if name == "killed":
         os.kill(os.getpid(), signal.SIGKILL)

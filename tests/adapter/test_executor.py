@@ -336,7 +336,7 @@ def test_a_team_executor_uses_its_own_api_url_and_options(
 ) -> None:
     monkeypatch.setenv("AIRFLOW__TEAM_A___CORE__EXECUTION_API_SERVER_URL", "http://team-a.invalid/execution/")
     monkeypatch.setenv("AIRFLOW__TEAM_A___ASYNC_LOCAL_EXECUTOR__SHUTDOWN_TIMEOUT", "3")
-    caplog.set_level(logging.INFO, logger="async_local_executor.child")
+    caplog.set_level(logging.DEBUG, logger="async_local_executor.child")  # every line of the children
     ex = RecordingExecutor(parallelism=2, team_name="team_a")
     ex.start()
     try:

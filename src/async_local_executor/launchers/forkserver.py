@@ -625,6 +625,9 @@ class ForkServerLauncher:
         except OSError as exc:
             ours.close()
             raise LaunchError(f"cannot start the fork server: {exc.strerror}") from exc
+        except BaseException:  # cancelled (the loop is going away): nothing owns the channel yet
+            ours.close()
+            raise
         finally:
             theirs.close()
         helper = _Helper(
@@ -635,7 +638,13 @@ class ForkServerLauncher:
             ping_interval=self._ping_interval,
             ping_timeout=self._ping_timeout,
         )
-        await self._tg.start(helper.run)
+        try:
+            await self._tg.start(helper.run)
+        except BaseException:
+            # Cancelled before run() took charge of the helper: it is ours to stop.
+            helper.kill()
+            ours.close()
+            raise
         if helper.start_error is not None:
             await helper.gone.wait()
             raise LaunchError(f"the fork server could not start: {helper.start_error}")
