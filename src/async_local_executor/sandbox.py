@@ -305,6 +305,9 @@ class AirflowSandbox:
     :param startup_timeout: bound for each readiness wait during ``start()``.
     :param stop_timeout: how long ``stop()`` waits for each process after SIGTERM before it sends
         SIGABRT (a traceback of every thread, with ``PYTHONFAULTHANDLER``) and then SIGKILL.
+    :param execution_api_timeout: ``[workers] execution_api_timeout``, the task SDK's timeout for its
+        calls to the api-server, in seconds; None leaves the option unset, so Airflow's own default
+        (5 s) applies.
     :param progress: called with one line per startup/shutdown step; default prints to stderr.
     """
 
@@ -325,10 +328,14 @@ class AirflowSandbox:
         keep_home: bool = False,
         startup_timeout: float = 180.0,
         stop_timeout: float = 30.0,
+        execution_api_timeout: float | None = 60.0,
         progress: Progress | None = _log,
     ) -> None:
         if parallelism < 1:
             raise ValueError("parallelism must be >= 1")
+        if execution_api_timeout is not None and execution_api_timeout <= 0:
+            raise ValueError("execution_api_timeout must be > 0 or None")
+        self.execution_api_timeout = execution_api_timeout
         self.executor = executor
         self.parallelism = parallelism
         self.dags_folder = Path(dags_folder).resolve()
@@ -444,11 +451,6 @@ class AirflowSandbox:
                 "AIRFLOW__API__PORT": str(self.api_port),
                 "AIRFLOW__API__BASE_URL": self.api_url,
                 "AIRFLOW__API__WORKERS": "1",
-                # With one api-server worker on 2 cores, a burst of task starts can queue a request past
-                # the 5 s default client timeout; the task SDK then retries calls that are not
-                # idempotent in Airflow 3.3.2 (a late duplicate PATCH .../run puts a finished task back
-                # to running, a retried connection-test GET gets 409). Same setting for every executor.
-                "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "60",
                 "AIRFLOW__API__SECRET_KEY": secrets.token_urlsafe(32),
                 # Shared by api-server (verifies) and scheduler (signs task workload tokens).
                 # 64+ bytes: PyJWT warns about shorter HMAC-SHA512 keys.
@@ -468,6 +470,12 @@ class AirflowSandbox:
                 DEMO_CALLBACK_DIR_ENV: str(self.home / "deadline_callbacks"),
             }
         )
+        if self.execution_api_timeout is not None:
+            # With one api-server worker on 2 cores, a burst of task starts can queue a request past
+            # the 5 s default client timeout; the task SDK then retries calls that are not
+            # idempotent in Airflow 3.3.2 (a late duplicate PATCH .../run puts a finished task back
+            # to running, a retried connection-test GET gets 409). Same setting for every executor.
+            env["AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT"] = f"{self.execution_api_timeout:g}"
         env.update(self._extra_config)
         return env
 
