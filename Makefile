@@ -86,7 +86,8 @@ bench-airflow2: install-airflow2
 	$(BIN2)/python -m benchmarks --profile quick --variants $(BENCH_VARIANTS) --out build/bench/airflow2-quick.jsonl \
 		--charts docs/benchmarks-airflow2 --markdown docs/benchmarks-airflow2.md $(BENCH_ARGS)
 
-# A few tasks, one repetition: proves the harness works (tests/bench runs the same profile).
+# A few tasks, one repetition: proves the harness works (tests/bench runs the same profile). Every bench
+# target needs PostgreSQL on 127.0.0.1:5432 for the burst scenario (the other scenarios use SQLite).
 bench-smoke: install
 	$(BIN)/python -m benchmarks --profile smoke --variants $(BENCH_VARIANTS) --out build/bench/smoke.jsonl \
 		--charts build/bench/smoke-charts $(BENCH_ARGS)

@@ -22,8 +22,9 @@ from benchmarks.summary import summarize
 KEY_FIGURES = {
     "throughput": ("makespan_s", "tasks_per_s", "scheduler_cpu_s"),
     "footprint": ("idle_uss_mb", "busy_uss_mb", "per_task_uss_mb"),
-    "burst": ("executor_heartbeat_max_s", "job_heartbeat_max_gap_s", "tasks_killed"),
+    "burst": ("tasks_succeeded", "tasks_failed", "job_heartbeat_max_gap_s", "makespan_s"),
     "dispatch": ("heartbeat_p99_ms", "heartbeat_max_ms", "blocked"),
+    "ordinary": ("tasks_succeeded", "tasks_failed", "state_mismatches", "makespan_s"),
 }
 NOTES_BEGIN, NOTES_END = "<!-- observations -->", "<!-- /observations -->"
 
@@ -47,7 +48,13 @@ class LiveDisplay(harness.Listener):
 
     def run_finished(self, record: dict[str, Any]) -> None:
         figures = "  ".join(
-            f"{name}={report.fmt(record['metrics'].get(name))}" for name in KEY_FIGURES[record["scenario"]]
+            [
+                *(f"{name}={value}" for name, value in record.get("text", {}).items()),
+                *(
+                    f"{name}={report.fmt(record['metrics'].get(name))}"
+                    for name in KEY_FIGURES[record["scenario"]]
+                ),
+            ]
         )
         status = record["status"]
         self.table.add_row(
@@ -85,8 +92,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, help="repetitions per variant (default: smoke 1, quick 1, full 3)")
     p.add_argument(
         "--database",
-        help="sqlite, postgres, or a SQLAlchemy URL of an empty DB (default: sqlite on Airflow 3, "
-        "postgres on Airflow 2, which refuses SQLite for parallel executors)",
+        help="sqlite, postgres, or a SQLAlchemy URL of an empty DB, for every case (default: each "
+        "case's own: postgres for burst; sqlite for the others on Airflow 3, postgres on Airflow 2, "
+        "which refuses SQLite for parallel executors)",
     )
     p.add_argument(
         "--out", type=Path, help="JSON lines file to append to (default build/bench/<profile>.jsonl)"
@@ -143,16 +151,16 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"no such case(s) in this profile: {', '.join(sorted(unknown))}")
             cases = [case for case in cases if case.name in wanted]
         repeat = args.repeat or harness.DEFAULT_REPEAT[args.profile]
-        airflow2 = installed_airflow_major() < 3
-        database = args.database or ("postgres" if airflow2 else "sqlite")
-        if airflow2 and database == "sqlite":
+        plan = harness.Plan(args.profile, cases, variants, repeat, args.database or None)
+        if installed_airflow_major() < 3 and any(plan.database_for(c).startswith("sqlite") for c in cases):
             raise SystemExit("Airflow 2 refuses SQLite for parallel executors: use --database postgres")
-        plan = harness.Plan(args.profile, cases, variants, repeat, database)
         display = LiveDisplay(console, len(plan.runs()))
         console.print(
             f"profile [b]{args.profile}[/b]: {len(cases)} case(s) x {repeat} repetition(s) x "
             f"{len(variants)} variant(s) = {len(plan.runs())} runs; results appended to {out}"
         )
+        for case in cases:
+            console.print(f"  {case.scenario}/{case.name}: database [b]{plan.database_for(case)}[/b]")
         with display.live:
             records = harness.run_plan(plan, out, display, keep_home=args.keep_homes)
     summary = summarize(records, BASELINE)

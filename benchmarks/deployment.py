@@ -139,8 +139,15 @@ def deployment(
     dag_env: Mapping[str, str],
     progress: Callable[[str], None] | None,
     keep_home: bool = False,
+    airflow_env: Mapping[str, str] | None = None,
+    execution_api_timeout: float | None = 60.0,
 ) -> Iterator[Deployment]:
-    """Start a fresh sandbox running ``variant`` with the benchmark DAGs; stop and remove it after."""
+    """Start a fresh sandbox running ``variant`` with the benchmark DAGs; stop and remove it after.
+
+    ``airflow_env`` is a case's own Airflow configuration (``AIRFLOW__SECTION__KEY`` variables) on top
+    of the sandbox's; a variant's environment still comes last. ``execution_api_timeout`` goes to the
+    sandbox: None leaves ``[workers] execution_api_timeout`` unset (Airflow's default, 5 s).
+    """
     home = Path(tempfile.mkdtemp(prefix=f"ale-bench-{variant.label}-"))
     heartbeat_log = home / "executor-heartbeats.log"
     pythonpath = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
@@ -151,6 +158,7 @@ def deployment(
         timed_executor.LOG_ENV: str(heartbeat_log),
         # The default pool's 128 slots would cap a 256-way burst before parallelism does; read at migrate.
         "AIRFLOW__CORE__DEFAULT_POOL_TASK_SLOT_COUNT": str(max(512, parallelism)),
+        **dict(airflow_env or {}),
         **dict(dag_env),
         **dict(variant.env),
     }
@@ -164,6 +172,7 @@ def deployment(
         extra_config=env,
         home=home,
         progress=progress,
+        execution_api_timeout=execution_api_timeout,
     )
     failed = True
     try:

@@ -19,8 +19,9 @@ from typing import Any, Final
 
 import psutil
 
+from async_local_executor.sandbox import installed_airflow_major
 from benchmarks.deployment import REPO_ROOT, Variant
-from benchmarks.scenarios import burst, dispatch, footprint, throughput
+from benchmarks.scenarios import burst, dispatch, footprint, ordinary, throughput
 from benchmarks.scenarios.base import Case, RunContext
 
 SCHEMA: Final[int] = 1
@@ -29,6 +30,7 @@ SCENARIOS: Final[dict[str, Callable[[str], list[Case]]]] = {
     "footprint": footprint.cases,
     "burst": burst.cases,
     "dispatch": dispatch.cases,
+    "ordinary": ordinary.cases,
 }
 PROFILES: Final[tuple[str, ...]] = ("smoke", "quick", "full")
 DEFAULT_REPEAT: Final[dict[str, int]] = {"smoke": 1, "quick": 1, "full": 3}
@@ -107,17 +109,26 @@ def select_cases(profile: str, scenarios: Iterable[str]) -> list[Case]:
     return selected
 
 
+def default_database() -> str:
+    """The database of a case that names none: Airflow 2 refuses SQLite for parallel executors."""
+    return "postgres" if installed_airflow_major() < 3 else "sqlite"
+
+
 @dataclass(frozen=True)
 class Plan:
     profile: str
     cases: Sequence[Case]
     variants: Sequence[Variant]
     repeat: int
-    database: str
+    # --database: overrides every case's own choice when set.
+    database: str | None = None
 
     def runs(self) -> list[tuple[Case, int, Variant]]:
         # Paired runs sit next to each other in time: A B A B per case, so drift hits both sides.
         return [(case, rep, v) for case in self.cases for rep in range(self.repeat) for v in self.variants]
+
+    def database_for(self, case: Case) -> str:
+        return self.database or case.database or default_database()
 
 
 class Listener:
@@ -139,7 +150,8 @@ def run_plan(plan: Plan, out: Path, listener: Listener, *, keep_home: bool = Fal
     runs = plan.runs()
     for index, (case, rep, variant) in enumerate(runs):
         listener.run_started(index, len(runs), case, rep, variant)
-        ctx = RunContext(variant, plan.database, listener.line, keep_home)
+        database = plan.database_for(case)
+        ctx = RunContext(variant, database, listener.line, keep_home)
         started_at = datetime.now(timezone.utc)
         began = time.monotonic()
         load = os.getloadavg()
@@ -147,9 +159,9 @@ def run_plan(plan: Plan, out: Path, listener: Listener, *, keep_home: bool = Fal
         try:
             outcome = case.run(ctx)
             metrics, series, status, notes = outcome.metrics, outcome.series, outcome.status, outcome.notes
-            info = outcome.info
+            info, text = outcome.info, outcome.text
         except Exception as exc:  # noqa: BLE001 - one failed run is a result, not the end of the suite
-            metrics, series, status, info = {}, {}, "error", {}
+            metrics, series, status, info, text = {}, {}, "error", {}, {}
             notes = [f"{type(exc).__name__}: {exc}"[:4000], traceback.format_exc(limit=8)[-4000:]]
         record: Record = {
             "schema": SCHEMA,
@@ -164,7 +176,7 @@ def run_plan(plan: Plan, out: Path, listener: Listener, *, keep_home: bool = Fal
             # Changes when the executor's source changed between runs (someone working on it).
             "source_digest": digest,
             "repetition": rep,
-            "database": plan.database,
+            "database": database,
             "command": python_command(),
             "started_at": started_at.isoformat(),
             "wall_s": round(time.monotonic() - began, 2),
@@ -175,6 +187,7 @@ def run_plan(plan: Plan, out: Path, listener: Listener, *, keep_home: bool = Fal
             "status": status,
             "notes": notes,
             "metrics": metrics,
+            "text": text,
             "series": series,
         }
         with out.open("a") as fh:

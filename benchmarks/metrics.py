@@ -17,6 +17,8 @@ class Metric:
     unit: str
     better: Better
     meaning: str
+    # A word (the record's "text"), not a number: no median, no ratio.
+    word: bool = False
 
 
 _CPU: Final[dict[str, Metric]] = {
@@ -63,6 +65,15 @@ _LOOP: Final[dict[str, Metric]] = {
     ),
 }
 
+# A word, not a number (the record's "text"); the report shows it beside the numbers.
+_RUN_STATE: Final[Metric] = Metric(
+    "",
+    "none",
+    "state of the DAG run at the end: success or failed, else what it still was when the run was "
+    "abandoned (running, queued)",
+    word=True,
+)
+
 METRICS: Final[dict[str, dict[str, Metric]]] = {
     "throughput": {
         "makespan_s": Metric("s", "lower", "first task start to last task end (task_instance rows)"),
@@ -104,24 +115,39 @@ METRICS: Final[dict[str, dict[str, Metric]]] = {
         **_CPU,
     },
     "burst": {
+        "run_state": _RUN_STATE,
+        "tasks_succeeded": Metric("", "higher", "task instances in success at the end (final states)"),
+        "tasks_failed": Metric("", "lower", "task instances in failed or up_for_retry at the end"),
+        "tasks_lost": Metric(
+            "", "lower", "task instances not finished when the run was abandoned (stuck queued/running)"
+        ),
+        "makespan_s": Metric(
+            "s",
+            "lower",
+            "trigger to the DAG run's end (dag_run.end_date), or to the moment the run was abandoned "
+            "(stall or timeout)",
+        ),
+        "run_finished": Metric("", "higher", "1 when the DAG run reached a final state in time"),
+        "first_running_s": Metric(
+            "s", "lower", "trigger to the first task instance seen running (the clear schedule starts there)"
+        ),
+        "clears": Metric("", "none", "clears of every task instance of the run that the REST API accepted"),
+        "clear_call_max_s": Metric(
+            "s", "lower", "longest clearTaskInstances call (the api-server's answer time under the burst)"
+        ),
+        "tries": Metric("", "none", "sum of try_number over the task instances: how many times tasks ran"),
+        "state_mismatches": Metric(
+            "",
+            "none",
+            "scheduler log lines 'but the task instance's state attribute is' (an executor event that "
+            "contradicts the database); clearing running task instances causes some by design, so this is "
+            "context, not a fault count",
+        ),
         **_LOOP,
         "job_heartbeat_stalls": Metric(
             "", "lower", "gaps of more than 5 s between scheduler job heartbeats (loop stalls)"
         ),
         "job_heartbeat_stalled_s": Metric("s", "lower", "total length of those gaps"),
-        "clears": Metric("", "none", "times finished task instances were cleared to force a burst"),
-        "run_finished": Metric("", "higher", "1 when the DAG run reached a final state in time"),
-        "tasks_failed": Metric("", "lower", "task instances in failed or up_for_retry at the end"),
-        "tasks_lost": Metric(
-            "", "lower", "task instances still not finished when the run timed out (stuck queued/running)"
-        ),
-        "tasks_killed": Metric(
-            "",
-            "lower",
-            "executor events the scheduler found inconsistent (a task reported finished while the "
-            "database held it queued or running: 'killed externally') plus task logs saying the "
-            "server told the task to stop",
-        ),
         **_CPU,
     },
     "dispatch": {
@@ -141,6 +167,30 @@ METRICS: Final[dict[str, dict[str, Metric]]] = {
         "blocked_after_dispatched": Metric(
             "", "none", "workloads dispatched before the heartbeat that blocked (empty if none blocked)"
         ),
+    },
+    "ordinary": {
+        "run_state": _RUN_STATE,
+        "tasks_succeeded": Metric("", "higher", "task instances in success at the end (final states)"),
+        "tasks_failed": Metric(
+            "",
+            "lower",
+            "task instances in failed, up_for_retry or upstream_failed at the end; a task that succeeded and "
+            "was then failed by the scheduler counts here",
+        ),
+        "tasks_lost": Metric("", "lower", "task instances in no final state when the run ended or timed out"),
+        "state_mismatches": Metric(
+            "",
+            "lower",
+            "scheduler log lines 'but the task instance's state attribute is': the executor reported a task "
+            "finished while the database held another state, which the scheduler resolves by failing it",
+        ),
+        "makespan_s": Metric("s", "lower", "first task start to last task end (task_instance rows)"),
+        "run_duration_s": Metric("s", "lower", "trigger (dag_run.queued_at) to DAG run end"),
+        "tries": Metric(
+            "", "none", "sum of try_number over the task instances (the number of tasks when none ran twice)"
+        ),
+        **_LOOP,
+        **_CPU,
     },
 }
 

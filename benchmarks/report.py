@@ -12,7 +12,7 @@ from rich.table import Table
 
 from benchmarks.metrics import METRICS
 from benchmarks.stats import median
-from benchmarks.summary import Summary
+from benchmarks.summary import Row, Summary
 
 CHARTS = ("makespan.png", "memory.png", "heartbeat.png")
 
@@ -44,6 +44,17 @@ def _status(summary: Summary, scenario: str, case: str) -> str:
     return "; ".join(parts)
 
 
+def _values(row: Row, variants: Sequence[str]) -> list[str]:
+    if row.text is not None:
+        return [row.text.get(v, "-") for v in variants]
+    return [fmt(row.medians.get(v)) for v in variants]
+
+
+def _ratios(row: Row, others: Sequence[str]) -> list[str]:
+    # Words have no ratio.
+    return ["" if row.text is not None else fmt_ratio(row.ratios.get(v)) for v in others]
+
+
 def rich_table(summary: Summary, title: str = "results (medians; ratio = variant / stock per pair)") -> Table:
     table = Table(title=title, show_lines=False, header_style="bold")
     table.add_column("scenario / case")
@@ -66,8 +77,8 @@ def rich_table(summary: Summary, title: str = "results (medians; ratio = variant
             label,
             row.name,
             row.info.unit,
-            *(fmt(row.medians.get(v)) for v in summary.variants),
-            *(fmt_ratio(row.ratios.get(v)) for v in others),
+            *_values(row, summary.variants),
+            *_ratios(row, others),
             row.info.better if row.info.better != "none" else "",
         )
     return table
@@ -92,8 +103,8 @@ def markdown_table(summary: Summary) -> str:
             label,
             f"`{row.name}`" + (f" ({row.info.better} is better)" if row.info.better != "none" else ""),
             row.info.unit,
-            *(fmt(row.medians.get(v)) for v in summary.variants),
-            *(fmt_ratio(row.ratios.get(v)) for v in others),
+            *_values(row, summary.variants),
+            *_ratios(row, others),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -231,15 +242,28 @@ def _meanings() -> str:
     lines = []
     for scenario, figures in METRICS.items():
         lines.append(f"\n**{scenario}**\n")
-        lines.extend(f"- `{name}` ({m.unit or 'count'}): {m.meaning}." for name, m in figures.items())
+        lines.extend(
+            f"- `{name}` ({'word' if m.word else m.unit or 'count'}): {m.meaning}."
+            for name, m in figures.items()
+        )
     return "\n".join(lines)
 
 
 def _configs(records: Sequence[dict[str, Any]]) -> str:
-    seen: dict[str, dict[str, Any]] = {}
+    seen: dict[str, tuple[dict[str, Any], str]] = {}
     for r in records:
-        seen.setdefault(f"{r['scenario']} / {r['case']}", r["config"])
-    return "\n".join(f"- {k}: `{v}`" for k, v in seen.items())
+        seen.setdefault(f"{r['scenario']} / {r['case']}", (r["config"], r["database"]))
+    return "\n".join(f"- {k}: `{config}`, database `{db}`" for k, (config, db) in seen.items())
+
+
+def _databases(records: Sequence[dict[str, Any]]) -> str:
+    """`database x` when every run used the same one, else which case ran on which."""
+    per_case: dict[str, str] = {}
+    for r in records:
+        per_case.setdefault(f"{r['scenario']} / {r['case']}", r["database"])
+    if len(set(per_case.values())) == 1:
+        return f"database `{next(iter(per_case.values()))}`"
+    return "databases " + ", ".join(f"{case} `{db}`" for case, db in per_case.items())
 
 
 def _notes(records: Sequence[dict[str, Any]]) -> str:
@@ -303,7 +327,11 @@ $ .venv-airflow2/bin/python -m benchmarks --profile full --variants stock,ours -
 $ make bench-full   # every scenario at full size, 3 repetitions
 $ make bench-smoke  # a few tasks, one repetition: proves the harness works (CI runs this via make test)
 $ .venv/bin/python -m benchmarks --profile quick --scenarios throughput,dispatch \\
-      --variants stock,ours,ours-forkserver --repeat 3 --database postgres --out results.jsonl"""
+      --variants stock,ours,ours-forkserver --repeat 3 --database postgres --out results.jsonl
+$ .venv/bin/python -m benchmarks --profile full --scenarios burst \\
+      --variants stock,ours --repeat 3 --out build/bench/burst.jsonl       # upstream #70526, PostgreSQL
+$ .venv/bin/python -m benchmarks --profile quick --scenarios ordinary \\
+      --variants stock,ours --repeat 10 --out build/bench/ordinary.jsonl   # Airflow's api defaults"""
     )
     text = f"""# Benchmarks: AsyncLocalExecutor against the stock LocalExecutor
 
@@ -320,11 +348,14 @@ configuration, and reports medians and the ratio of each pair.
 `--variants` takes known labels (`stock`, `ours`, `ours-forkserver`, `ours-subprocess`) or
 `label=class.path:ENV=VALUE,...`; ratios are each variant against `stock`. Every run appends one JSON
 line (machine, versions, configuration, every figure, raw series) to `--out`; `--report-only` rebuilds
-the table, charts and this page from such a file.
+the table, charts and this page from such a file. Each case runs on its own database unless
+`--database` names one for all: burst on PostgreSQL (a fresh database per run on 127.0.0.1:5432), the
+others on SQLite (on PostgreSQL with Airflow 2, which refuses SQLite for parallel executors); the
+command prints each case's database and this page lists it with the case's configuration.
 
 ## Latest results
 
-- Date: {when[:19].replace("T", " ")} UTC; profile `{first["profile"]}`; database `{first["database"]}`;
+- Date: {when[:19].replace("T", " ")} UTC; profile `{first["profile"]}`; {_databases(records)};
   {max(r["repetition"] for r in records) + 1} repetition(s); {len(records)} runs, {
         wall / 60:.1f} minutes in total.
 - Machine: {m["cpu_model"]}, {m["cpus"]} cores, {m["memory_gb"]} GB, {m["platform"]}.
@@ -371,11 +402,20 @@ Scenarios:
   `memory_full_info()` at about 2 Hz; USS is memory only that process holds, PSS adds its share of
   shared pages. Idle cases start a deployment and trigger nothing; the busy case triggers N tasks that
   sleep, and pairs each memory sample with the number of task instances in state running.
-- **burst**: the dispatch-deadlock repro (upstream #70526): many sleeping mapped tasks at high
-  parallelism; each time enough of them have succeeded, those are cleared again through the REST API,
-  so a dispatch burst meets results coming back (on Airflow 2, with Airflow's own `clear_task_instances`). Loop stalls are gaps in the scheduler job's
-  `latest_heartbeat` (polled from the database at 2 Hz); the run is abandoned once the scheduler has not
-  heartbeated for a while (a deadlock).
+- **burst**: the dispatch-deadlock repro as upstream #70526 reports it. One DAG run of `bench_sleep`
+  (no retries): more mapped tasks than `[core] parallelism`, each sleeping the same time, with
+  `[scheduler] max_tis_per_query = 0` (as many per loop as parallelism allows) and `[api] workers = 2`.
+  Once the first task instance runs, every task instance of the run is cleared through the REST API
+  (`POST /api/v2/dags/{{dag_id}}/clearTaskInstances`, every map index, the run reset) three times, one
+  interval apart, the first one interval after that first task instance started: each clear's
+  dispatch burst meets the results of the tasks it killed coming back. Full size: 300 tasks of 30 s at
+  parallelism 256, clears at 15, 30 and 45 s; quick keeps the shape with 60 tasks of 12 s at 48 and
+  6 s apart, smoke with 6 tasks of 4 s at 4 and 2 s apart. Then the run is awaited up to the case's
+  timeout. Loop stalls are gaps in the scheduler job's `latest_heartbeat` (polled from the database
+  at 2 Hz); a scheduler that has not heartbeated for `stall_abort` seconds (120 s at full size) is
+  reported as `stalled` and the run abandoned (upstream reports the stock executor freezing for good
+  here, blocked writing to its activity pipe). Runs on PostgreSQL unless `--database` says otherwise;
+  on Airflow 2 the clears call Airflow's own `clear_task_instances`.
 - **dispatch**: no deployment; a driver process builds the executor, queues K real `ExecuteTask`
   workloads and calls `heartbeat()` + `get_event_buffer()` in a loop, like the scheduler. The execution
   API address accepts connections and never answers, so every started workload blocks, as long tasks
@@ -387,6 +427,15 @@ Scenarios:
   workloads are `airflow tasks run` commands whose metadata database address never answers, and the
   stock executor at a limited parallelism hands them to its workers through a `multiprocessing`
   manager's queue (a server process), not a raw pipe, so it does not block there.
+- **ordinary**: `bench_noop`, 200 no-op mapped tasks at parallelism 32 (quick and full are that size;
+  smoke runs 4) on SQLite, with Airflow's own defaults for the api-server and its client: `[api]
+  workers = 1` and `[workers] execution_api_timeout` not set, so the task SDK's calls time out after
+  5 s (every other scenario sets 60 s). A start burst can queue a call past that; Airflow 3.3.2
+  retries calls that are not idempotent, and a task that succeeded can then be failed by the
+  scheduler. Tasks are counted from their final states in the database (such a task counts as
+  failed), and `state_mismatches` counts the scheduler's log lines about an executor event that
+  contradicted the database. Each record's `series.airflow_config` holds the values the deployment ran
+  with (`unset` where Airflow's default applied).
 
 How the executor heartbeat is timed in a deployment: Airflow 3.3 only emits
 `scheduler.executor_heartbeat_duration` to StatsD/OpenTelemetry, so the deployment runs

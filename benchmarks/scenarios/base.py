@@ -31,6 +31,9 @@ class Outcome:
     notes: list[str] = field(default_factory=list)
     # Facts about the executor that ran, e.g. {"launcher": "forkserver"}.
     info: dict[str, str] = field(default_factory=dict)
+    # Figures that are words, not numbers (e.g. {"run_state": "success"}); the report shows them
+    # side by side with the numbers.
+    text: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,9 @@ class Case:
     name: str
     config: Mapping[str, Any]
     run: Callable[[RunContext], Outcome]
+    # The metadata database this case runs on unless --database says otherwise; None: the suite's
+    # default for the installed Airflow (SQLite on 3, PostgreSQL on 2).
+    database: str | None = None
 
 
 def cpu_figures(before: Mapping[str, float], after: Mapping[str, float], tasks: int) -> Figures:
@@ -73,6 +79,21 @@ def loop_figures(heartbeats: HeartbeatLog, loop: LoopProbe) -> Figures:
         "executor_heartbeat_max_s": heartbeats.longest,
         "job_heartbeat_max_gap_s": max_or_none(loop.gaps()),
     }
+
+
+# Settings a case may change; every record carries the values its deployment ran with.
+CONFIG_KEYS = (
+    "AIRFLOW__CORE__PARALLELISM",
+    "AIRFLOW__API__WORKERS",
+    "AIRFLOW__SCHEDULER__MAX_TIS_PER_QUERY",
+    "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT",
+)
+
+
+def airflow_config(sandbox: AirflowSandbox) -> dict[str, str]:
+    """The deployment's values of ``CONFIG_KEYS``; "unset" when Airflow's default applies."""
+    env = sandbox.env
+    return {key: env.get(key, "unset") for key in CONFIG_KEYS}
 
 
 def wait_for_run(

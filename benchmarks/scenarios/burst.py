@@ -1,5 +1,11 @@
-"""Burst: the dispatch-deadlock repro. Many sleeping mapped tasks; finished ones are cleared again while
-the rest are still running, several times, so dispatch bursts coincide with results coming back."""
+"""Burst: the dispatch-deadlock repro of upstream #70526, as the report runs it.
+
+One DAG run of many mapped tasks that sleep, more of them than ``[core] parallelism``; once the first
+task instance runs, *every* task instance of the run is cleared through the REST API, several times at a
+fixed interval, so each clear's dispatch burst meets the results of the tasks it killed coming back.
+Then the run is awaited, bounded, and abandoned early if the scheduler stops heartbeating (the stock
+LocalExecutor can block for good in a pipe write here: that is a result, reported as ``stalled``).
+"""
 
 from __future__ import annotations
 
@@ -7,13 +13,14 @@ import functools
 import time
 from dataclasses import asdict, dataclass
 
-from async_local_executor.sandbox import AirflowSandbox
+from async_local_executor.sandbox import AirflowSandbox, SandboxError
 from benchmarks.deployment import deployment
-from benchmarks.probes import LoopProbe
+from benchmarks.probes import LoopProbe, as_utc
 from benchmarks.scenarios.base import (
     Case,
     Outcome,
     RunContext,
+    airflow_config,
     cpu_figures,
     loop_figures,
     stalled,
@@ -22,38 +29,61 @@ from benchmarks.scenarios.base import (
 )
 
 DAG_ID = "bench_sleep"
+TASK_ID = "sleep"
 STALL_GAP = 5.0
 # The scheduler logs this when an executor event contradicts the database ("killed externally").
 MISMATCH = "but the task instance's state attribute is"
-TASK_KILLED = "shouldn't be running anymore"
+# The report's database; --database overrides it.
+DATABASE = "postgres"
 
 
 @dataclass(frozen=True)
 class Size:
     parallelism: int
-    tasks: int
-    sleep: float
-    sleep_spread: float
+    tasks: int  # more than parallelism: a second wave waits while the first runs
+    sleep: float  # every task sleeps this long (no spread: they finish together, as in the report)
     clears: int
-    batch: int  # clear once at least this many task instances have succeeded since the last clear
-    timeout: float
-    stall_abort: float
+    # The first clear this long after the first task instance is running, the next ones as far apart.
+    clear_interval: float
+    api_workers: int  # [api] workers
+    max_tis_per_query: int  # [scheduler] max_tis_per_query; 0 means parallelism
+    timeout: float  # trigger to run end, at most
+    stall_abort: float  # abandon the run after this long without a scheduler job heartbeat
 
 
+# Smaller sizes keep the full size's shape: more tasks than slots, tasks twice as long as the interval
+# (so every clear finds tasks running), three clears.
 SIZES = {
     "smoke": Size(
-        parallelism=8, tasks=6, sleep=3, sleep_spread=3, clears=1, batch=2, timeout=120, stall_abort=60
+        parallelism=4,
+        tasks=6,
+        sleep=4,
+        clears=3,
+        clear_interval=2,
+        api_workers=2,
+        max_tis_per_query=0,
+        timeout=240,
+        stall_abort=60,
     ),
     "quick": Size(
-        parallelism=64, tasks=48, sleep=8, sleep_spread=8, clears=2, batch=12, timeout=300, stall_abort=60
+        parallelism=48,
+        tasks=60,
+        sleep=12,
+        clears=3,
+        clear_interval=6,
+        api_workers=2,
+        max_tis_per_query=0,
+        timeout=600,
+        stall_abort=60,
     ),
     "full": Size(
         parallelism=256,
         tasks=300,
         sleep=30,
-        sleep_spread=30,
         clears=3,
-        batch=60,
+        clear_interval=15,
+        api_workers=2,
+        max_tis_per_query=0,
         timeout=1200,
         stall_abort=120,
     ),
@@ -65,99 +95,142 @@ def cases(profile: str) -> list[Case]:
     return [
         Case(
             "burst",
-            f"{s.tasks}-tasks-p{s.parallelism}-{s.clears}-clears",
+            f"{s.tasks}x{s.sleep:g}s-p{s.parallelism}-{s.clears}-clears",
             asdict(s),
             functools.partial(run, s),
+            database=DATABASE,
         )
     ]
 
 
-def _succeeded(sb: AirflowSandbox, run_id: str) -> list[int]:
+def _running(sb: AirflowSandbox, run_id: str) -> int:
     rows = sb.query(
-        "SELECT map_index FROM task_instance WHERE dag_id = :d AND run_id = :r AND state = 'success'",
+        "SELECT count(*) FROM task_instance WHERE dag_id = :d AND run_id = :r AND state = 'running'",
         d=DAG_ID,
         r=run_id,
     )
-    return [int(str(r[0])) for r in rows]
+    return int(str(rows[0][0])) if rows else 0
 
 
-def _count_in_task_logs(sb: AirflowSandbox, needle: str) -> int:
-    count = 0
-    for path in (sb.logs_dir / f"dag_id={DAG_ID}").rglob("*.log"):
-        count += path.read_text(errors="replace").count(needle)
-    return count
+def _run_end(sb: AirflowSandbox, run_id: str) -> float | None:
+    rows = sb.query("SELECT end_date FROM dag_run WHERE dag_id = :d AND run_id = :r", d=DAG_ID, r=run_id)
+    end = as_utc(rows[0][0]) if rows else None
+    return end.timestamp() if end else None
 
 
 def run(size: Size, ctx: RunContext) -> Outcome:
     dag_env = {
         "ALE_BENCH_TASKS": str(size.tasks),
         "ALE_BENCH_SLEEP": str(size.sleep),
-        "ALE_BENCH_SLEEP_SPREAD": str(size.sleep_spread),
+        "ALE_BENCH_SLEEP_SPREAD": "0",
+    }
+    airflow_env = {
+        "AIRFLOW__API__WORKERS": str(size.api_workers),
+        "AIRFLOW__SCHEDULER__MAX_TIS_PER_QUERY": str(size.max_tis_per_query),
     }
     notes: list[str] = []
+    clear_offsets: list[float] = []  # seconds after the first running task instance
+    clear_calls: list[float] = []  # how long each REST call took
+    first_running_s: float | None = None
     with deployment(
         ctx.variant,
         parallelism=size.parallelism,
         database=ctx.database,
         dag_env=dag_env,
+        airflow_env=airflow_env,
         progress=ctx.progress,
         keep_home=ctx.keep_home,
     ) as dep:
         sb = dep.sandbox
         wait_parsed(dep, DAG_ID)
         info = dep.executor_info()
+        applied = airflow_config(sb)
         loop = LoopProbe(dep.query)
         is_stalled = stalled(loop, size.stall_abort)
-        deadline = time.monotonic() + size.timeout
-        clears = 0
         problem: str | None = None
+        state: str | None = None
         cpu_before = dep.cpu()
         with loop.sampling():
+            triggered = time.time()
+            deadline = time.monotonic() + size.timeout
             run_id = sb.trigger(DAG_ID)
-            while clears < size.clears and problem is None:
-                if time.monotonic() > deadline:
-                    problem = f"timeout after {size.timeout:.0f}s before clear {clears + 1}"
+            # The schedule starts when the first task instance runs.
+            while problem is None:
+                sb.check_processes()
+                if _running(sb, run_id) > 0:
+                    first_running_s = time.time() - triggered
                     break
                 problem = is_stalled()
-                done = _succeeded(sb, run_id)
-                if len(done) >= size.batch:
-                    sb.clear(DAG_ID, run_id, "sleep", done)
-                    clears += 1
-                    if ctx.progress is not None:
-                        ctx.progress(
-                            f"burst: cleared {len(done)} finished task instances ({clears}/{size.clears})"
-                        )
-                time.sleep(0.5)
-            state: str | None = None
+                if time.monotonic() > deadline:
+                    problem = f"timeout after {size.timeout:.0f}s: no task instance ever ran"
+                time.sleep(0.25)
+            start = time.monotonic()
+            for k in range(1, size.clears + 1):
+                if problem is not None:
+                    break
+                due = start + k * size.clear_interval
+                while problem is None and time.monotonic() < due:
+                    sb.check_processes()
+                    problem = is_stalled()
+                    time.sleep(min(0.25, max(0.0, due - time.monotonic())))
+                if problem is not None:
+                    break
+                began = time.monotonic()
+                try:
+                    # Every map index of the run: the whole run goes back to the scheduler.
+                    sb.clear(DAG_ID, run_id, TASK_ID, list(range(size.tasks)))
+                except (SandboxError, OSError) as exc:
+                    notes.append(f"clear {k} failed after {time.monotonic() - began:.1f}s: {exc}"[:500])
+                else:
+                    clear_offsets.append(round(began - start, 2))
+                clear_calls.append(round(time.monotonic() - began, 2))
+                if ctx.progress is not None:
+                    ctx.progress(f"burst: clear {k}/{size.clears} of all {size.tasks} task instances")
             if problem is None:
                 state, problem = wait_for_run(
                     sb, DAG_ID, run_id, timeout=max(1.0, deadline - time.monotonic()), abort=is_stalled
                 )
+            else:
+                state = sb.run_state(DAG_ID, run_id)
+            ended = time.time()
             heartbeats = dep.heartbeats()
         cpu_after = dep.cpu()
         rows = sb.task_instances(DAG_ID, run_id)
+        run_end = _run_end(sb, run_id) if state in ("success", "failed") else None
         mismatches = sb.process_logs["scheduler"].read_text(errors="replace").count(MISMATCH)
-        killed_in_tasks = _count_in_task_logs(sb, TASK_KILLED)
     if problem:
-        notes.append(problem)
+        notes.insert(0, problem)
     gaps = [g for g in loop.gaps() if g > STALL_GAP]
     ran = sum(r.try_number for r in rows)
     metrics = {
+        "tasks_succeeded": float(sum(1 for r in rows if r.state == "success")),
+        "tasks_failed": float(sum(1 for r in rows if r.state in ("failed", "up_for_retry"))),
+        "tasks_lost": float(sum(1 for r in rows if r.state not in ("success", "failed", "up_for_retry"))),
+        "makespan_s": (run_end if run_end is not None else ended) - triggered,
+        "run_finished": 1.0 if state in ("success", "failed") else 0.0,
+        "first_running_s": first_running_s,
+        "clears": float(len(clear_offsets)),
+        "clear_call_max_s": max(clear_calls, default=None),
+        "tries": float(ran),
+        "state_mismatches": float(mismatches),
         **loop_figures(heartbeats, loop),
         "job_heartbeat_stalls": float(len(gaps)),
         "job_heartbeat_stalled_s": sum(gaps),
-        "clears": float(clears),
-        "run_finished": 1.0 if state in ("success", "failed") else 0.0,
-        "tasks_failed": float(sum(1 for r in rows if r.state in ("failed", "up_for_retry"))),
-        "tasks_lost": float(sum(1 for r in rows if r.state not in ("success", "failed", "up_for_retry"))),
-        "tasks_killed": float(mismatches + killed_in_tasks),
         **cpu_figures(cpu_before, cpu_after, ran),
     }
     series = {
         "heartbeat_ms": [d * 1000 for d in heartbeats.durations],
         "job_heartbeat_gaps_s": [round(g, 3) for g in loop.gaps()],
+        "clear_offsets_s": clear_offsets,
+        "clear_calls_s": clear_calls,
+        "airflow_config": applied,
     }
-    status = (
-        "ok" if state == "success" else ("stalled" if problem and "stalled" in problem else f"run {state}")
-    )
-    return Outcome(metrics, series, status, notes, info=info)
+    if state == "success":
+        status = "ok"
+    elif problem and "stalled" in problem:
+        status = "stalled"
+    elif problem and problem.startswith("timeout"):
+        status = "timeout"
+    else:
+        status = f"run {state}"
+    return Outcome(metrics, series, status, notes, info=info, text={"run_state": state or "none"})

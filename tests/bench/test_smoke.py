@@ -16,10 +16,19 @@ from typing import Any
 import pytest
 from benchmarks.metrics import METRICS
 
-pytestmark = pytest.mark.e2e
+# Five scenarios x two variants of a real Airflow each, one after the other: about 7 minutes on 2 cores.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[2]
-SCENARIOS = ("throughput", "footprint", "burst", "dispatch")
+SCENARIOS = ("throughput", "footprint", "burst", "dispatch", "ordinary")
+# Each case's own database (no --database given): burst runs on PostgreSQL as upstream #70526 did.
+DATABASES = {
+    "throughput": "sqlite",
+    "footprint": "sqlite",
+    "burst": "postgres",
+    "dispatch": "sqlite",
+    "ordinary": "sqlite",
+}
 VARIANTS = ("stock", "ours")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -39,7 +48,7 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> Smoke:
     out, charts, markdown = tmp / "results.jsonl", tmp / "charts", tmp / "benchmarks.md"
     argv = [
         sys.executable, "-m", "benchmarks", "--profile", "smoke", "--variants", ",".join(VARIANTS),
-        "--repeat", "1", "--database", "sqlite", "--out", str(out), "--charts", str(charts),
+        "--repeat", "1", "--out", str(out), "--charts", str(charts),
         "--markdown", str(markdown),
     ]  # fmt: skip
     result = subprocess.run(
@@ -47,7 +56,7 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> Smoke:
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=540,
+        timeout=840,
         check=False,
     )
     records = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
@@ -77,7 +86,10 @@ def test_every_record_carries_context_and_every_figure(smoke: Smoke, scenario: s
     assert record["machine"]["cpus"] >= 1
     assert record["versions"]["apache-airflow"].startswith("3.3")
     assert record["config"]
-    assert set(record["metrics"]) == set(METRICS[scenario])
+    assert record["database"] == DATABASES[scenario]
+    # Numbers in "metrics", words (the run's state) in "text": together, every registered figure.
+    assert set(record["metrics"]) | set(record["text"]) == set(METRICS[scenario])
+    assert not set(record["metrics"]) & set(record["text"])
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -96,11 +108,41 @@ def test_figures_are_sane(smoke: Smoke, variant: str) -> None:
     assert footprint["peak_running"] >= 1
     assert footprint["per_task_uss_mb"] > 0
 
-    burst = by(smoke, "burst", variant)["metrics"]
+    burst_record = by(smoke, "burst", variant)
+    burst, size = burst_record["metrics"], burst_record["config"]
+    assert burst_record["text"] == {"run_state": "success"}
     assert burst["run_finished"] == 1
-    assert burst["clears"] >= 1
-    assert burst["tasks_lost"] == 0
+    # Every task instance cleared three times, an interval apart, from the first one running.
+    assert burst["clears"] == size["clears"] == 3
+    assert burst_record["series"]["clear_offsets_s"] == pytest.approx(
+        [size["clear_interval"] * k for k in (1, 2, 3)], abs=1.0
+    )
+    assert burst["tasks_succeeded"] == size["tasks"]
+    assert burst["tasks_failed"] == burst["tasks_lost"] == 0
+    assert burst["tries"] > size["tasks"]
+    assert burst["first_running_s"] + 3 * size["clear_interval"] < burst["makespan_s"] < size["timeout"]
     assert burst["job_heartbeat_max_gap_s"] < 60
+    assert burst_record["series"]["airflow_config"] == {
+        "AIRFLOW__CORE__PARALLELISM": str(size["parallelism"]),
+        "AIRFLOW__API__WORKERS": "2",
+        "AIRFLOW__SCHEDULER__MAX_TIS_PER_QUERY": "0",
+        "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "60",
+    }
+
+    ordinary_record = by(smoke, "ordinary", variant)
+    ordinary = ordinary_record["metrics"]
+    assert ordinary_record["text"] == {"run_state": "success"}
+    assert ordinary["tasks_succeeded"] == ordinary_record["config"]["tasks"]
+    assert ordinary["tasks_failed"] == ordinary["tasks_lost"] == 0
+    assert ordinary["state_mismatches"] >= 0
+    assert 0 < ordinary["makespan_s"] <= ordinary["run_duration_s"] < 120
+    # Airflow's own defaults: one api-server worker, no execution_api_timeout (5 s applies).
+    assert ordinary_record["series"]["airflow_config"] == {
+        "AIRFLOW__CORE__PARALLELISM": str(ordinary_record["config"]["parallelism"]),
+        "AIRFLOW__API__WORKERS": "1",
+        "AIRFLOW__SCHEDULER__MAX_TIS_PER_QUERY": "unset",
+        "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "unset",
+    }
 
     dispatch = by(smoke, "dispatch", variant)["metrics"]
     assert dispatch["heartbeats"] > 0
@@ -125,3 +167,6 @@ def test_the_results_page_has_the_table(smoke: Smoke) -> None:
     text = smoke.markdown.read_text()
     assert "| scenario / case | figure | unit | stock | ours | ours/stock |" in text
     assert "makespan_s" in text
+    # The run's state is a word, shown side by side with no ratio.
+    assert "| `run_state` |  | success | success |  |" in text
+    assert f"burst / {by(smoke, 'burst', 'stock')['case']} `postgres`" in text

@@ -1,0 +1,134 @@
+"""Ordinary load: many no-op mapped tasks with Airflow's own defaults for the api-server and its client.
+
+The other scenarios run the task SDK with a 60 s ``[workers] execution_api_timeout`` (the sandbox's
+setting). This one leaves it unset, so Airflow's 5 s default applies, with one api-server worker: what
+a deployment gets out of the box. A start burst can then queue a task's call to the api-server past
+the timeout; Airflow 3.3.2 retries calls that are not idempotent, and a task that succeeded can end up
+failed by the scheduler. So the figures are how many tasks really succeeded (final states from the
+database) and how often the scheduler logged an executor event that contradicted the database.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import asdict, dataclass
+
+from benchmarks.deployment import deployment
+from benchmarks.probes import LoopProbe, as_utc
+from benchmarks.scenarios.base import (
+    Case,
+    Outcome,
+    RunContext,
+    airflow_config,
+    cpu_figures,
+    loop_figures,
+    stalled,
+    wait_for_run,
+    wait_parsed,
+)
+
+DAG_ID = "bench_noop"
+# The scheduler logs this when an executor event contradicts the database ("killed externally").
+MISMATCH = "but the task instance's state attribute is"
+FAILED = ("failed", "up_for_retry", "upstream_failed")
+
+
+@dataclass(frozen=True)
+class Size:
+    tasks: int
+    parallelism: int
+    api_workers: int  # [api] workers, Airflow's default
+    timeout: float
+
+
+# The case is its load: quick and full are the same size (smoke only proves the harness works).
+SIZES = {
+    "smoke": Size(tasks=4, parallelism=4, api_workers=1, timeout=120),
+    "quick": Size(tasks=200, parallelism=32, api_workers=1, timeout=900),
+    "full": Size(tasks=200, parallelism=32, api_workers=1, timeout=900),
+}
+
+
+def cases(profile: str) -> list[Case]:
+    size = SIZES[profile]
+    config = {**asdict(size), "execution_api_timeout": "unset (Airflow's default, 5 s)"}
+    return [
+        Case(
+            "ordinary",
+            f"{size.tasks}-noop-p{size.parallelism}-api-defaults",
+            config,
+            functools.partial(run, size),
+        )
+    ]
+
+
+def run(size: Size, ctx: RunContext) -> Outcome:
+    with deployment(
+        ctx.variant,
+        parallelism=size.parallelism,
+        database=ctx.database,
+        dag_env={"ALE_BENCH_TASKS": str(size.tasks)},
+        airflow_env={"AIRFLOW__API__WORKERS": str(size.api_workers)},
+        execution_api_timeout=None,
+        progress=ctx.progress,
+        keep_home=ctx.keep_home,
+    ) as dep:
+        sb = dep.sandbox
+        wait_parsed(dep, DAG_ID)
+        info = dep.executor_info()
+        applied = airflow_config(sb)
+        loop = LoopProbe(dep.query)
+        cpu_before = dep.cpu()
+        with loop.sampling():
+            run_id = sb.trigger(DAG_ID)
+            state, problem = wait_for_run(sb, DAG_ID, run_id, timeout=size.timeout, abort=stalled(loop, 120))
+        cpu_after = dep.cpu()
+        heartbeats = dep.heartbeats()
+        rows = sb.task_instances(DAG_ID, run_id)
+        [(queued_at, run_end)] = [
+            (r[0], r[1])
+            for r in sb.query(
+                "SELECT queued_at, end_date FROM dag_run WHERE dag_id = :d AND run_id = :r",
+                d=DAG_ID,
+                r=run_id,
+            )
+        ]
+        mismatches = sb.process_logs["scheduler"].read_text(errors="replace").count(MISMATCH)
+    starts = [r.start_date for r in rows if r.start_date]
+    ends = [r.end_date for r in rows if r.end_date]
+    trigger, finished = as_utc(queued_at), as_utc(run_end)
+    # Final states: a task that succeeded and was then failed by the scheduler counts as failed.
+    succeeded = sum(1 for r in rows if r.state == "success")
+    failed = sum(1 for r in rows if r.state in FAILED)
+    metrics = {
+        "tasks_succeeded": float(succeeded),
+        "tasks_failed": float(failed),
+        "tasks_lost": float(len(rows) - succeeded - failed),
+        "state_mismatches": float(mismatches),
+        "makespan_s": (max(ends) - min(starts)).total_seconds() if starts and ends else None,
+        "run_duration_s": (finished - trigger).total_seconds() if trigger and finished else None,
+        "tries": float(sum(r.try_number for r in rows)),
+        **loop_figures(heartbeats, loop),
+        **cpu_figures(cpu_before, cpu_after, len(rows)),
+    }
+    if state == "success" and succeeded == size.tasks:
+        status = "ok"
+    elif problem and "stalled" in problem:
+        status = "stalled"
+    elif problem and problem.startswith("timeout"):
+        status = "timeout"
+    else:
+        status = f"run {state}"
+    notes = [problem] if problem else []
+    if failed:
+        notes.append(
+            f"{failed} of {len(rows)} task instances ended failed; {mismatches} state mismatch line(s)"
+        )
+    return Outcome(
+        metrics,
+        {"heartbeat_ms": [d * 1000 for d in heartbeats.durations], "airflow_config": applied},
+        status,
+        notes,
+        info=info,
+        text={"run_state": state or "none"},
+    )

@@ -1,0 +1,133 @@
+"""The benchmark cases are configured as documented: no Airflow is started here (test_smoke does that)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from benchmarks import deployment as deployment_module
+from benchmarks.deployment import KNOWN_VARIANTS
+from benchmarks.harness import PROFILES, Plan, default_database, select_cases
+from benchmarks.report import markdown_table
+from benchmarks.scenarios import burst, ordinary
+from benchmarks.summary import summarize, words
+
+from async_local_executor.sandbox import AirflowSandbox
+
+TIMEOUT_ENV = "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT"
+
+
+def test_the_full_burst_is_the_upstream_report_s_scenario() -> None:
+    size = burst.SIZES["full"]
+    assert (size.tasks, size.sleep, size.parallelism) == (300, 30, 256)
+    assert (size.clears, size.clear_interval) == (3, 15)
+    assert (size.api_workers, size.max_tis_per_query) == (2, 0)
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_burst_size_keeps_the_shape(profile: str) -> None:
+    size = burst.SIZES[profile]
+    assert size.tasks > size.parallelism  # a second wave waits for slots
+    assert size.sleep >= 2 * size.clear_interval  # every clear finds tasks running
+    assert size.clears == 3
+    assert (size.api_workers, size.max_tis_per_query) == (2, 0)
+    assert size.stall_abort < size.timeout
+
+
+def test_ordinary_load_is_200_noop_tasks_at_parallelism_32_with_one_api_worker() -> None:
+    for profile in ("quick", "full"):
+        size = ordinary.SIZES[profile]
+        assert (size.tasks, size.parallelism, size.api_workers) == (200, 32, 1)
+
+
+def test_burst_defaults_to_postgres_and_the_other_scenarios_keep_theirs() -> None:
+    cases = select_cases("smoke", ["throughput", "footprint", "burst", "dispatch", "ordinary"])
+    plan = Plan("smoke", cases, [KNOWN_VARIANTS["stock"]], 1)
+    chosen = {case.scenario: plan.database_for(case) for case in cases}
+    fallback = default_database()
+    assert chosen == {
+        "throughput": fallback,
+        "footprint": fallback,
+        "burst": "postgres",
+        "dispatch": fallback,
+        "ordinary": fallback,
+    }
+    override = Plan("smoke", cases, [KNOWN_VARIANTS["stock"]], 1, "sqlite")
+    assert {override.database_for(case) for case in cases} == {"sqlite"}
+
+
+def test_the_sandbox_leaves_the_execution_api_timeout_unset_on_request(tmp_path: Path) -> None:
+    default = AirflowSandbox(home=tmp_path / "a", progress=None)
+    assert default.env[TIMEOUT_ENV] == "60"
+    unset = AirflowSandbox(home=tmp_path / "b", progress=None, execution_api_timeout=None)
+    assert TIMEOUT_ENV not in unset.env
+    assert (
+        AirflowSandbox(home=tmp_path / "c", progress=None, execution_api_timeout=7.5).env[TIMEOUT_ENV]
+        == "7.5"
+    )
+    with pytest.raises(ValueError, match="execution_api_timeout"):
+        AirflowSandbox(home=tmp_path / "d", progress=None, execution_api_timeout=0)
+
+
+def test_a_deployment_hands_the_case_s_config_to_the_sandbox(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, Any] = {}
+
+    class Recorder:
+        def __init__(self, **kwargs: Any) -> None:
+            seen.update(kwargs)
+
+        def __enter__(self) -> None:
+            return None
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+    monkeypatch.setattr(deployment_module, "AirflowSandbox", Recorder)
+    monkeypatch.setattr(deployment_module, "Airflow2Sandbox", Recorder)
+    with deployment_module.deployment(
+        KNOWN_VARIANTS["stock"],
+        parallelism=32,
+        database="sqlite",
+        dag_env={"ALE_BENCH_TASKS": "3"},
+        progress=None,
+        airflow_env={"AIRFLOW__API__WORKERS": "2"},
+        execution_api_timeout=None,
+    ):
+        pass
+    assert seen["execution_api_timeout"] is None
+    assert seen["extra_config"]["AIRFLOW__API__WORKERS"] == "2"
+    assert seen["extra_config"]["ALE_BENCH_TASKS"] == "3"
+
+
+def _record(variant: str, rep: int, state: str, succeeded: float) -> dict[str, Any]:
+    return {
+        "scenario": "burst",
+        "case": "c",
+        "variant": variant,
+        "repetition": rep,
+        "status": "ok" if state == "success" else "stalled",
+        "metrics": {"tasks_succeeded": succeeded},
+        "text": {"run_state": state},
+    }
+
+
+def test_the_run_state_is_shown_side_by_side_with_the_numbers() -> None:
+    records = [
+        _record("stock", 0, "running", 100.0),
+        _record("ours", 0, "success", 300.0),
+        _record("stock", 1, "running", 120.0),
+        _record("ours", 1, "success", 300.0),
+    ]
+    summary = summarize(records)
+    state, succeeded = summary.rows
+    assert (state.name, state.text) == ("run_state", {"stock": "running", "ours": "success"})
+    assert succeeded.medians == {"stock": 110.0, "ours": 300.0}
+    table = markdown_table(summary)
+    assert "| burst / `c` | `run_state` |  | running | success |  |" in table
+
+
+def test_words_over_repetitions() -> None:
+    assert words(["success", "success"]) == "success"
+    assert words(["running", "success", "running"]) == "2x running, 1x success"
+    assert words([]) == "-"
