@@ -63,8 +63,10 @@ def test_no_task_process_outlives_a_killed_scheduler_and_a_restart_finishes(sand
     # What the parent-death chain covers stays in the scheduler's session; the BashOperator's shell
     # and its sleep left it.
     session = os.getsid(scheduler.pid)
-    escaped = [pid for pid in launched if _session(pid) != session]
-    chained = [pid for pid in launched if pid not in escaped]
+    # A process that ended since the listing has no session and is neither.
+    sessions = {pid: _session(pid) for pid in launched}
+    escaped = [pid for pid, sid in sessions.items() if sid is not None and sid != session]
+    chained = [pid for pid, sid in sessions.items() if sid == session]
     assert len(chained) >= 1 + 4 * 2, [" ".join(cmdline(pid)) for pid in chained]
     assert escaped, [" ".join(cmdline(pid)) for pid in launched]
 
@@ -74,7 +76,7 @@ def test_no_task_process_outlives_a_killed_scheduler_and_a_restart_finishes(sand
         assert time.monotonic() < deadline, f"still alive {ORPHAN_DEADLINE:.0f}s after kill -9: {survivors}"
         time.sleep(0.1)
     # Nothing of the dead scheduler can reach these: only its successor's reclaim ends them.
-    assert all(alive(pid) for pid in escaped)
+    assert all(alive(pid) for pid in escaped), {pid: (alive(pid), cmdline(pid)) for pid in escaped}
 
     sandbox.restart("scheduler")
     poll("the run to finish", lambda: sandbox.run_state("sleepers", run_id) in ("success", "failed"))

@@ -73,6 +73,8 @@ def on_deadline_missed(context: dict[str, Any], message: str = "") -> None:
         "run_id": run_id,
         "deadline": context.get("deadline"),
         "pid": os.getpid(),
+        # Set in every process the executor launches (its crash-recovery mark): says who ran this.
+        "executor_instance": os.environ.get("ASYNC_LOCAL_EXECUTOR_INSTANCE"),
         "written_at": time.time(),
     }
     log.warning("deadline missed: %s", record)

@@ -1,0 +1,58 @@
+"""kill -9 of the fork server while tasks run: a new helper takes over, and every running task finishes.
+
+The helper only forks: each task's process is the scheduler's own child, so the helper's death (the
+OOM killer, a bug in a preloaded module) costs no running task. Nothing is mocked: a real Airflow on
+SQLite, the default fork-server launcher, real task processes held at a gate the test opens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from async_local_executor.demo import EXECUTOR
+from async_local_executor.sandbox import AirflowSandbox
+from tests.e2e.helpers import alive, cmdline, poll
+
+pytestmark = pytest.mark.e2e
+
+DAGS = Path(__file__).with_name("dags")
+TASKS = 4  # the switch DAG's mapped tasks
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path) -> Iterator[AirflowSandbox]:
+    sb = AirflowSandbox(
+        executor=EXECUTOR, dags_folder=DAGS, parallelism=TASKS, extra_config={"ALE_SWITCH_DIR": str(tmp_path)}
+    )
+    with sb:
+        yield sb
+
+
+def _helpers(scheduler: psutil.Process) -> list[int]:
+    return [p.pid for p in scheduler.children() if "forkserver_helper" in " ".join(cmdline(p.pid))]
+
+
+def test_killing_the_fork_server_loses_no_running_task(sandbox: AirflowSandbox, tmp_path: Path) -> None:
+    scheduler = psutil.Process(sandbox.pids["scheduler"])
+    sandbox.wait_for_dag("switch", timeout=120)
+    run_id = sandbox.trigger("switch")
+    poll(f"{TASKS} tasks at the gate", lambda: len(list(tmp_path.glob("started.*"))) == TASKS)
+    tasks = [int(path.name.split(".")[1]) for path in tmp_path.glob("started.*")]
+    [helper] = _helpers(scheduler)
+
+    psutil.Process(helper).kill()
+    poll("a new fork server", lambda: _helpers(scheduler) not in ([], [helper]))
+    assert all(alive(pid) for pid in tasks)
+
+    (tmp_path / "gate").touch()
+    poll("the run to finish", lambda: sandbox.run_state("switch", run_id) in ("success", "failed"))
+    rows = sandbox.task_instances("switch", run_id)
+    assert sandbox.run_state("switch", run_id) == "success", rows
+    assert [(r.state, r.try_number) for r in rows] == [("success", 1)] * TASKS
+    log = sandbox.process_logs["scheduler"].read_text(errors="replace")
+    assert f"fork server (pid {helper}) exited; a new one replaces it" in log
+    assert not [line for line in log.splitlines() if "workload switch.hold" in line and "failed" in line]
