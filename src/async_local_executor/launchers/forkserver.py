@@ -47,8 +47,6 @@ HELPER_KEY = "fork-server"  # the key the helper's own output is logged under
 # is replaced after restart_delay.
 RESTART_DELAY_MAX = 60.0
 DRAIN_AFTER_EXIT = 5.0
-# A retired helper gets this long to leave on its own before it is killed (it owns no workload).
-RETIRE_GRACE = 5.0
 # A child whose control socket closed without a pid, while the helper said nothing: how long the
 # helper's explanation is awaited before the launch is reported failed anyway.
 EXPLANATION_WAIT = 10.0
@@ -228,9 +226,10 @@ class _Helper:
         return int(received.split(b"\n", 1)[0])
 
     def retire(self, why: str) -> None:
-        """Take no new launch; close the channel and kill the process if it does not leave by itself.
+        """Take no new launch and close the channel; run() then kills the process and reaps it.
 
-        The helper owns no workload (each is the scheduler's child), so this costs none of them.
+        The helper owns no workload (each is the scheduler's child), so this costs none of them, and
+        requests it had not started see their control sockets close and go to its successor.
         """
         if self.retired.is_set():
             return
@@ -293,9 +292,6 @@ class _Helper:
                 silent += self._ping_interval
             if silent >= self._ping_timeout:
                 self.retire(f"made no progress for {silent:.0f}s (process state: {state})")
-                with anyio.move_on_after(RETIRE_GRACE):
-                    await self.gone.wait()
-                self.kill()
                 return
             with contextlib.suppress(BlockingIOError, OSError):
                 # Never waited on: a channel too full to take a ping is itself a helper not reading.

@@ -99,6 +99,18 @@ def sibling_fork_supported() -> str | None:
         return f"clone(2) is not wired for {platform.machine()}"
     if not hasattr(os, "pidfd_open"):
         return "this Python has no os.pidfd_open"
+    try:
+        pidfd = os.pidfd_open(os.getpid())
+    except OSError as exc:
+        return f"the kernel has no pidfd_open ({exc.strerror}; Linux 5.3 or later needed)"
+    try:
+        os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG)
+    except ChildProcessError:
+        pass  # we are not our own child: the kernel understood the request
+    except OSError as exc:
+        return f"the kernel cannot wait on a pidfd ({exc.strerror}; Linux 5.4 or later needed)"
+    finally:
+        os.close(pidfd)
     return None
 
 
