@@ -148,6 +148,15 @@ METRICS: Final[dict[str, dict[str, Metric]]] = {
             "", "lower", "gaps of more than 5 s between scheduler job heartbeats (loop stalls)"
         ),
         "job_heartbeat_stalled_s": Metric("s", "lower", "total length of those gaps"),
+        "scheduler_main_thread_cpu_s": Metric(
+            "s", "lower", "CPU of the scheduler's own thread (its loop, where the heartbeat is written)"
+        ),
+        "executor_loop_thread_cpu_s": Metric(
+            "s",
+            "lower",
+            "CPU of this executor's event-loop thread in the scheduler process (kernel name ale-loop); "
+            "stock has none",
+        ),
         **_CPU,
     },
     "dispatch": {

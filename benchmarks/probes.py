@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -48,6 +49,22 @@ def own_cpu_seconds(pid: int) -> float:
         t = psutil.Process(pid).cpu_times()
         return float(t.user + t.system)
     return 0.0
+
+
+def thread_cpu_seconds(pid: int) -> dict[str, float]:
+    """CPU seconds of each thread of one process, by name: ``main`` for the thread it started with,
+    else the thread's kernel name (``comm``; threads sharing a name are summed)."""
+    ticks = float(os.sysconf("SC_CLK_TCK"))
+    figures: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            stat = (task / "stat").read_text()
+            name = "main" if task.name == str(pid) else (task / "comm").read_text().strip()
+        except OSError:
+            continue  # the thread ended meanwhile
+        fields = stat.rsplit(")", 1)[1].split()
+        figures[name] = figures.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    return figures
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,10 @@ import functools
 import time
 from dataclasses import asdict, dataclass
 
+from async_local_executor.runtime import THREAD_NAME as LOOP_THREAD
 from async_local_executor.sandbox import AirflowSandbox, SandboxError
 from benchmarks.deployment import deployment
-from benchmarks.probes import LoopProbe, as_utc
+from benchmarks.probes import LoopProbe, as_utc, thread_cpu_seconds
 from benchmarks.scenarios.base import (
     Case,
     Outcome,
@@ -150,6 +151,7 @@ def run(size: Size, ctx: RunContext) -> Outcome:
         problem: str | None = None
         state: str | None = None
         cpu_before = dep.cpu()
+        threads_before = thread_cpu_seconds(dep.scheduler_pid)
         with loop.sampling():
             triggered = time.time()
             deadline = time.monotonic() + size.timeout
@@ -195,6 +197,7 @@ def run(size: Size, ctx: RunContext) -> Outcome:
             ended = time.time()
             heartbeats = dep.heartbeats()
         cpu_after = dep.cpu()
+        threads_after = thread_cpu_seconds(dep.scheduler_pid)
         rows = sb.task_instances(DAG_ID, run_id)
         run_end = _run_end(sb, run_id) if state in ("success", "failed") else None
         mismatches = sb.process_logs["scheduler"].read_text(errors="replace").count(MISMATCH)
@@ -217,6 +220,14 @@ def run(size: Size, ctx: RunContext) -> Outcome:
         "job_heartbeat_stalls": float(len(gaps)),
         "job_heartbeat_stalled_s": sum(gaps),
         **cpu_figures(cpu_before, cpu_after, ran),
+        # The scheduler's own thread, and the executor's loop thread where it has one (named in the
+        # kernel since this figure exists; stock has none).
+        "scheduler_main_thread_cpu_s": threads_after.get("main", 0.0) - threads_before.get("main", 0.0),
+        "executor_loop_thread_cpu_s": (
+            threads_after[LOOP_THREAD] - threads_before.get(LOOP_THREAD, 0.0)
+            if LOOP_THREAD in threads_after
+            else None
+        ),
     }
     series = {
         "heartbeat_ms": [d * 1000 for d in heartbeats.durations],

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 from async_local_executor.launchers.subprocess import SubprocessLauncher
-from async_local_executor.runtime import Runtime
+from async_local_executor.runtime import THREAD_NAME, Runtime
 from async_local_executor.supervisor import Supervisor
 from tests.core.helpers import GUARD, Recorder
 
@@ -37,3 +38,14 @@ def test_shutdown_of_a_stuck_loop_returns_within_its_timeout_not_twice_it() -> N
         released.set()
     # Waiting for the shutdown and joining the thread share one bound (each took all of it before).
     assert timeout <= elapsed < 1.5 * timeout
+
+
+def test_the_loop_thread_carries_its_name_in_the_kernel() -> None:
+    # How an operator (top -H, ps -L) and the benchmarks tell the loop thread's CPU from the scheduler's.
+    runtime = Runtime(lambda: Supervisor(SubprocessLauncher(), Recorder(), limit=None), use_uvloop=False)
+    runtime.start()
+    try:
+        names = [path.read_text().strip() for path in Path("/proc/self/task").glob("*/comm")]
+    finally:
+        runtime.shutdown(0.0, timeout=GUARD)
+    assert names.count(THREAD_NAME) == 1
