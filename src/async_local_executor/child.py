@@ -122,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
 def forked_main(argv: list[str], stdin: bytes) -> int:
     """Entry point inside a fork-server child: the payload is handed over in memory.
 
-    The fork server has already tied this process's life to its own (which is tied to the executor's).
+    The fork server forked this process as the scheduler's own child and tied its life to the
+    scheduler's (``PR_SET_PDEATHSIG``): it dies with the scheduler, not with the helper.
     """
     return run_payload(stdin)
 

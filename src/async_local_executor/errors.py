@@ -12,7 +12,7 @@ class LaunchError(AsyncLocalExecutorError):
 
 
 class ChildLost(AsyncLocalExecutorError):
-    """A launched process's exit status can no longer be observed (its fork server died)."""
+    """A launched process ended but its exit status can no longer be read (something else reaped it)."""
 
 
 class InvalidTransition(AsyncLocalExecutorError):

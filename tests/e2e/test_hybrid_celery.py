@@ -102,7 +102,8 @@ def test_tasks_run_on_the_executor_they_are_routed_to_and_hand_work_across(sandb
             assert "AsyncLocalExecutor" not in titles, where
             assert seen["instance"] is None, where
         else:
-            # Task process <- our workload process <- our fork server <- the scheduler.
+            # Task process <- our workload process <- the scheduler (our fork server forks it as the
+            # scheduler's own child).
             assert scheduler_pid in ancestors, where
             assert worker_pid not in ancestors, where
             assert "AsyncLocalExecutor" in titles, where
