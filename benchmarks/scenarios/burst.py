@@ -113,6 +113,25 @@ def _running(sb: AirflowSandbox, run_id: str) -> int:
     return int(str(rows[0][0])) if rows else 0
 
 
+EXITED = " exited: "  # in a problem that is a process's exit: "<process> exited: <error>"
+
+
+def _exited(sb: AirflowSandbox) -> str | None:
+    """Why a process of the deployment exited (its last error line), or None while all run.
+
+    A scheduler that crashes is a result of the run, not a failure of the benchmark: its figures up to
+    that moment are kept.
+    """
+    try:
+        sb.check_processes()
+    except SandboxError as exc:
+        text = str(exc)
+        name = text.split(" ", 1)[0]
+        errors = [line.strip() for line in text.splitlines() if "Error:" in line]
+        return f"{name}{EXITED}{errors[-1][:300] if errors else text.splitlines()[0]}"
+    return None
+
+
 def _run_end(sb: AirflowSandbox, run_id: str) -> float | None:
     rows = sb.query("SELECT end_date FROM dag_run WHERE dag_id = :d AND run_id = :r", d=DAG_ID, r=run_id)
     end = as_utc(rows[0][0]) if rows else None
@@ -158,7 +177,8 @@ def run(size: Size, ctx: RunContext) -> Outcome:
             run_id = sb.trigger(DAG_ID)
             # The schedule starts when the first task instance runs.
             while problem is None:
-                sb.check_processes()
+                if (problem := _exited(sb)) is not None:
+                    break
                 if _running(sb, run_id) > 0:
                     first_running_s = time.time() - triggered
                     break
@@ -172,8 +192,7 @@ def run(size: Size, ctx: RunContext) -> Outcome:
                     break
                 due = start + k * size.clear_interval
                 while problem is None and time.monotonic() < due:
-                    sb.check_processes()
-                    problem = is_stalled()
+                    problem = _exited(sb) or is_stalled()
                     time.sleep(min(0.25, max(0.0, due - time.monotonic())))
                 if problem is not None:
                     break
@@ -189,9 +208,12 @@ def run(size: Size, ctx: RunContext) -> Outcome:
                 if ctx.progress is not None:
                     ctx.progress(f"burst: clear {k}/{size.clears} of all {size.tasks} task instances")
             if problem is None:
-                state, problem = wait_for_run(
-                    sb, DAG_ID, run_id, timeout=max(1.0, deadline - time.monotonic()), abort=is_stalled
-                )
+                try:
+                    state, problem = wait_for_run(
+                        sb, DAG_ID, run_id, timeout=max(1.0, deadline - time.monotonic()), abort=is_stalled
+                    )
+                except SandboxError:
+                    state, problem = sb.run_state(DAG_ID, run_id), _exited(sb)
             else:
                 state = sb.run_state(DAG_ID, run_id)
             ended = time.time()
@@ -240,6 +262,8 @@ def run(size: Size, ctx: RunContext) -> Outcome:
         status = "ok"
     elif problem and "stalled" in problem:
         status = "stalled"
+    elif problem and EXITED in problem:
+        status = problem.split(EXITED, 1)[0] + " exited"
     elif problem and problem.startswith("timeout"):
         status = "timeout"
     else:

@@ -13,7 +13,7 @@ from benchmarks.report import markdown_table
 from benchmarks.scenarios import burst, ordinary
 from benchmarks.summary import summarize, words
 
-from async_local_executor.sandbox import AirflowSandbox
+from async_local_executor.sandbox import AirflowSandbox, SandboxError
 
 TIMEOUT_ENV = "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT"
 
@@ -131,3 +131,22 @@ def test_words_over_repetitions() -> None:
     assert words(["success", "success"]) == "success"
     assert words(["running", "success", "running"]) == "2x running, 1x success"
     assert words([]) == "-"
+
+
+class _Exits:
+    """Stands in for a deployment whose scheduler crashed (a real crash takes minutes of load)."""
+
+    def check_processes(self) -> None:
+        raise SandboxError(
+            "scheduler exited with code 1; log tail:\n  File x\n"
+            "sqlalchemy.orm.exc.StaleDataError: UPDATE statement on table 'task_instance' expected to "
+            "update 1 row(s); 0 were matched.\n[info] Shutting down"
+        )
+
+
+def test_a_crashed_scheduler_is_a_result_of_the_burst_not_a_harness_error() -> None:
+    reason = burst._exited(_Exits())  # type: ignore[arg-type]
+    assert reason == (
+        "scheduler exited: sqlalchemy.orm.exc.StaleDataError: UPDATE statement on table 'task_instance' "
+        "expected to update 1 row(s); 0 were matched."
+    )
