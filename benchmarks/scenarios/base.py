@@ -5,11 +5,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
-from async_local_executor.sandbox import AirflowSandbox, SandboxTimeout
+from async_local_executor.sandbox import AirflowSandbox, SandboxTimeout, TaskInstanceRow
 from benchmarks.deployment import Deployment, Variant
-from benchmarks.probes import HeartbeatLog, LoopProbe
+from benchmarks.probes import HeartbeatLog, LoopProbe, as_utc
 from benchmarks.stats import max_or_none, percentile
 
 Figures = dict[str, float | None]
@@ -138,3 +139,59 @@ def wait_parsed(dep: Deployment, dag_id: str) -> None:
     except SandboxTimeout as exc:
         raise RuntimeError(f"{dag_id} was not parsed: {exc}") from exc
     dep.wait_executor_ready(timeout=120)
+
+
+@dataclass(frozen=True)
+class FinishedRun:
+    """One DAG run triggered and waited for, with what was measured around it."""
+
+    run_id: str
+    state: str | None
+    problem: str | None  # why the wait ended without a final state
+    rows: list[TaskInstanceRow]
+    queued_at: datetime | None
+    ended_at: datetime | None
+    loop: LoopProbe
+    heartbeats: HeartbeatLog
+    cpu_before: dict[str, float]
+    cpu_after: dict[str, float]
+
+    @property
+    def makespan_s(self) -> float | None:
+        """First task start to last task end."""
+        starts = [r.start_date for r in self.rows if r.start_date]
+        ends = [r.end_date for r in self.rows if r.end_date]
+        return (max(ends) - min(starts)).total_seconds() if starts and ends else None
+
+    @property
+    def run_duration_s(self) -> float | None:
+        """The run's queued_at to its end_date."""
+        if self.queued_at and self.ended_at:
+            return (self.ended_at - self.queued_at).total_seconds()
+        return None
+
+
+def trigger_and_wait(dep: Deployment, dag_id: str, timeout: float) -> FinishedRun:
+    """Trigger ``dag_id``, wait for the run (a 120 s scheduler stall aborts), read back its task instances."""
+    sb = dep.sandbox
+    loop = LoopProbe(dep.query)
+    cpu_before = dep.cpu()
+    with loop.sampling():
+        run_id = sb.trigger(dag_id)
+        state, problem = wait_for_run(sb, dag_id, run_id, timeout=timeout, abort=stalled(loop, 120))
+    cpu_after = dep.cpu()
+    [(queued_at, ended_at)] = sb.query(
+        "SELECT queued_at, end_date FROM dag_run WHERE dag_id = :d AND run_id = :r", d=dag_id, r=run_id
+    )
+    return FinishedRun(
+        run_id,
+        state,
+        problem,
+        sb.task_instances(dag_id, run_id),
+        as_utc(queued_at),
+        as_utc(ended_at),
+        loop,
+        dep.heartbeats(),
+        cpu_before,
+        cpu_after,
+    )

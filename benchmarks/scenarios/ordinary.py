@@ -14,7 +14,6 @@ import functools
 from dataclasses import asdict, dataclass
 
 from benchmarks.deployment import deployment
-from benchmarks.probes import LoopProbe, as_utc
 from benchmarks.scenarios.base import (
     Case,
     Outcome,
@@ -22,8 +21,7 @@ from benchmarks.scenarios.base import (
     airflow_config,
     cpu_figures,
     loop_figures,
-    stalled,
-    wait_for_run,
+    trigger_and_wait,
     wait_parsed,
 )
 
@@ -77,26 +75,9 @@ def run(size: Size, ctx: RunContext) -> Outcome:
         wait_parsed(dep, DAG_ID)
         info = dep.executor_info()
         applied = airflow_config(sb)
-        loop = LoopProbe(dep.query)
-        cpu_before = dep.cpu()
-        with loop.sampling():
-            run_id = sb.trigger(DAG_ID)
-            state, problem = wait_for_run(sb, DAG_ID, run_id, timeout=size.timeout, abort=stalled(loop, 120))
-        cpu_after = dep.cpu()
-        heartbeats = dep.heartbeats()
-        rows = sb.task_instances(DAG_ID, run_id)
-        [(queued_at, run_end)] = [
-            (r[0], r[1])
-            for r in sb.query(
-                "SELECT queued_at, end_date FROM dag_run WHERE dag_id = :d AND run_id = :r",
-                d=DAG_ID,
-                r=run_id,
-            )
-        ]
+        done = trigger_and_wait(dep, DAG_ID, size.timeout)
         mismatches = sb.process_logs["scheduler"].read_text(errors="replace").count(MISMATCH)
-    starts = [r.start_date for r in rows if r.start_date]
-    ends = [r.end_date for r in rows if r.end_date]
-    trigger, finished = as_utc(queued_at), as_utc(run_end)
+    rows, state, problem, heartbeats = done.rows, done.state, done.problem, done.heartbeats
     # Final states: a task that succeeded and was then failed by the scheduler counts as failed.
     succeeded = sum(1 for r in rows if r.state == "success")
     failed = sum(1 for r in rows if r.state in FAILED)
@@ -105,11 +86,11 @@ def run(size: Size, ctx: RunContext) -> Outcome:
         "tasks_failed": float(failed),
         "tasks_lost": float(len(rows) - succeeded - failed),
         "state_mismatches": float(mismatches),
-        "makespan_s": (max(ends) - min(starts)).total_seconds() if starts and ends else None,
-        "run_duration_s": (finished - trigger).total_seconds() if trigger and finished else None,
+        "makespan_s": done.makespan_s,
+        "run_duration_s": done.run_duration_s,
         "tries": float(sum(r.try_number for r in rows)),
-        **loop_figures(heartbeats, loop),
-        **cpu_figures(cpu_before, cpu_after, len(rows)),
+        **loop_figures(heartbeats, done.loop),
+        **cpu_figures(done.cpu_before, done.cpu_after, len(rows)),
     }
     if state == "success" and succeeded == size.tasks:
         status = "ok"

@@ -6,15 +6,13 @@ import functools
 from dataclasses import asdict, dataclass
 
 from benchmarks.deployment import deployment
-from benchmarks.probes import LoopProbe, as_utc
 from benchmarks.scenarios.base import (
     Case,
     Outcome,
     RunContext,
     cpu_figures,
     loop_figures,
-    stalled,
-    wait_for_run,
+    trigger_and_wait,
     wait_parsed,
 )
 from benchmarks.stats import percentile
@@ -57,43 +55,24 @@ def run(size: Size, ctx: RunContext) -> Outcome:
         progress=ctx.progress,
         keep_home=ctx.keep_home,
     ) as dep:
-        sb = dep.sandbox
         wait_parsed(dep, DAG_ID)
         info = dep.executor_info()
-        loop = LoopProbe(dep.query)
-        cpu_before = dep.cpu()
-        with loop.sampling():
-            run_id = sb.trigger(DAG_ID)
-            state, problem = wait_for_run(sb, DAG_ID, run_id, timeout=size.timeout, abort=stalled(loop, 120))
-        cpu_after = dep.cpu()
-        heartbeats = dep.heartbeats()
-        rows = sb.task_instances(DAG_ID, run_id)
-        [(queued_at, run_end)] = [
-            (r[0], r[1])
-            for r in sb.query(
-                "SELECT queued_at, end_date FROM dag_run WHERE dag_id = :d AND run_id = :r",
-                d=DAG_ID,
-                r=run_id,
-            )
-        ]
-    starts = [r.start_date for r in rows if r.start_date]
-    ends = [r.end_date for r in rows if r.end_date]
-    makespan = (max(ends) - min(starts)).total_seconds() if starts and ends else None
-    trigger, finished = as_utc(queued_at), as_utc(run_end)
+        done = trigger_and_wait(dep, DAG_ID, size.timeout)
+    rows, makespan = done.rows, done.makespan_s
     waits = [(r.start_date - r.queued_dttm).total_seconds() for r in rows if r.start_date and r.queued_dttm]
     succeeded = sum(1 for r in rows if r.state == "success")
     metrics = {
         "makespan_s": makespan,
-        "run_duration_s": (finished - trigger).total_seconds() if trigger and finished else None,
+        "run_duration_s": done.run_duration_s,
         "tasks_per_s": len(rows) / makespan if makespan else None,
         "queued_to_start_p50_s": percentile(waits, 50),
         "queued_to_start_p95_s": percentile(waits, 95),
         "tasks_succeeded": float(succeeded),
-        **loop_figures(heartbeats, loop),
-        **cpu_figures(cpu_before, cpu_after, len(rows)),
+        **loop_figures(done.heartbeats, done.loop),
+        **cpu_figures(done.cpu_before, done.cpu_after, len(rows)),
     }
-    status = "ok" if state == "success" and succeeded == size.tasks else f"run {state}"
-    notes = [problem] if problem else []
+    status = "ok" if done.state == "success" and succeeded == size.tasks else f"run {done.state}"
+    notes = [done.problem] if done.problem else []
     return Outcome(
-        metrics, {"heartbeat_ms": [d * 1000 for d in heartbeats.durations]}, status, notes, info=info
+        metrics, {"heartbeat_ms": [d * 1000 for d in done.heartbeats.durations]}, status, notes, info=info
     )
