@@ -151,6 +151,12 @@ METRICS: Final[dict[str, dict[str, Metric]]] = {
         "scheduler_main_thread_cpu_s": Metric(
             "s", "lower", "CPU of the scheduler's own thread (its loop, where the heartbeat is written)"
         ),
+        "scheduler_other_threads_cpu_s": Metric(
+            "s",
+            "lower",
+            "CPU of every other thread of the scheduler process (the executor's loop thread and its "
+            "helpers; comparable across versions that did not name the loop thread)",
+        ),
         "executor_loop_thread_cpu_s": Metric(
             "s",
             "lower",
