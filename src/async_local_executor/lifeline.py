@@ -20,10 +20,14 @@ def die_with_parent(parent_pid: int, sig: int = signal.SIGTERM) -> bool:
     :param parent_pid: the pid we expect as parent; 0 skips the check
     :return: ``False`` when the parent is already gone
     """
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    prctl(_PR_SET_PDEATHSIG, int(sig))
     return not parent_pid or os.getppid() == parent_pid
+
+
+def prctl(option: int, arg: int | bytes) -> None:
+    """``prctl(2)`` with one argument; nothing off Linux, where the options used here do not exist."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0)
 
 
 EXIT_ORPHANED = 3

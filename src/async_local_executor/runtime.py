@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import ctypes
 import logging
-import sys
 import threading
 import time
 from collections import deque
@@ -26,6 +24,7 @@ import anyio.to_thread
 from async_local_executor.errors import RuntimeNotRunning
 from async_local_executor.health import Probe, Report
 from async_local_executor.launchers.base import LaunchRequest
+from async_local_executor.lifeline import prctl
 from async_local_executor.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -41,10 +40,8 @@ _PR_SET_NAME = 15
 
 
 def name_this_thread(name: str) -> None:
-    """Name the calling thread in the kernel; a platform without ``prctl`` just keeps the old name."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+    """Name the calling thread in the kernel."""
+    prctl(_PR_SET_NAME, name.encode()[:15])
 
 
 def uvloop_available() -> bool:
