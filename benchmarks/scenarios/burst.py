@@ -244,10 +244,17 @@ def run(size: Size, ctx: RunContext) -> Outcome:
         **cpu_figures(cpu_before, cpu_after, ran),
         # The scheduler's own thread, and the executor's loop thread where it has one (named in the
         # kernel since this figure exists; stock has none).
-        "scheduler_main_thread_cpu_s": threads_after.get("main", 0.0) - threads_before.get("main", 0.0),
-        "scheduler_other_threads_cpu_s": sum(threads_after.values())
-        - threads_after.get("main", 0.0)
-        - (sum(threads_before.values()) - threads_before.get("main", 0.0)),
+        # None when the scheduler is gone by the end (it crashed): its threads took their counts along.
+        "scheduler_main_thread_cpu_s": (
+            threads_after["main"] - threads_before.get("main", 0.0) if threads_after else None
+        ),
+        "scheduler_other_threads_cpu_s": (
+            sum(threads_after.values())
+            - threads_after["main"]
+            - (sum(threads_before.values()) - threads_before.get("main", 0.0))
+            if threads_after
+            else None
+        ),
         "executor_loop_thread_cpu_s": (
             threads_after[LOOP_THREAD] - threads_before.get(LOOP_THREAD, 0.0)
             if LOOP_THREAD in threads_after
