@@ -55,8 +55,13 @@ def make(tmp_path: Path) -> Iterator[Make]:
 
 def _launched(sandbox: Airflow2Sandbox) -> list[int]:
     scheduler = psutil.Process(sandbox.pids["scheduler"])
-    # Airflow 2's own children of the scheduler (its DAG file processor, the log server) are not ours.
-    ours = [p for p in scheduler.children() if "async_local_executor" in " ".join(cmdline(p.pid))]
+    # Airflow 2's own children of the scheduler (its DAG file processor, the log server) are not ours:
+    # ours are the fork server and, beside it, the workload processes it forked for the scheduler.
+    ours = [
+        p
+        for p in scheduler.children()
+        if any(mark in " ".join(cmdline(p.pid)) for mark in ("async_local_executor", "AsyncLocalExecutor"))
+    ]
     return [p.pid for child in ours for p in [child, *child.children(recursive=True)]]
 
 
