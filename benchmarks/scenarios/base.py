@@ -14,6 +14,8 @@ from benchmarks.probes import HeartbeatLog, LoopProbe, as_utc
 from benchmarks.stats import max_or_none, percentile
 
 Figures = dict[str, float | None]
+# In a problem that is a process's exit: "<process> exited: <error>".
+EXITED = " exited: "
 
 
 @dataclass(frozen=True)
@@ -195,3 +197,16 @@ def trigger_and_wait(dep: Deployment, dag_id: str, timeout: float) -> FinishedRu
         cpu_before,
         cpu_after,
     )
+
+
+def run_status(ok: bool, state: str | None, problem: str | None) -> str:
+    """A run's status word: ok, stalled, timeout, "<process> exited", else the run's own state."""
+    if ok:
+        return "ok"
+    if problem and "stalled" in problem:
+        return "stalled"
+    if problem and EXITED in problem:
+        return problem.split(EXITED, 1)[0] + " exited"
+    if problem and problem.startswith("timeout"):
+        return "timeout"
+    return f"run {state}"

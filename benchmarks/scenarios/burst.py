@@ -18,12 +18,14 @@ from async_local_executor.sandbox import AirflowSandbox, SandboxError
 from benchmarks.deployment import deployment
 from benchmarks.probes import LoopProbe, as_utc, thread_cpu_seconds
 from benchmarks.scenarios.base import (
+    EXITED,
     Case,
     Outcome,
     RunContext,
     airflow_config,
     cpu_figures,
     loop_figures,
+    run_status,
     stalled,
     wait_for_run,
     wait_parsed,
@@ -111,9 +113,6 @@ def _running(sb: AirflowSandbox, run_id: str) -> int:
         r=run_id,
     )
     return int(str(rows[0][0])) if rows else 0
-
-
-EXITED = " exited: "  # in a problem that is a process's exit: "<process> exited: <error>"
 
 
 def _exited(sb: AirflowSandbox) -> str | None:
@@ -268,14 +267,5 @@ def run(size: Size, ctx: RunContext) -> Outcome:
         "clear_calls_s": clear_calls,
         "airflow_config": applied,
     }
-    if state == "success":
-        status = "ok"
-    elif problem and "stalled" in problem:
-        status = "stalled"
-    elif problem and EXITED in problem:
-        status = problem.split(EXITED, 1)[0] + " exited"
-    elif problem and problem.startswith("timeout"):
-        status = "timeout"
-    else:
-        status = f"run {state}"
+    status = run_status(state == "success", state, problem)
     return Outcome(metrics, series, status, notes, info=info, text={"run_state": state or "none"})

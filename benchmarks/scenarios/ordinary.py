@@ -21,6 +21,7 @@ from benchmarks.scenarios.base import (
     airflow_config,
     cpu_figures,
     loop_figures,
+    run_status,
     trigger_and_wait,
     wait_parsed,
 )
@@ -92,14 +93,7 @@ def run(size: Size, ctx: RunContext) -> Outcome:
         **loop_figures(heartbeats, done.loop),
         **cpu_figures(done.cpu_before, done.cpu_after, len(rows)),
     }
-    if state == "success" and succeeded == size.tasks:
-        status = "ok"
-    elif problem and "stalled" in problem:
-        status = "stalled"
-    elif problem and problem.startswith("timeout"):
-        status = "timeout"
-    else:
-        status = f"run {state}"
+    status = run_status(state == "success" and succeeded == size.tasks, state, problem)
     notes = [problem] if problem else []
     if failed:
         notes.append(

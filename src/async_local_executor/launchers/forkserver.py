@@ -58,7 +58,8 @@ class _HelperDied(Exception):
 
 @dataclass(eq=False)
 class _Spawn:
-    request: LaunchRequest
+    """A spawn request the helper has not answered: what the loop learns of it from the channel."""
+
     resolved: anyio.Event = field(default_factory=anyio.Event)  # the helper refused it, or is gone
     error: str | None = None
 
@@ -179,7 +180,7 @@ class _Helper:
             raise LaunchError(f"cannot create the workload's control socket: {exc.strerror}") from exc
         os.set_blocking(read_fd, False)
         control.setblocking(False)
-        spawn = _Spawn(request)
+        spawn = _Spawn()
         self._pending[request_id] = spawn
         try:
             try:
