@@ -7,7 +7,7 @@ adapter needs is named here once, so executor.py reads the same on both.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow import __version__ as AIRFLOW_VERSION
@@ -45,6 +45,7 @@ __all__ = [
     "child_client_env",
     "execution_api_url",
     "executor_conf",
+    "restarting_task_instances",
     "stats",
 ]
 
@@ -127,3 +128,24 @@ def airflow2_audit(key: Any, event: str, extra: str) -> None:
 
     with create_session() as session:
         session.add(Log(event=event, task_instance=key, extra=extra))
+
+
+def restarting_task_instances(keys: Collection[Any]) -> set[Any]:
+    """Which of these task-instance keys are ``restarting`` in the database now (Airflow 3).
+
+    Read on a connection of its own: the scheduler calls this inside ``process_executor_events``, and
+    its own session must not be committed or closed there (that is the bug this reading works around).
+    """
+    from airflow import settings
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.state import TaskInstanceState
+    from sqlalchemy import select
+
+    where = TaskInstance.filter_for_tis(keys)
+    if where is None or settings.engine is None:
+        return set()
+    query = select(TaskInstance.dag_id, TaskInstance.task_id, TaskInstance.run_id, TaskInstance.map_index)
+    query = query.where(where, TaskInstance.state == TaskInstanceState.RESTARTING)
+    with settings.engine.connect() as connection:
+        rows = {tuple(row) for row in connection.execute(query)}
+    return {key for key in keys if (key.dag_id, key.task_id, key.run_id, key.map_index) in rows}

@@ -23,6 +23,7 @@ from airflow.utils.state import TaskInstanceState
 
 from async_local_executor import child, child_cli, registry, status, tasklog
 from async_local_executor.child_output import ChildOutput
+from async_local_executor.cleared_exits import ClearedExitGate
 from async_local_executor.compat import (
     AIRFLOW_V3,
     SAFE_CLIENT_TIMEOUT,
@@ -33,6 +34,7 @@ from async_local_executor.compat import (
     child_client_env,
     execution_api_url,
     executor_conf,
+    restarting_task_instances,
     stats,
 )
 from async_local_executor.config import EventLoop, ExecutorConfig, LauncherKind
@@ -109,6 +111,11 @@ class _Mailbox:
         self.events.append(outcome)
 
 
+def _may_be_cleared_exit(key: object, event: Any) -> bool:
+    # The scheduler restarts a cleared task instance on a success event only.
+    return isinstance(key, TaskInstanceKey) and event[0] == TaskInstanceState.SUCCESS
+
+
 def describe(key: object) -> str:
     """A short name for a workload key, for log lines."""
     if isinstance(key, _Ticket):
@@ -174,6 +181,7 @@ class AsyncLocalExecutor(BaseExecutor):
         self._thresholds = Thresholds()
         self._metric_tags: dict[str, str] = {}
         self._memory_waits_seen = 0
+        self._cleared_exits = ClearedExitGate(restarting_task_instances, is_candidate=_may_be_cleared_exit)
 
     # The scheduler sizes what it hands over by these two. Accepting `prefetch` more than there are
     # free slots keeps the next workloads waiting inside the executor, where the capacity limiter
@@ -460,6 +468,13 @@ class AsyncLocalExecutor(BaseExecutor):
             stats.incr(self._metric_name(f"final_events.{outcome}"), tags=self._metric_tags)
         if ended:
             self._log_prefetch_change()
+
+    def get_event_buffer(self, dag_ids: Any = None) -> dict[WorkloadKey, Any]:
+        events: dict[WorkloadKey, Any] = super().get_event_buffer(dag_ids)
+        if AIRFLOW_V3:  # Airflow 2 does not restart cleared task instances through these events
+            # Held ones go back to the buffer, so the scheduler's next loop reads them (see cleared_exits).
+            self.event_buffer.update(self._cleared_exits.hold_back(events))
+        return events
 
     def _note_for_prefetch(self, ticket: _Ticket, event: _Started | Outcome) -> bool:
         """Feed the prefetch budget; True when a workload ended."""
