@@ -6,7 +6,6 @@ identity token and ``/proc/<pid>/cmdline`` is readable by every local user.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import functools
 import json
@@ -14,6 +13,7 @@ import sys
 import traceback
 from typing import Any
 
+from async_local_executor import child_entry
 from async_local_executor.lifeline import die_with_parent, tie_direct_children
 
 EXIT_OK = 0  # the workload ran to its end (whatever the task's own outcome, which it reports itself)
@@ -114,8 +114,10 @@ _PRELOAD = (
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of a fresh interpreter: the payload is on stdin."""
-    if not die_with_parent(_parse_args(argv)):
+    args = child_entry.parse(argv)
+    if not die_with_parent(args.parent_pid):
         return EXIT_ORPHANED
+    child_entry.lower_priority(args)
     return run_payload(sys.stdin.buffer.read())
 
 
@@ -125,13 +127,8 @@ def forked_main(argv: list[str], stdin: bytes) -> int:
     The fork server forked this process as the scheduler's own child and tied its life to the
     scheduler's (``PR_SET_PDEATHSIG``): it dies with the scheduler, not with the helper.
     """
+    child_entry.lower_priority(child_entry.parse(argv))
     return run_payload(stdin)
-
-
-def _parse_args(argv: list[str] | None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m async_local_executor.child")
-    parser.add_argument("--parent-pid", type=int, default=0)
-    return int(parser.parse_args(argv).parent_pid)
 
 
 def run_payload(raw: bytes) -> int:

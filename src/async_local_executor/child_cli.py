@@ -9,12 +9,12 @@ take the same shape; an Airflow 2 command carries no token, but nothing forces i
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import sys
 import traceback
 
+from async_local_executor import child_entry
 from async_local_executor.child import EXIT_BAD_INPUT, EXIT_CRASHED, EXIT_OK, EXIT_ORPHANED
 from async_local_executor.lifeline import die_with_parent, tie_direct_children
 
@@ -100,15 +100,16 @@ def _dispose_engine() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of a fresh interpreter: the command is on stdin."""
-    parser = argparse.ArgumentParser(prog="python -m async_local_executor.child_cli")
-    parser.add_argument("--parent-pid", type=int, default=0)
-    if not die_with_parent(int(parser.parse_args(argv).parent_pid)):
+    args = child_entry.parse(argv)
+    if not die_with_parent(args.parent_pid):
         return EXIT_ORPHANED
+    child_entry.lower_priority(args)
     return run_payload(sys.stdin.buffer.read())
 
 
 def forked_main(argv: list[str], stdin: bytes) -> int:
     """Entry point inside a fork-server child: the command is handed over in memory."""
+    child_entry.lower_priority(child_entry.parse(argv))
     return run_payload(stdin)
 
 

@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal, Protocol, TypeVar
 
+from async_local_executor import cpu_priority
+
 SECTION = "async_local_executor"
 
 
@@ -145,6 +147,16 @@ OPTIONS: tuple[OptionDoc, ...] = (
         "{AIRFLOW_HOME}/async_local_executor.",
     ),
     OptionDoc(
+        "workload_cpu_priority",
+        "string",
+        "idle",
+        "normal",
+        "CPU priority of every workload process (and all it starts) against the scheduler, the "
+        "api-server and the dag-processor: idle (Linux SCHED_IDLE: tasks get every cycle those do not "
+        "want, and a burst of task starts cannot starve the scheduler's loop), a nice increment from 1 "
+        "to 19, or normal (the scheduler's own priority, as the stock LocalExecutor runs tasks).",
+    ),
+    OptionDoc(
         "preload_modules",
         "string",
         "",
@@ -184,6 +196,15 @@ def _queue_limits(raw: str) -> tuple[tuple[str, int], ...]:
     return tuple(limits.items())
 
 
+def _priority(conf: ConfSource) -> str:
+    name = "workload_cpu_priority"
+    raw = conf.get(SECTION, name, fallback=_DEFAULTS[name]) or _DEFAULTS[name]
+    try:
+        return cpu_priority.parse(raw)
+    except ValueError as exc:
+        raise ValueError(f"[{SECTION}] {name} {exc}") from None
+
+
 _E = TypeVar("_E", bound=enum.Enum)
 
 
@@ -211,6 +232,7 @@ class ExecutorConfig:
     state_dir: str = ""
     health_loop_lag_limit: float = float(_DEFAULTS["health_loop_lag_limit"])
     health_wait_limit: float = float(_DEFAULTS["health_wait_limit"])
+    workload_cpu_priority: str = _DEFAULTS["workload_cpu_priority"]
 
     def timeout_for(self, executor_config: object) -> float | None:
         """A task's hard timeout: its own ``executor_config`` entry, else ``task_timeout``; None: none.
@@ -258,4 +280,5 @@ class ExecutorConfig:
             state_dir=(conf.get(SECTION, "state_dir", fallback="") or "").strip(),
             health_loop_lag_limit=_float(conf, "health_loop_lag_limit"),
             health_wait_limit=_float(conf, "health_wait_limit"),
+            workload_cpu_priority=_priority(conf),
         )

@@ -21,7 +21,7 @@ from airflow.models.taskinstancekey import TaskInstanceKey
 from airflow.utils.helpers import prune_dict
 from airflow.utils.state import TaskInstanceState
 
-from async_local_executor import child, child_cli, registry, status, tasklog
+from async_local_executor import child, child_cli, child_entry, registry, status, tasklog
 from async_local_executor.child_output import ChildOutput
 from async_local_executor.cleared_exits import ClearedExitGate
 from async_local_executor.compat import (
@@ -318,7 +318,8 @@ class AsyncLocalExecutor(BaseExecutor):
     def _child_argv(self) -> tuple[str, ...]:
         """The command that runs one workload; it reads the workload (or Airflow 2 command) from stdin."""
         entry = child.__name__ if AIRFLOW_V3 else child_cli.__name__
-        return (sys.executable, "-m", entry, "--parent-pid", str(os.getpid()))
+        flags = child_entry.argv_flags(os.getpid(), self._config.workload_cpu_priority)
+        return (sys.executable, "-m", entry, *flags)
 
     def _fork_target(self) -> str:
         """What a fork-server child runs: ``module:function`` taking ``(argv, stdin_bytes)``."""

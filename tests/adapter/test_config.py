@@ -23,6 +23,7 @@ def test_defaults() -> None:
         EventLoop.AUTO,
     )
     assert (config.launcher, config.preload_modules) == (LauncherKind.FORKSERVER, ())
+    assert config.workload_cpu_priority == "idle"
 
 
 def test_values_are_read() -> None:
@@ -38,12 +39,14 @@ def test_values_are_read() -> None:
                 "forkserver_idle_timeout": "300",
                 "queue_limits": " reports:4 , default:28,",
                 "min_available_memory_mb": "512",
+                "workload_cpu_priority": " 07 ",
             }
         )
     )
     assert config.forkserver_idle_timeout == 300.0
     assert config.queue_limits == (("reports", 4), ("default", 28))
     assert config.min_available_memory_mb == 512.0
+    assert config.workload_cpu_priority == "7"
     assert config.prefetch(32) == 16
     assert config.prefetch(3) == 2  # rounded up: any multiplier above 0 prefetches something
     assert (config.shutdown_timeout, config.termination_grace_period, config.event_loop) == (
@@ -69,6 +72,9 @@ def test_values_are_read() -> None:
         ("queue_limits", "reports:0", "with N >= 1, got 'reports:0'"),
         ("queue_limits", ":3", "got ':3'"),
         ("min_available_memory_mb", "lots", "min_available_memory_mb must be a number"),
+        ("workload_cpu_priority", "low", "workload_cpu_priority must be idle, normal or a nice increment"),
+        ("workload_cpu_priority", "20", "from 1 to 19, got '20'"),
+        ("workload_cpu_priority", "0", "got '0'"),
     ],
 )
 def test_invalid_values_name_the_option(key: str, value: str, message: str) -> None:
@@ -97,6 +103,7 @@ def test_every_option_is_documented() -> None:
         "state_dir",
         "health_loop_lag_limit",
         "health_wait_limit",
+        "workload_cpu_priority",
         "preload_modules",
     }
     assert all(o.description for o in OPTIONS)

@@ -7,6 +7,7 @@ SQLite, the default fork-server launcher, real task processes held at a gate the
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,6 +44,9 @@ def test_killing_the_fork_server_loses_no_running_task(sandbox: AirflowSandbox, 
     poll(f"{TASKS} tasks at the gate", lambda: len(list(tmp_path.glob("started.*"))) == TASKS)
     tasks = [int(path.name.split(".")[1]) for path in tmp_path.glob("started.*")]
     [helper] = _helpers(scheduler)
+    # Task processes run below the scheduler's CPU priority (workload_cpu_priority's default, idle).
+    assert {os.sched_getscheduler(pid) for pid in tasks} == {os.SCHED_IDLE}
+    assert os.sched_getscheduler(scheduler.pid) == os.SCHED_OTHER
 
     psutil.Process(helper).kill()
     poll("a new fork server", lambda: _helpers(scheduler) not in ([], [helper]))

@@ -75,6 +75,8 @@ def on_deadline_missed(context: dict[str, Any], message: str = "") -> None:
         "pid": os.getpid(),
         # Set in every process the executor launches (its crash-recovery mark): says who ran this.
         "executor_instance": os.environ.get("ASYNC_LOCAL_EXECUTOR_INSTANCE"),
+        # Workloads run below the scheduler's CPU priority ([async_local_executor] workload_cpu_priority).
+        "cpu_policy": os.sched_getscheduler(0) if hasattr(os, "sched_getscheduler") else None,
         "written_at": time.time(),
     }
     log.warning("deadline missed: %s", record)
