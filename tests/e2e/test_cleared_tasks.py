@@ -1,0 +1,92 @@
+"""Running task instances cleared together: each runs again, and the executor finds them restarting.
+
+When many cleared task instances end together, the executor hands the scheduler their exits one per
+loop (Airflow 3.3 commits its session for each; see async_local_executor/cleared_exits.py). Which exits
+those are it reads from the metadata database; this test runs that read against a real Airflow, with
+the exits held back by stopping the scheduler (SIGSTOP) while the api-server stops the cleared tasks,
+so the task instances stay ``restarting`` for as long as the test looks. Nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from async_local_executor.demo import EXECUTOR
+from async_local_executor.sandbox import AirflowSandbox
+from tests.e2e.helpers import alive, poll
+
+pytestmark = pytest.mark.e2e
+
+DAGS = Path(__file__).with_name("dags")
+TASKS = 4  # the switch DAG's mapped tasks
+
+LOOKUP = """
+import json, sys
+from airflow.models.taskinstancekey import TaskInstanceKey
+from async_local_executor.compat import restarting_task_instances
+run_id, count = sys.argv[1], int(sys.argv[2])
+keys = [TaskInstanceKey("switch", "hold", run_id, 1, i) for i in range(count)]
+keys.append(TaskInstanceKey("switch", "hold", "no-such-run", 1, 0))
+print(json.dumps(sorted(key.map_index for key in restarting_task_instances(keys))))
+"""
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path) -> Iterator[AirflowSandbox]:
+    sb = AirflowSandbox(
+        executor=EXECUTOR, dags_folder=DAGS, parallelism=TASKS, extra_config={"ALE_SWITCH_DIR": str(tmp_path)}
+    )
+    with sb:
+        yield sb
+
+
+def _states(sandbox: AirflowSandbox, run_id: str) -> list[str | None]:
+    return [row.state for row in sandbox.task_instances("switch", run_id)]
+
+
+def test_cleared_running_tasks_are_found_restarting_and_run_again(
+    sandbox: AirflowSandbox, tmp_path: Path
+) -> None:
+    sandbox.wait_for_dag("switch", timeout=120)
+    run_id = sandbox.trigger("switch")
+    poll(f"{TASKS} tasks at the gate", lambda: len(list(tmp_path.glob("started.*"))) == TASKS)
+    first = [int(path.name.split(".")[1]) for path in tmp_path.glob("started.*")]
+    for path in tmp_path.glob("started.*"):
+        path.unlink()
+
+    scheduler = sandbox.pids["scheduler"]
+    os.kill(scheduler, signal.SIGSTOP)
+    try:
+        sandbox.clear("switch", run_id, "hold", range(TASKS))
+        # The api-server tells each supervisor to stop; nobody hands the exits to the scheduler yet.
+        poll("the cleared tasks to end", lambda: not any(alive(pid) for pid in first))
+        assert _states(sandbox, run_id) == ["restarting"] * TASKS
+        found = subprocess.run(
+            [sys.executable, "-c", LOOKUP, run_id, str(TASKS)],
+            env=sandbox.env,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=120,
+        )
+        assert json.loads(found.stdout.splitlines()[-1]) == list(range(TASKS))
+    finally:
+        os.kill(scheduler, signal.SIGCONT)
+
+    poll(f"{TASKS} tasks at the gate again", lambda: len(list(tmp_path.glob("started.*"))) == TASKS)
+    (tmp_path / "gate").touch()
+    poll("the run to finish", lambda: sandbox.run_state("switch", run_id) in ("success", "failed"))
+    rows = sandbox.task_instances("switch", run_id)
+    assert sandbox.run_state("switch", run_id) == "success", rows
+    assert [(r.state, r.try_number) for r in rows] == [("success", 2)] * TASKS
+    log = sandbox.process_logs["scheduler"].read_text(errors="replace")
+    assert log.count("was cleared and successfully terminated") == TASKS
+    assert "could not read which task instances are restarting" not in log
