@@ -7,6 +7,7 @@ comes on stdin or, from the fork server, in memory.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ def argv_flags(parent_pid: int, priority: str) -> tuple[str, ...]:
 
 def lower_priority(args: EntryArgs) -> None:
     """Apply the CPU priority; a failure is said on stderr (the scheduler log) and the workload runs."""
-    problem = cpu_priority.apply(args.cpu_priority)
+    # Both launchers make the workload process the scheduler's own child: its parent is the scheduler.
+    problem = cpu_priority.apply(args.cpu_priority, os.getppid())
     if problem:
         print(f"async_local_executor: {problem}", file=sys.stderr, flush=True)

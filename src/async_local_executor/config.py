@@ -149,12 +149,15 @@ OPTIONS: tuple[OptionDoc, ...] = (
     OptionDoc(
         "workload_cpu_priority",
         "string",
+        "auto",
         "idle",
-        "normal",
-        "CPU priority of every workload process (and all it starts) against the scheduler, the "
-        "api-server and the dag-processor: idle (Linux SCHED_IDLE: tasks get every cycle those do not "
-        "want, and a burst of task starts cannot starve the scheduler's loop), a nice increment from 1 "
-        "to 19, or normal (the scheduler's own priority, as the stock LocalExecutor runs tasks).",
+        "CPU priority of each workload process (and all it starts) against the scheduler, the "
+        "api-server and the dag-processor. auto: the scheduler's own priority, except for a workload "
+        "that starts while the scheduler has more than 24 children per CPU core, which runs idle, so a "
+        "burst of task starts cannot starve the scheduler's loop. idle: Linux SCHED_IDLE for every "
+        "workload (tasks get every cycle Airflow's processes do not want; the scheduler then loops more "
+        "often and ordinary throughput drops). A nice increment from 1 to 19. normal: the scheduler's "
+        "own priority, as the stock LocalExecutor runs tasks.",
     ),
     OptionDoc(
         "preload_modules",

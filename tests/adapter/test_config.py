@@ -23,7 +23,7 @@ def test_defaults() -> None:
         EventLoop.AUTO,
     )
     assert (config.launcher, config.preload_modules) == (LauncherKind.FORKSERVER, ())
-    assert config.workload_cpu_priority == "idle"
+    assert config.workload_cpu_priority == "auto"
 
 
 def test_values_are_read() -> None:
@@ -72,7 +72,11 @@ def test_values_are_read() -> None:
         ("queue_limits", "reports:0", "with N >= 1, got 'reports:0'"),
         ("queue_limits", ":3", "got ':3'"),
         ("min_available_memory_mb", "lots", "min_available_memory_mb must be a number"),
-        ("workload_cpu_priority", "low", "workload_cpu_priority must be idle, normal or a nice increment"),
+        (
+            "workload_cpu_priority",
+            "low",
+            "workload_cpu_priority must be auto, idle, normal or a nice increment",
+        ),
         ("workload_cpu_priority", "20", "from 1 to 19, got '20'"),
         ("workload_cpu_priority", "0", "got '0'"),
     ],

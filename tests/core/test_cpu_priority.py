@@ -81,9 +81,45 @@ def test_a_refused_change_is_reported_not_raised(monkeypatch: pytest.MonkeyPatch
 
 @pytest.mark.parametrize("raw", ["", "low", "0", "20", "-5", "1.5"])
 def test_parse_refuses_anything_else(raw: str) -> None:
-    with pytest.raises(ValueError, match="must be idle, normal or a nice increment from 1 to 19"):
+    with pytest.raises(ValueError, match="must be auto, idle, normal or a nice increment from 1 to 19"):
         cpu_priority.parse(raw)
 
 
 def test_parse_normalises() -> None:
-    assert [cpu_priority.parse(v) for v in (" IDLE", "Normal", " 19 ", "03")] == ["idle", "normal", "19", "3"]
+    assert [cpu_priority.parse(v) for v in (" IDLE", "Normal", " 19 ", "03", "Auto")] == [
+        "idle",
+        "normal",
+        "19",
+        "3",
+        "auto",
+    ]
+
+
+def _sleeper() -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+
+
+def test_auto_is_idle_only_for_a_workload_starting_in_a_crowd(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The crowd is this test process's own children, counted by the kernel: one core's worth is
+    # whatever it has now plus 3.
+    before = cpu_priority.children(os.getpid())
+    assert before is not None
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(cpu_priority, "CROWD_PER_CORE", before + 3)
+    sleepers = [_sleeper() for _ in range(3)]
+    try:
+        assert cpu_priority.children(os.getpid()) == before + 3
+        assert cpu_priority.resolve("auto", os.getpid()) == "normal"
+        sleepers.append(_sleeper())
+        assert cpu_priority.resolve("auto", os.getpid()) == "idle"
+        assert cpu_priority.resolve("7", os.getpid()) == "7"  # only auto looks at the crowd
+    finally:
+        for sleeper in sleepers:
+            assert sleeper.stdin is not None
+            sleeper.stdin.close()
+            sleeper.wait(timeout=30)
+
+
+def test_auto_without_the_kernels_count_keeps_the_schedulers_priority() -> None:
+    assert cpu_priority.children(2**22 + 1) is None  # no such process
+    assert cpu_priority.resolve("auto", 2**22 + 1) == "normal"

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import psutil
+
+from async_local_executor.demo import EXECUTOR
+from async_local_executor.sandbox import AirflowSandbox
 
 GUARD = 600.0
 
@@ -32,3 +37,32 @@ def alive(pid: int) -> bool:
         return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return False
+
+
+SWITCH_TASKS = 4  # the switch DAG's mapped tasks (dags/switch.py)
+
+
+@contextmanager
+def switch_sandbox(folder: Path, **config: str) -> Iterator[AirflowSandbox]:
+    """A real Airflow on SQLite with the switch DAG, whose tasks mark ``folder`` and wait for its gate."""
+    sandbox = AirflowSandbox(
+        executor=EXECUTOR,
+        dags_folder=Path(__file__).with_name("dags"),
+        parallelism=SWITCH_TASKS,
+        extra_config={"ALE_SWITCH_DIR": str(folder), **config},
+    )
+    with sandbox:
+        yield sandbox
+
+
+def open_the_gate(
+    sandbox: AirflowSandbox, folder: Path, run_id: str
+) -> tuple[list[tuple[str | None, int]], str]:
+    """Let the switch DAG's tasks finish; the run must succeed. Returns (state, try) per task and the scheduler log."""
+    (folder / "gate").touch()
+    poll("the run to finish", lambda: sandbox.run_state("switch", run_id) in ("success", "failed"))
+    rows = sandbox.task_instances("switch", run_id)
+    assert sandbox.run_state("switch", run_id) == "success", rows
+    return [(r.state, r.try_number) for r in rows], sandbox.process_logs["scheduler"].read_text(
+        errors="replace"
+    )

@@ -19,14 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from async_local_executor.demo import EXECUTOR
 from async_local_executor.sandbox import AirflowSandbox
-from tests.e2e.helpers import alive, poll
+from tests.e2e.helpers import SWITCH_TASKS, alive, open_the_gate, poll, switch_sandbox
 
 pytestmark = pytest.mark.e2e
 
-DAGS = Path(__file__).with_name("dags")
-TASKS = 4  # the switch DAG's mapped tasks
+TASKS = SWITCH_TASKS
 
 LOOKUP = """
 import json, sys
@@ -41,10 +39,7 @@ print(json.dumps(sorted(key.map_index for key in restarting_task_instances(keys)
 
 @pytest.fixture
 def sandbox(tmp_path: Path) -> Iterator[AirflowSandbox]:
-    sb = AirflowSandbox(
-        executor=EXECUTOR, dags_folder=DAGS, parallelism=TASKS, extra_config={"ALE_SWITCH_DIR": str(tmp_path)}
-    )
-    with sb:
+    with switch_sandbox(tmp_path) as sb:
         yield sb
 
 
@@ -82,11 +77,7 @@ def test_cleared_running_tasks_are_found_restarting_and_run_again(
         os.kill(scheduler, signal.SIGCONT)
 
     poll(f"{TASKS} tasks at the gate again", lambda: len(list(tmp_path.glob("started.*"))) == TASKS)
-    (tmp_path / "gate").touch()
-    poll("the run to finish", lambda: sandbox.run_state("switch", run_id) in ("success", "failed"))
-    rows = sandbox.task_instances("switch", run_id)
-    assert sandbox.run_state("switch", run_id) == "success", rows
-    assert [(r.state, r.try_number) for r in rows] == [("success", 2)] * TASKS
-    log = sandbox.process_logs["scheduler"].read_text(errors="replace")
+    tries, log = open_the_gate(sandbox, tmp_path, run_id)
+    assert tries == [("success", 2)] * TASKS
     assert log.count("was cleared and successfully terminated") == TASKS
     assert "could not read which task instances are restarting" not in log

@@ -14,22 +14,18 @@ from pathlib import Path
 import psutil
 import pytest
 
-from async_local_executor.demo import EXECUTOR
 from async_local_executor.sandbox import AirflowSandbox
-from tests.e2e.helpers import alive, cmdline, poll
+from tests.e2e.helpers import SWITCH_TASKS, alive, cmdline, open_the_gate, poll, switch_sandbox
 
 pytestmark = pytest.mark.e2e
 
-DAGS = Path(__file__).with_name("dags")
-TASKS = 4  # the switch DAG's mapped tasks
+TASKS = SWITCH_TASKS
 
 
 @pytest.fixture
 def sandbox(tmp_path: Path) -> Iterator[AirflowSandbox]:
-    sb = AirflowSandbox(
-        executor=EXECUTOR, dags_folder=DAGS, parallelism=TASKS, extra_config={"ALE_SWITCH_DIR": str(tmp_path)}
-    )
-    with sb:
+    # An explicit idle: the default (auto) keeps 4 tasks at the scheduler's priority.
+    with switch_sandbox(tmp_path, AIRFLOW__ASYNC_LOCAL_EXECUTOR__WORKLOAD_CPU_PRIORITY="idle") as sb:
         yield sb
 
 
@@ -44,7 +40,7 @@ def test_killing_the_fork_server_loses_no_running_task(sandbox: AirflowSandbox, 
     poll(f"{TASKS} tasks at the gate", lambda: len(list(tmp_path.glob("started.*"))) == TASKS)
     tasks = [int(path.name.split(".")[1]) for path in tmp_path.glob("started.*")]
     [helper] = _helpers(scheduler)
-    # Task processes run below the scheduler's CPU priority (workload_cpu_priority's default, idle).
+    # Task processes run below the scheduler's CPU priority (workload_cpu_priority = idle).
     assert {os.sched_getscheduler(pid) for pid in tasks} == {os.SCHED_IDLE}
     assert os.sched_getscheduler(scheduler.pid) == os.SCHED_OTHER
 
@@ -52,11 +48,7 @@ def test_killing_the_fork_server_loses_no_running_task(sandbox: AirflowSandbox, 
     poll("a new fork server", lambda: _helpers(scheduler) not in ([], [helper]))
     assert all(alive(pid) for pid in tasks)
 
-    (tmp_path / "gate").touch()
-    poll("the run to finish", lambda: sandbox.run_state("switch", run_id) in ("success", "failed"))
-    rows = sandbox.task_instances("switch", run_id)
-    assert sandbox.run_state("switch", run_id) == "success", rows
-    assert [(r.state, r.try_number) for r in rows] == [("success", 1)] * TASKS
-    log = sandbox.process_logs["scheduler"].read_text(errors="replace")
+    tries, log = open_the_gate(sandbox, tmp_path, run_id)
+    assert tries == [("success", 1)] * TASKS
     assert f"fork server (pid {helper}) exited; a new one replaces it" in log
     assert not [line for line in log.splitlines() if "workload switch.hold" in line and "failed" in line]
