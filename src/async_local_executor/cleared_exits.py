@@ -35,13 +35,8 @@ class ClearedExitGate:
     def __init__(self, lookup: Lookup, *, is_candidate: Callable[[Hashable, Any], bool]) -> None:
         self._lookup = lookup
         self._is_candidate = is_candidate  # an event the scheduler could handle with set_state(None)
-        self._holding = 0
+        self._holding = 0  # how many the last batch held back: what the log lines report on
         self._lookup_failed = False
-
-    @property
-    def holding(self) -> int:
-        """How many exits the last batch held back."""
-        return self._holding
 
     def hold_back(self, events: dict[Any, Any]) -> dict[Any, Any]:
         """Remove from ``events`` all but one exit of a restarting task instance; return the removed ones."""

@@ -49,13 +49,19 @@ def children(pid: int) -> int | None:
     """How many children ``pid`` has now (every thread's), or None where the kernel does not say."""
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
-        total = 0
-        for tid in tasks:
+    except OSError:  # no such process, or not Linux
+        return None
+    total, counted = 0, False
+    for tid in tasks:
+        try:
             with open(f"/proc/{pid}/task/{tid}/children", encoding="ascii") as f:
                 total += len(f.read().split())
-    except OSError:  # no CONFIG_PROC_CHILDREN, or not Linux
-        return None
-    return total
+        except FileNotFoundError:
+            continue  # a thread that ended since the listing; or no CONFIG_PROC_CHILDREN
+        except OSError:
+            return None
+        counted = True
+    return total if counted else None
 
 
 def resolve(priority: str, parent_pid: int) -> str:
