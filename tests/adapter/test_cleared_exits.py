@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from airflow.models.taskinstancekey import TaskInstanceKey
@@ -49,7 +49,9 @@ def _loops(executor: AsyncLocalExecutor) -> list[set[int]]:
     """Scheduler loops until the buffer is empty: which map indexes each one got."""
     batches = []
     while executor.event_buffer:
-        batches.append({key.map_index for key in executor.get_event_buffer()})
+        keys = list(executor.get_event_buffer())
+        assert all(isinstance(key, TaskInstanceKey) for key in keys)
+        batches.append({cast("TaskInstanceKey", key).map_index for key in keys})
         assert len(batches) < 100
     return batches
 
