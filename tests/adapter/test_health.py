@@ -196,12 +196,19 @@ def _watch_redraws_until_interrupted(state_dir: Path, pid: str) -> None:
     )
     assert watch.stdout is not None
     reports = 0
-    for line in watch.stdout:  # each report starts with a timestamp line; ends at EOF if it dies
-        reports += line.startswith("--- ")
-        if reports == 2 and pid in line:
-            break
-    watch.send_signal(signal.SIGINT)
-    assert watch.wait(GUARD) == 0
+    try:
+        for line in watch.stdout:  # each report starts with a timestamp line; ends at EOF if it dies
+            reports += line.startswith("--- ")
+            if reports == 2 and pid in line:
+                break
+        watch.send_signal(signal.SIGINT)
+        # Keep reading to the end: redraws written meanwhile must not fill the pipe and block the exit.
+        watch.communicate(timeout=GUARD)
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.wait()
+    assert watch.returncode == 0
     assert reports == 2
 
 
