@@ -11,12 +11,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 from airflow.models.taskinstancekey import TaskInstanceKey
 from airflow.utils.state import TaskInstanceState
 
 from tests.adapter.driver import RecordingExecutor, Scheduler
+from tests.core.helpers import alive
 
 STUB = str(Path(__file__).with_name("stub_child.py"))
 
@@ -167,7 +167,7 @@ def test_revoke_task_stops_the_process_without_an_event(executor: Airflow2Execut
     scheduler = Scheduler(executor)
     ti, pid = _held(executor, tmp_path / "gate", scheduler)
     executor.revoke_task(ti=ti)  # type: ignore[arg-type]
-    scheduler.run_until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie")
+    scheduler.run_until(lambda: not alive(pid))
     # A later task runs: the revoked one's exit is drained and produces nothing.
     queue(executor, "ok")
     scheduler.run_until(lambda: key("ok") in scheduler.events)
@@ -184,7 +184,7 @@ def test_cleanup_stuck_queued_tasks_stops_and_fails_them(executor: Airflow2Execu
     ti, pid = _held(executor, tmp_path / "gate", scheduler)
     readable = executor.cleanup_stuck_queued_tasks([ti])  # type: ignore[list-item]
     assert readable == [repr(ti)]
-    scheduler.run_until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie")
+    scheduler.run_until(lambda: not alive(pid))
     queue(executor, "ok")
     scheduler.run_until(lambda: key("ok") in scheduler.events)
     assert scheduler.events[ti.key] == (TaskInstanceState.FAILED, "stuck in queued")
@@ -196,4 +196,4 @@ def test_nothing_is_left_running_after_end(executor: Airflow2Executor, tmp_path:
     scheduler = Scheduler(executor)
     _, pid = _held(executor, tmp_path / "gate", scheduler)
     executor.terminate()
-    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
+    assert not alive(pid)

@@ -21,7 +21,8 @@ import psutil
 import pytest
 
 from async_local_executor.sandbox_airflow2 import Airflow2Sandbox
-from tests.e2e.helpers import alive, cmdline, poll
+from tests.core.helpers import alive
+from tests.e2e.helpers import cmdline, poll
 
 pytestmark = pytest.mark.e2e
 

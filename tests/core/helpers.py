@@ -6,11 +6,24 @@ import sys
 from collections.abc import Hashable
 
 import anyio
+import psutil
 
 from async_local_executor.supervisor import Outcome
 
 # Guards against a hang; never what a test waits for.
 GUARD = 60.0
+
+
+def alive(pid: int) -> bool:
+    """Running; a zombie (exited, not yet reaped) runs nothing any more.
+
+    One read of the process's status: a pid that exits between an existence check and a status read
+    would otherwise raise instead of answering.
+    """
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
 
 
 def py(code: str) -> list[str]:

@@ -18,7 +18,7 @@ import pytest
 
 from async_local_executor import registry
 from async_local_executor.registry import INSTANCE_ENV, SUFFIX, LaunchJournal, reclaim
-from tests.core.helpers import GUARD
+from tests.core.helpers import GUARD, alive
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(600)"]
 
@@ -60,13 +60,6 @@ def read_line(proc: subprocess.Popen[str]) -> str:
     return proc.stdout.readline()
 
 
-def running(pid: int) -> bool:
-    try:
-        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
-    except psutil.NoSuchProcess:
-        return False
-
-
 @pytest.fixture
 def spawned() -> Iterator[list[int]]:
     """Pids to kill after the test, whatever it asserted; our own children are reaped too."""
@@ -89,7 +82,7 @@ def test_what_a_killed_executor_left_running_is_killed_by_its_successor(
     owner.kill()
     owner.wait()
     # Nothing ties these to the owner: without a successor's reclaim they would run on.
-    assert all(running(pid) for pid in pids.values())
+    assert all(alive(pid) for pid in pids.values())
 
     survivors = reclaim(tmp_path)
 
@@ -99,7 +92,7 @@ def test_what_a_killed_executor_left_running_is_killed_by_its_successor(
         pids["escaped"]: "",
     }
     assert {s.owner for s in survivors} == {"test owner"}
-    assert not [pid for pid in pids.values() if running(pid)]
+    assert not [pid for pid in pids.values() if alive(pid)]
     assert list(tmp_path.iterdir()) == []
 
 
@@ -112,7 +105,7 @@ def test_a_live_executors_journal_and_processes_are_left_alone(tmp_path: Path, s
 
     assert reclaim(state) == []
 
-    assert running(proc.pid)
+    assert alive(proc.pid)
     assert stat.S_IMODE(state.stat().st_mode) == 0o700
     assert stat.S_IMODE(journal.path.stat().st_mode) == 0o600
     proc.kill()
@@ -137,7 +130,7 @@ def test_a_recorded_pid_now_held_by_another_process_is_not_killed(tmp_path: Path
 
     assert reclaim(tmp_path) == []
 
-    assert running(stranger.pid)
+    assert alive(stranger.pid)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -199,7 +192,7 @@ def test_a_process_the_owner_forked_does_not_keep_its_journal_locked(
     spawned.append(forked)
     owner.kill()
     owner.wait()
-    assert running(forked)
+    assert alive(forked)
 
     reclaim(tmp_path)
 

@@ -31,14 +31,6 @@ def cmdline(pid: int) -> list[str]:
         return []
 
 
-def alive(pid: int) -> bool:
-    """Running; a zombie (killed, not yet reaped by its new parent) runs nothing any more."""
-    try:
-        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
-    except psutil.NoSuchProcess:
-        return False
-
-
 SWITCH_TASKS = 4  # the switch DAG's mapped tasks (dags/switch.py)
 
 

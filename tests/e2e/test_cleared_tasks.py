@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from async_local_executor.sandbox import AirflowSandbox
-from tests.e2e.helpers import SWITCH_TASKS, alive, open_the_gate, poll, switch_sandbox
+from tests.core.helpers import alive
+from tests.e2e.helpers import SWITCH_TASKS, open_the_gate, poll, switch_sandbox
 
 pytestmark = pytest.mark.e2e
 

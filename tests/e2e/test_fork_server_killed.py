@@ -15,7 +15,8 @@ import psutil
 import pytest
 
 from async_local_executor.sandbox import AirflowSandbox
-from tests.e2e.helpers import SWITCH_TASKS, alive, cmdline, open_the_gate, poll, switch_sandbox
+from tests.core.helpers import alive
+from tests.e2e.helpers import SWITCH_TASKS, cmdline, open_the_gate, poll, switch_sandbox
 
 pytestmark = pytest.mark.e2e
 

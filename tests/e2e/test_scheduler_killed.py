@@ -18,7 +18,8 @@ import pytest
 
 from async_local_executor.demo import EXECUTOR
 from async_local_executor.sandbox import AirflowSandbox
-from tests.e2e.helpers import alive, cmdline, poll
+from tests.core.helpers import alive
+from tests.e2e.helpers import cmdline, poll
 
 pytestmark = pytest.mark.e2e
 

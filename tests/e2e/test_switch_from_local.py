@@ -20,7 +20,8 @@ import pytest
 
 from async_local_executor.demo import EXECUTOR
 from async_local_executor.sandbox import AirflowSandbox
-from tests.e2e.helpers import alive, poll
+from tests.core.helpers import alive
+from tests.e2e.helpers import poll
 
 pytestmark = pytest.mark.e2e
 
