@@ -61,16 +61,16 @@ test-core: install
 	$(BIN)/python -m pytest tests/core tests/adapter $(PYTEST_ARGS)
 
 lint: install
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src harness tests benchmarks
+	$(BIN)/ruff format --check src harness tests benchmarks
 	$(BIN)/mypy
 
 demo: install
-	$(BIN)/python -m async_local_executor.demo
+	$(BIN)/python -m harness.demo
 
 # The configuration reference is generated from the provider info (tests check it is current).
 docs: install
-	$(BIN)/python -m async_local_executor.provider > docs/configuration.md
+	$(BIN)/python -m async_local_executor.adapter.provider > docs/configuration.md
 
 # Quick profile (about 10 minutes on 2 cores): refreshes docs/benchmarks.md and its charts.
 bench: install
@@ -105,9 +105,9 @@ define freeze_lock
 	rm -rf .lock-venv
 endef
 
-EXTRAS := '.[uvloop,test,test-celery,bench]'
+EXTRAS := '.[uvloop,test,test-celery,bench,dev]'
 # Airflow 2.10: without test-celery (its Celery provider needs Airflow 2.11).
-EXTRAS_210 := '.[uvloop,test,bench]'
+EXTRAS_210 := '.[uvloop,test,bench,dev]'
 
 lock:
 	$(call freeze_lock,$(EXTRAS),The tested set: apache-airflow 3.3.2,$(LOCK))

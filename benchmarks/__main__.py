@@ -13,11 +13,11 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from async_local_executor.sandbox import installed_airflow_major
 from benchmarks import harness, report
 from benchmarks.deployment import BASELINE, Variant, parse_variant
 from benchmarks.scenarios.base import Case
 from benchmarks.summary import summarize
+from harness.sandbox import installed_airflow_major
 
 KEY_FIGURES = {
     "throughput": ("makespan_s", "tasks_per_s", "scheduler_cpu_s"),

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from async_local_executor.sandbox import AirflowSandbox, installed_airflow_major
-from async_local_executor.sandbox_airflow2 import Airflow2Sandbox
 from benchmarks import timed_executor
 from benchmarks.probes import HeartbeatLog, own_cpu_seconds, tree_cpu_seconds
+from harness.airflow2 import Airflow2Sandbox
+from harness.sandbox import AirflowSandbox, installed_airflow_major
 
 REPO_ROOT: Final[Path] = Path(__file__).resolve().parent.parent
 DAGS_FOLDER: Final[Path] = Path(__file__).resolve().parent / "dags"

@@ -19,10 +19,10 @@ from typing import Any, Final
 
 import psutil
 
-from async_local_executor.sandbox import installed_airflow_major
 from benchmarks.deployment import REPO_ROOT, Variant
 from benchmarks.scenarios import burst, dispatch, footprint, ordinary, throughput
 from benchmarks.scenarios.base import Case, RunContext
+from harness.sandbox import installed_airflow_major
 
 SCHEMA: Final[int] = 1
 SCENARIOS: Final[dict[str, Callable[[str], list[Case]]]] = {

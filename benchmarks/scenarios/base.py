@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from async_local_executor.sandbox import AirflowSandbox, SandboxTimeout, TaskInstanceRow
 from benchmarks.deployment import Deployment, Variant
 from benchmarks.probes import HeartbeatLog, LoopProbe, as_utc
 from benchmarks.stats import max_or_none, percentile
+from harness.sandbox import AirflowSandbox, SandboxTimeout, TaskInstanceRow
 
 Figures = dict[str, float | None]
 # In a problem that is a process's exit: "<process> exited: <error>".

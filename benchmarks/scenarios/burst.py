@@ -13,8 +13,7 @@ import functools
 import time
 from dataclasses import asdict, dataclass
 
-from async_local_executor.runtime import THREAD_NAME as LOOP_THREAD
-from async_local_executor.sandbox import AirflowSandbox, SandboxError
+from async_local_executor.core.runtime import THREAD_NAME as LOOP_THREAD
 from benchmarks.deployment import deployment
 from benchmarks.probes import LoopProbe, as_utc, thread_cpu_seconds
 from benchmarks.scenarios.base import (
@@ -30,6 +29,7 @@ from benchmarks.scenarios.base import (
     wait_for_run,
     wait_parsed,
 )
+from harness.sandbox import AirflowSandbox, SandboxError
 
 DAG_ID = "bench_sleep"
 TASK_ID = "sleep"

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import psutil
 
-from async_local_executor.sandbox import installed_airflow_major
 from benchmarks.deployment import REPO_ROOT, executor_info
 from benchmarks.scenarios.base import Case, Outcome, RunContext
 from benchmarks.stats import percentile
+from harness.sandbox import installed_airflow_major
 
 MARKER_ENV = "ALE_BENCH_DISPATCH_ID"
 

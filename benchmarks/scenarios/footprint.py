@@ -7,7 +7,6 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 
-from async_local_executor.sandbox import TaskInstanceRow
 from benchmarks.deployment import deployment
 from benchmarks.probes import LoopProbe, MemoryProbe, MemorySample
 from benchmarks.scenarios.base import (
@@ -21,6 +20,7 @@ from benchmarks.scenarios.base import (
     wait_parsed,
 )
 from benchmarks.stats import percentile
+from harness.sandbox import TaskInstanceRow
 
 DAG_ID = "bench_sleep"
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
 
-from async_local_executor.executor import AsyncLocalExecutor
+from async_local_executor.adapter.executor import AsyncLocalExecutor
 
 GUARD = 60.0
 STUB = str(Path(__file__).with_name("stub_child.py"))

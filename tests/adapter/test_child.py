@@ -7,12 +7,12 @@ import os
 import subprocess
 import sys
 
-from async_local_executor import child
+from async_local_executor.adapter import child
 
 
 def run_child(stdin: bytes, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "async_local_executor.child", *args],
+        [sys.executable, "-m", "async_local_executor.adapter.child", *args],
         input=stdin.decode(),
         capture_output=True,
         text=True,
@@ -50,7 +50,7 @@ def test_payload_round_trips_the_workload() -> None:
 
 PRELOAD_PROBE = """
 import json, sys
-from async_local_executor import child
+from async_local_executor.adapter import child
 before = set(sys.modules)
 child.preload()
 from airflow.sdk.api import client

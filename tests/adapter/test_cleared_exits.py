@@ -15,7 +15,7 @@ import pytest
 from airflow.models.taskinstancekey import TaskInstanceKey
 from airflow.utils.state import TaskInstanceState
 
-from async_local_executor.executor import AsyncLocalExecutor
+from async_local_executor.adapter.executor import AsyncLocalExecutor
 
 SUCCESS, FAILED = TaskInstanceState.SUCCESS, TaskInstanceState.FAILED
 
@@ -62,7 +62,7 @@ def test_one_exit_of_a_cleared_task_instance_per_loop(caplog: pytest.LogCaptureF
         executor.event_buffer[_key(i)] = (SUCCESS, None)
     executor.event_buffer[_key(6)] = (FAILED, "exit 1")
 
-    with caplog.at_level(logging.INFO, logger="async_local_executor.cleared_exits"):
+    with caplog.at_level(logging.INFO, logger="async_local_executor.adapter.cleared_exits"):
         batches = _loops(executor)
 
     assert len(batches) == 4
@@ -90,6 +90,6 @@ def test_a_failed_lookup_holds_nothing(caplog: pytest.LogCaptureFixture) -> None
     for i in range(3):
         executor.event_buffer[_key(i)] = (SUCCESS, None)
 
-    with caplog.at_level(logging.WARNING, logger="async_local_executor.cleared_exits"):
+    with caplog.at_level(logging.WARNING, logger="async_local_executor.adapter.cleared_exits"):
         assert _loops(executor) == [{0, 1, 2}]
     assert "go to the scheduler unpaced" in caplog.text

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from async_local_executor.config import OPTIONS, EventLoop, ExecutorConfig, LauncherKind
+from async_local_executor.adapter.config import OPTIONS, EventLoop, ExecutorConfig, LauncherKind
 
 
 class DictConf:

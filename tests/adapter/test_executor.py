@@ -20,9 +20,9 @@ import pytest
 from airflow.models.connection_test import ConnectionTestState
 from airflow.utils.state import CallbackState, TaskInstanceState
 
-from async_local_executor import registry
-from async_local_executor.errors import RuntimeNotRunning
-from async_local_executor.executor import AsyncLocalExecutor
+from async_local_executor.adapter.executor import AsyncLocalExecutor
+from async_local_executor.core.errors import RuntimeNotRunning
+from async_local_executor.ops import journal as registry
 from tests.adapter import workloads
 from tests.adapter.driver import GUARD, RecordingExecutor, Scheduler, loop_threads
 
@@ -539,7 +539,7 @@ def test_start_kills_what_a_crashed_executor_left_running_before_launching(
             {"+": recorded.pid, "start": start, "key": "old.task try 3"},
         ]
         (state / f"crashed{registry.SUFFIX}").write_text("".join(json.dumps(e) + "\n" for e in entries))
-        caplog.set_level(logging.WARNING, logger="async_local_executor.executor")
+        caplog.set_level(logging.WARNING, logger="async_local_executor.adapter.executor")
         ex = RecordingExecutor(parallelism=1)
         ex.start()
         try:

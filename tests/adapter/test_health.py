@@ -16,13 +16,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from async_local_executor.health import Health, Verdict
-from async_local_executor.status import read_all
+from async_local_executor.core.health import Health, Verdict
+from async_local_executor.ops.status import read_all
 from tests.adapter import workloads
 from tests.adapter.driver import GUARD, RecordingExecutor, Scheduler
 from tests.adapter.test_executor import held_pid, holding, queue
 
-CLI = [sys.executable, "-m", "async_local_executor.cli"]
+CLI = [sys.executable, "-m", "async_local_executor.ops.cli"]
 
 
 def wait_for_health(ex: RecordingExecutor, done: Callable[[Health], bool]) -> Health:
@@ -237,7 +237,7 @@ def test_sigusr2_dump_logs_health_and_running_workloads(
     scheduler = Scheduler(executor)
     scheduler.run_until(lambda: holding(gate) == 1)
     scheduler.run_until(lambda: executor._runtime.report.state.running != ())  # type: ignore[union-attr]
-    caplog.set_level(logging.INFO, logger="async_local_executor.executor")
+    caplog.set_level(logging.INFO, logger="async_local_executor.adapter.executor")
     executor.debug_dump()
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert "async_local_executor health: healthy" in text

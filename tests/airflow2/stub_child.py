@@ -1,4 +1,4 @@
-"""Stands in for ``async_local_executor.child_cli`` where no metadata database holds the task (the
+"""Stands in for ``async_local_executor.adapter.child_cli`` where no metadata database holds the task (the
 end-to-end tests run the real `airflow tasks run`). It reads the same stdin payload and exits the way
 the real child would, chosen by the test: the command's task id names the behaviour."""
 

@@ -9,7 +9,7 @@ import sys
 
 PRELOAD_PROBE = """
 import json, sys
-from async_local_executor import child_cli
+from async_local_executor.adapter import child_cli
 from airflow.models.taskinstance import TaskInstance
 child_cli.preload()
 print(json.dumps({

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from async_local_executor.sandbox import TaskInstanceRow
-from async_local_executor.sandbox_airflow2 import Airflow2Sandbox
+from harness.airflow2 import Airflow2Sandbox
+from harness.sandbox import TaskInstanceRow
 from tests.e2e.helpers import poll
 
 pytestmark = pytest.mark.e2e

@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from async_local_executor.sandbox_airflow2 import Airflow2Sandbox
+from harness.airflow2 import Airflow2Sandbox
 from tests.core.helpers import alive
 from tests.e2e.helpers import cmdline, poll
 

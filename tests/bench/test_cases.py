@@ -6,14 +6,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from benchmarks import deployment as deployment_module
 from benchmarks.deployment import KNOWN_VARIANTS
 from benchmarks.harness import PROFILES, Plan, default_database, select_cases
 from benchmarks.report import markdown_table
 from benchmarks.scenarios import burst, ordinary
 from benchmarks.summary import summarize, words
-
-from async_local_executor.sandbox import AirflowSandbox, SandboxError
+from harness.sandbox import AirflowSandbox, SandboxError
 
 TIMEOUT_ENV = "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT"
 

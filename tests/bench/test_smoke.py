@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from benchmarks.metrics import METRICS
 
 # Five scenarios x two variants of a real Airflow each, one after the other: about 7 minutes on 2 cores.

@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
-from async_local_executor.launchers.base import LaunchRequest
-from async_local_executor.launchers.forkserver import ForkServerLauncher
-from async_local_executor.launchers.subprocess import SubprocessLauncher
-from async_local_executor.supervisor import Supervisor
-from async_local_executor.termination import TerminationPolicy
+from async_local_executor.core.launchers.base import LaunchRequest
+from async_local_executor.core.launchers.forkserver import ForkServerLauncher
+from async_local_executor.core.launchers.subprocess import SubprocessLauncher
+from async_local_executor.core.supervisor import Supervisor
+from async_local_executor.core.termination import TerminationPolicy
 from tests.core.helpers import Recorder
 
 
@@ -31,7 +31,7 @@ def test_request_needs_a_program() -> None:
 
 
 def test_core_imports_no_airflow() -> None:
-    code = "import sys, async_local_executor.supervisor, async_local_executor.runtime; print('airflow' in sys.modules)"
+    code = "import sys, async_local_executor.core.supervisor, async_local_executor.core.runtime; print('airflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
@@ -42,6 +42,6 @@ def test_target_must_name_a_function() -> None:
 
 
 def test_helper_module_imports_nothing_heavy() -> None:
-    code = "import sys, async_local_executor.launchers.forkserver_helper; print('anyio' in sys.modules, 'airflow' in sys.modules)"
+    code = "import sys, async_local_executor.core.launchers.forkserver_helper; print('anyio' in sys.modules, 'airflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False False"

@@ -14,11 +14,11 @@ from contextlib import contextmanager
 
 import pytest
 
-from async_local_executor import cpu_priority
+from async_local_executor.core import cpu_priority
 
 CHILD = """
 import subprocess, sys
-from async_local_executor import cpu_priority
+from async_local_executor.core import cpu_priority
 problem = cpu_priority.apply(sys.argv[1])
 grandchild = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
 print(grandchild.pid, problem, flush=True)

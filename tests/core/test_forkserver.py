@@ -12,10 +12,10 @@ import anyio
 import psutil
 import pytest
 
-from async_local_executor.launchers.base import LaunchRequest
-from async_local_executor.launchers.forkserver import ForkServerLauncher
-from async_local_executor.launchers.subprocess import SubprocessLauncher
-from async_local_executor.supervisor import OutcomeKind
+from async_local_executor.core.launchers.base import LaunchRequest
+from async_local_executor.core.launchers.forkserver import ForkServerLauncher
+from async_local_executor.core.launchers.subprocess import SubprocessLauncher
+from async_local_executor.core.supervisor import OutcomeKind
 from tests.core.helpers import GUARD, Recorder, py
 from tests.core.test_supervisor import TARGET, is_dead, serving, until_dead
 
@@ -175,7 +175,7 @@ async def _helper_replaced(launcher: ForkServerLauncher, dead: int) -> int:
 async def test_an_idle_helper_that_dies_is_replaced_without_waiting_for_a_workload(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="async_local_executor.launchers.forkserver")
+    caplog.set_level(logging.INFO, logger="async_local_executor.core.launchers.forkserver")
     recorder = Recorder()
     launcher = fork_server(recorder, restart_delay=0.2)
     async with serving(recorder, launcher) as supervisor:
@@ -246,7 +246,7 @@ async def test_a_busy_helper_behind_a_lagging_loop_is_not_replaced() -> None:
 async def test_a_helper_that_cannot_start_falls_back_with_one_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="async_local_executor.launchers.forkserver")
+    caplog.set_level(logging.WARNING, logger="async_local_executor.core.launchers.forkserver")
     recorder = Recorder()
     launcher = fork_server(
         recorder, target="no_such_module:run", fallback=SubprocessLauncher(output=recorder.output)
@@ -292,7 +292,7 @@ async def test_a_request_too_large_for_the_channel_uses_the_fallback() -> None:
 async def test_with_an_idle_timeout_the_helper_starts_on_demand_and_leaves_when_idle(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="async_local_executor.launchers.forkserver")
+    caplog.set_level(logging.INFO, logger="async_local_executor.core.launchers.forkserver")
     recorder = Recorder()
     launcher = fork_server(recorder, idle_timeout=0.2)
 

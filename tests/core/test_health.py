@@ -13,11 +13,11 @@ import anyio
 import psutil
 import pytest
 
-from async_local_executor.health import Health, Probe, Report, Thresholds, Verdict, assess, stale
-from async_local_executor.launchers.base import LaunchRequest
-from async_local_executor.launchers.subprocess import SubprocessLauncher
-from async_local_executor.status import StatusWriter, read_all, status_path, tree_rss
-from async_local_executor.supervisor import MB, LaunchFailure, Supervisor, SupervisorState
+from async_local_executor.core.health import Health, Probe, Report, Thresholds, Verdict, assess, stale
+from async_local_executor.core.launchers.base import LaunchRequest
+from async_local_executor.core.launchers.subprocess import SubprocessLauncher
+from async_local_executor.core.supervisor import MB, LaunchFailure, Supervisor, SupervisorState
+from async_local_executor.ops.status import StatusWriter, read_all, status_path, tree_rss
 from tests.core.helpers import GUARD, Recorder, py
 
 pytestmark = pytest.mark.asyncio

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from async_local_executor.errors import InvalidTransition
-from async_local_executor.lifecycle import TRANSITIONS, Lifecycle, Phase, Step
+from async_local_executor.core.errors import InvalidTransition
+from async_local_executor.core.lifecycle import TRANSITIONS, Lifecycle, Phase, Step
 
 
 def walk(*steps: Step) -> Lifecycle:

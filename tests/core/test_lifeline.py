@@ -16,7 +16,7 @@ from tests.core.helpers import GUARD
 # the task process), has that child fork a grandchild, then is killed outright.
 SCRIPT = """
 import os, signal, sys, time
-from async_local_executor.lifeline import tie_direct_children
+from async_local_executor.core.lifeline import tie_direct_children
 tie_direct_children()
 r, w = os.pipe()
 child = os.fork()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from async_local_executor.prefetch import PrefetchBudget
+from async_local_executor.core.prefetch import PrefetchBudget
 
 
 def budget(maximum: int = 8, timeout: float = 600.0) -> PrefetchBudget:

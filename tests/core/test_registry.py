@@ -16,8 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from async_local_executor import registry
-from async_local_executor.registry import INSTANCE_ENV, SUFFIX, LaunchJournal, reclaim
+from async_local_executor.ops import journal as registry
+from async_local_executor.ops.journal import INSTANCE_ENV, SUFFIX, LaunchJournal, reclaim
 from tests.core.helpers import GUARD, alive
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(600)"]
@@ -39,7 +39,7 @@ member.wait()
 OWNER = f"""
 import json, os, subprocess, sys, time
 from pathlib import Path
-from async_local_executor.registry import LaunchJournal
+from async_local_executor.ops.journal import LaunchJournal
 journal = LaunchJournal.open(Path(sys.argv[1]), owner="test owner")
 workload = subprocess.Popen(
     [sys.executable, "-c", {WORKLOAD!r}],
@@ -169,7 +169,7 @@ def test_reclaim_of_a_missing_directory_finds_nothing(tmp_path: Path) -> None:
 FORKING_OWNER = """
 import os, sys, time
 from pathlib import Path
-from async_local_executor.registry import LaunchJournal
+from async_local_executor.ops.journal import LaunchJournal
 journal = LaunchJournal.open(Path(sys.argv[1]), owner="forking owner")
 if os.fork() == 0:
     # os.fork() returns here only after the at-fork hooks ran: the journal is closed in this process

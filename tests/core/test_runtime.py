@@ -6,9 +6,9 @@ import threading
 import time
 from pathlib import Path
 
-from async_local_executor.launchers.subprocess import SubprocessLauncher
-from async_local_executor.runtime import THREAD_NAME, Runtime
-from async_local_executor.supervisor import Supervisor
+from async_local_executor.core.launchers.subprocess import SubprocessLauncher
+from async_local_executor.core.runtime import THREAD_NAME, Runtime
+from async_local_executor.core.supervisor import Supervisor
 from tests.core.helpers import GUARD, Recorder
 
 

@@ -15,11 +15,11 @@ import anyio
 import psutil
 import pytest
 
-from async_local_executor.launchers.base import Launcher, LaunchRequest
-from async_local_executor.launchers.forkserver import ForkServerLauncher
-from async_local_executor.launchers.subprocess import SubprocessLauncher
-from async_local_executor.supervisor import MB, OutcomeKind, Supervisor
-from async_local_executor.termination import TerminationPolicy
+from async_local_executor.core.launchers.base import Launcher, LaunchRequest
+from async_local_executor.core.launchers.forkserver import ForkServerLauncher
+from async_local_executor.core.launchers.subprocess import SubprocessLauncher
+from async_local_executor.core.supervisor import MB, OutcomeKind, Supervisor
+from async_local_executor.core.termination import TerminationPolicy
 from tests.core.helpers import GUARD, ManualClock, Recorder, py
 
 pytestmark = pytest.mark.asyncio

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import psutil
 
-from async_local_executor.demo import EXECUTOR
-from async_local_executor.sandbox import AirflowSandbox
+from harness.demo import EXECUTOR
+from harness.sandbox import AirflowSandbox
 
 GUARD = 600.0
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from async_local_executor.sandbox import AirflowSandbox
+from harness.sandbox import AirflowSandbox
 from tests.core.helpers import alive
 from tests.e2e.helpers import SWITCH_TASKS, open_the_gate, poll, switch_sandbox
 
@@ -30,7 +30,7 @@ TASKS = SWITCH_TASKS
 LOOKUP = """
 import json, sys
 from airflow.models.taskinstancekey import TaskInstanceKey
-from async_local_executor.compat import restarting_task_instances
+from async_local_executor.adapter.compat import restarting_task_instances
 run_id, count = sys.argv[1], int(sys.argv[2])
 keys = [TaskInstanceKey("switch", "hold", run_id, 1, i) for i in range(count)]
 keys.append(TaskInstanceKey("switch", "hold", "no-such-run", 1, 0))

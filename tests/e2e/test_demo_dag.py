@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from async_local_executor.demo import DAG_ID, EXECUTOR, unexpected
-from async_local_executor.sandbox import AirflowSandbox, CallbackRow, TaskInstanceRow
+from harness.demo import DAG_ID, EXECUTOR, unexpected
+from harness.sandbox import AirflowSandbox, CallbackRow, TaskInstanceRow
 
 pytestmark = pytest.mark.e2e
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from async_local_executor.sandbox import AirflowSandbox
+from harness.sandbox import AirflowSandbox
 from tests.core.helpers import alive
 from tests.e2e.helpers import SWITCH_TASKS, cmdline, open_the_gate, poll, switch_sandbox
 

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import redis
 
-from async_local_executor.demo import EXECUTOR
-from async_local_executor.registry import INSTANCE_ENV
-from async_local_executor.sandbox import AirflowSandbox, PostgresDatabase
+from async_local_executor.ops.journal import INSTANCE_ENV
+from harness.demo import EXECUTOR
+from harness.sandbox import AirflowSandbox, PostgresDatabase
 from tests.e2e.helpers import poll
 
 pytestmark = pytest.mark.e2e

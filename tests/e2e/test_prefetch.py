@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from async_local_executor.demo import EXECUTOR
-from async_local_executor.sandbox import AirflowSandbox
+from harness.demo import EXECUTOR
+from harness.sandbox import AirflowSandbox
 from tests.e2e.helpers import poll
 
 pytestmark = pytest.mark.e2e

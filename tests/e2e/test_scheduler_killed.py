@@ -16,8 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from async_local_executor.demo import EXECUTOR
-from async_local_executor.sandbox import AirflowSandbox
+from harness.demo import EXECUTOR
+from harness.sandbox import AirflowSandbox
 from tests.core.helpers import alive
 from tests.e2e.helpers import cmdline, poll
 

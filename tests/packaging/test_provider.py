@@ -19,8 +19,8 @@ import jsonschema
 import pytest
 
 from async_local_executor import __version__
-from async_local_executor.config import OPTIONS, SECTION, ExecutorConfig
-from async_local_executor.provider import EXECUTOR, configuration_reference, get_provider_info
+from async_local_executor.adapter.config import OPTIONS, SECTION, ExecutorConfig
+from async_local_executor.adapter.provider import EXECUTOR, configuration_reference, get_provider_info
 
 ROOT = Path(__file__).resolve().parents[2]
 AIRFLOW = str(Path(sys.executable).with_name("airflow"))

@@ -1,6 +1,3 @@
-"""Launch paths: each turns a :class:`~.base.LaunchRequest` into a running :class:`~.base.Child`.
-
-``base.py`` is the contract; ``subprocess.py`` starts a fresh interpreter per workload;
-``forkserver.py`` and ``forkserver_helper.py`` are the two sides of the fork-server path. Nothing is
-imported here, so ``python -m async_local_executor.launchers.forkserver_helper`` starts clean.
-"""
+"""Old path of :mod:`async_local_executor.core.launchers`, kept for a scheduler started before an
+upgrade: it starts its next fork server as ``python -m async_local_executor.launchers.forkserver_helper``.
+Nothing is imported here, so that helper starts clean."""

@@ -15,7 +15,7 @@ from airflow import __version__ as AIRFLOW_VERSION
 AIRFLOW_V3 = int(AIRFLOW_VERSION.split(".", 1)[0]) >= 3
 
 if TYPE_CHECKING:
-    from async_local_executor.config import ConfSource
+    from async_local_executor.adapter.config import ConfSource
 
 if AIRFLOW_V3:
     from airflow._shared.observability.metrics import stats

@@ -19,7 +19,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from async_local_executor.status import Found, read_all
+from async_local_executor.ops.status import Found, read_all
 
 STATE_DIR_ENV = "AIRFLOW__ASYNC_LOCAL_EXECUTOR__STATE_DIR"
 

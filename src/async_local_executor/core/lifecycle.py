@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 
-from async_local_executor.errors import InvalidTransition
+from async_local_executor.core.errors import InvalidTransition
 
 
 class Phase(enum.Enum):

@@ -16,7 +16,7 @@ import subprocess
 from collections.abc import Sequence
 from typing import Any
 
-from async_local_executor.sandbox import AirflowSandbox, SandboxError, SandboxTimeout
+from harness.sandbox import AirflowSandbox, SandboxError, SandboxTimeout
 
 __all__ = ["Airflow2Sandbox"]
 

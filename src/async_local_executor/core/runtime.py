@@ -21,11 +21,11 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
-from async_local_executor.errors import RuntimeNotRunning
-from async_local_executor.health import Probe, Report
-from async_local_executor.launchers.base import LaunchRequest
-from async_local_executor.lifeline import prctl
-from async_local_executor.supervisor import Supervisor
+from async_local_executor.core.errors import RuntimeNotRunning
+from async_local_executor.core.health import Probe, Report
+from async_local_executor.core.launchers.base import LaunchRequest
+from async_local_executor.core.lifeline import prctl
+from async_local_executor.core.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 A fork of a process that already imported the task SDK costs milliseconds; a fresh interpreter costs
 about two seconds of CPU. The scheduler itself cannot fork (its event-loop thread makes it
 multi-threaded), so the forking happens in a helper started with ``exec``
-(:mod:`~async_local_executor.launchers.forkserver_helper`, which also documents the protocol).
+(:mod:`~async_local_executor.core.launchers.forkserver_helper`, which also documents the protocol).
 
 The helper only forks: each child is the scheduler's own (``CLONE_PARENT``), reports its pid on a
 control socket of its own, and is reaped here through a pidfd. So a helper that dies, hangs or is
@@ -34,11 +34,17 @@ import anyio.to_thread
 import psutil
 from typing_extensions import Self
 
-from async_local_executor.errors import ChildLost, LaunchError
-from async_local_executor.launchers.base import Child, Launcher, LaunchRequest, OutputSink
-from async_local_executor.launchers.forkserver_helper import GO, MAX_MESSAGE, decode, encode, size_buffers
-from async_local_executor.launchers.output import LineSplitter, discard, drain_stream
-from async_local_executor.launchers.tree import GroupSignaller
+from async_local_executor.core.errors import ChildLost, LaunchError
+from async_local_executor.core.launchers.base import Child, Launcher, LaunchRequest, OutputSink
+from async_local_executor.core.launchers.forkserver_helper import (
+    GO,
+    MAX_MESSAGE,
+    decode,
+    encode,
+    size_buffers,
+)
+from async_local_executor.core.launchers.output import LineSplitter, discard, drain_stream
+from async_local_executor.core.launchers.tree import GroupSignaller
 
 log = logging.getLogger(__name__)
 
@@ -600,7 +606,7 @@ class ForkServerLauncher:
         argv = [
             self._python,
             "-m",
-            "async_local_executor.launchers.forkserver_helper",
+            "async_local_executor.core.launchers.forkserver_helper",
             "--fd",
             str(theirs.fileno()),
             "--parent-pid",

@@ -42,6 +42,8 @@ from typing import TYPE_CHECKING, Any, Final
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
+import async_local_executor
+
 if TYPE_CHECKING:
     from typing_extensions import Self
 
@@ -60,7 +62,8 @@ __all__ = [
     "installed_airflow_major",
 ]
 
-DEFAULT_DAGS_FOLDER: Final[Path] = Path(__file__).resolve().parent / "example_dags"
+# The example DAGs ship with the package (an operator can run the demo DAG from the wheel).
+DEFAULT_DAGS_FOLDER: Final[Path] = Path(async_local_executor.__file__).resolve().parent / "example_dags"
 PROCESS_NAMES: Final[tuple[str, ...]] = ("api-server", "scheduler", "dag-processor")
 TERMINAL_RUN_STATES: Final[frozenset[str]] = frozenset({"success", "failed"})
 TERMINAL_CALLBACK_STATES: Final[frozenset[str]] = frozenset({"success", "failed"})

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from async_local_executor import cpu_priority
+from async_local_executor.core import cpu_priority
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import logging
 from collections import deque
 from collections.abc import Callable, Hashable
 
-from async_local_executor.launchers.forkserver import HELPER_KEY
+from async_local_executor.core.launchers.forkserver import HELPER_KEY
 
 log = logging.getLogger("async_local_executor.child")
 

@@ -17,10 +17,10 @@ import anyio
 import anyio.abc
 from typing_extensions import Self
 
-from async_local_executor.errors import LaunchError
-from async_local_executor.launchers.base import LaunchRequest, OutputSink
-from async_local_executor.launchers.output import LineSplitter, discard, drain_stream
-from async_local_executor.launchers.tree import GroupSignaller
+from async_local_executor.core.errors import LaunchError
+from async_local_executor.core.launchers.base import LaunchRequest, OutputSink
+from async_local_executor.core.launchers.output import LineSplitter, discard, drain_stream
+from async_local_executor.core.launchers.tree import GroupSignaller
 
 # After the leader exits we kill the rest of its group, so EOF on the output pipe follows at once;
 # this only guards against a descendant that left the group but kept the pipe open.

@@ -1,4 +1,4 @@
-"""``python -m async_local_executor.demo``: run the example DAG on a real, throwaway Airflow.
+"""``python -m harness.demo``: run the example DAG on a real, throwaway Airflow.
 
 Starts an api-server, a scheduler and a dag-processor (SQLite in a temporary AIRFLOW_HOME) with this
 executor, triggers ``async_local_executor_demo``, prints every task instance with its state and
@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from async_local_executor.sandbox import AirflowSandbox, TaskInstanceRow
+from harness.sandbox import AirflowSandbox, TaskInstanceRow
 
 EXECUTOR = "async_local_executor.AsyncLocalExecutor"
 DAG_ID = "async_local_executor_demo"
@@ -81,7 +81,7 @@ def render(rows: Sequence[TaskInstanceRow]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m async_local_executor.demo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m harness.demo", description=__doc__)
     parser.add_argument("--database", default="sqlite", help="sqlite (default) or postgres")
     parser.add_argument("--parallelism", type=int, default=8)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the run")

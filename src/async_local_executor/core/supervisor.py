@@ -2,7 +2,7 @@
 
 Runs entirely on one event loop and knows nothing of Airflow: a workload is a :class:`LaunchRequest`
 with an opaque key, and the result is an :class:`Outcome`. Every method here must be called from the
-loop's own thread; :mod:`async_local_executor.runtime` is what crosses threads.
+loop's own thread; :mod:`async_local_executor.core.runtime` is what crosses threads.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ import anyio
 import anyio.abc
 import psutil
 
-from async_local_executor.errors import ChildLost, LaunchError
-from async_local_executor.launchers.base import Child, Launcher, LaunchRequest
-from async_local_executor.lifecycle import Lifecycle, Phase, Step
-from async_local_executor.termination import TerminationPolicy
+from async_local_executor.core.errors import ChildLost, LaunchError
+from async_local_executor.core.launchers.base import Child, Launcher, LaunchRequest
+from async_local_executor.core.lifecycle import Lifecycle, Phase, Step
+from async_local_executor.core.termination import TerminationPolicy
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import anyio
 import anyio.to_thread
 
-from async_local_executor.supervisor import MB, SupervisorState
+from async_local_executor.core.supervisor import MB, SupervisorState
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """A record, on disk, of the processes an executor launched, so that its successor can clean up after it.
 
-The parent-death chain (:mod:`async_local_executor.lifeline`) ends a killed scheduler's task processes
+The parent-death chain (:mod:`async_local_executor.core.lifeline`) ends a killed scheduler's task processes
 within seconds. A process that left both our process groups and that chain runs on, though: a daemon a
 task started with ``setsid``, or the shell of a BashOperator (Airflow starts it in a session of its
 own). If it outlives a crash, a restarted scheduler would start the same try again beside it. So each
@@ -40,7 +40,7 @@ from pathlib import Path
 
 import psutil
 
-from async_local_executor.supervisor import Listener, Outcome
+from async_local_executor.core.supervisor import Listener, Outcome
 
 log = logging.getLogger(__name__)
 

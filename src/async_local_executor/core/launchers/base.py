@@ -53,7 +53,7 @@ class Child(Protocol):
 
         The status follows :attr:`subprocess.Popen.returncode`: negative ``-N`` means killed by signal N.
 
-        :raises ~async_local_executor.errors.ChildLost: when the exit happened but its status is lost
+        :raises ~async_local_executor.core.errors.ChildLost: when the exit happened but its status is lost
         """
         ...
 
@@ -63,7 +63,7 @@ class Child(Protocol):
 
 
 class Launcher(Protocol):
-    """Starts children. Raises :class:`~async_local_executor.errors.LaunchError` when it cannot.
+    """Starts children. Raises :class:`~async_local_executor.core.errors.LaunchError` when it cannot.
 
     Used as an async context manager around all launches, so a launcher can own helpers and tasks.
     """

@@ -7,7 +7,7 @@ from collections.abc import Hashable
 import anyio
 import anyio.abc
 
-from async_local_executor.launchers.base import OutputSink
+from async_local_executor.core.launchers.base import OutputSink
 
 # A line longer than this is split: one runaway line must not hold unbounded memory.
 MAX_LINE = 64 * 1024

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal, Protocol, TypeVar
 
-from async_local_executor import cpu_priority
+from async_local_executor.core import cpu_priority
 
 SECTION = "async_local_executor"
 

@@ -1,0 +1,171 @@
+"""Entry point inside each workload process: ``python -m async_local_executor.adapter.child``.
+
+The workload arrives as JSON on stdin, never in argv or the environment, because it carries the task's
+identity token and ``/proc/<pid>/cmdline`` is readable by every local user.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import sys
+import traceback
+from typing import Any
+
+from async_local_executor.adapter import child_entry
+from async_local_executor.core.lifeline import die_with_parent, tie_direct_children
+
+EXIT_OK = 0  # the workload ran to its end (whatever the task's own outcome, which it reports itself)
+EXIT_CRASHED = 1  # running the workload raised
+EXIT_BAD_INPUT = 2  # the payload on stdin could not be read as a workload
+EXIT_ORPHANED = 3  # the executor was gone before we started
+
+
+def encode_payload(workload_json: str, server: str, proctitle: str) -> bytes:
+    """Build what the executor writes to a child's stdin."""
+    return json.dumps(
+        {"server": server, "proctitle": proctitle, "workload": json.loads(workload_json)}
+    ).encode()
+
+
+def _parse_payload(raw: bytes) -> dict[str, Any]:
+    data = json.loads(raw)
+    if not isinstance(data, dict) or "workload" not in data:
+        raise ValueError("payload must be an object with a 'workload' field")
+    return data
+
+
+def preload() -> None:
+    """Import everything a workload run needs; a fork server calls this once, before it forks.
+
+    Whatever a child would import after the fork it pays for in every task (about 0.1 s of CPU for the
+    DAG-parsing path alone), and its pages stop being shared; so this covers the supervisor, the task
+    runner and what the task process needs to parse a DAG file.
+    """
+    import importlib
+
+    for module in _PRELOAD:
+        with contextlib.suppress(ImportError):  # an optional provider may not be installed
+            importlib.import_module(module)
+    _workload_adapter()
+    # Stock workers are long-lived and fill these per-process caches once; a forked child would
+    # refill them for every task. Filled here, every child inherits them:
+    # - the task SDK's TLS context (loading the whole CA bundle: a third of a no-op task's CPU);
+    # - the host name the SDK reports on task start (a resolver round trip, cached by Airflow).
+    from airflow.sdk.api import client
+
+    client.Client._get_ssl_context_cached(client.API_SSL_CA_FILE_PATH, client.API_SSL_CERT_PATH)
+    client.get_hostname()  # type: ignore[no-untyped-call]
+    # A stock worker inherits the scheduler's logging set-up; ours is set up once here, writing to
+    # fd 1, which each child points at its own output pipe before the workload runs.
+    _configure_logging()
+    # Tasks reach the database through the API; the engine Airflow made at import is no child's.
+    from airflow.settings import dispose_orm
+
+    dispose_orm(do_log=False)
+
+
+@functools.cache
+def _workload_adapter() -> Any:
+    # Building a TypeAdapter compiles a validator for the whole workload union (tens of ms).
+    from airflow.executors import workloads
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(workloads.ExecutorWorkload)
+
+
+@functools.cache
+def _configure_logging() -> None:
+    from airflow.sdk.log import configure_logging
+
+    configure_logging(output=sys.stdout.buffer)
+
+
+_PRELOAD = (
+    "airflow.executors.base_executor",
+    "airflow.sdk",
+    "airflow.sdk.execution_time.supervisor",
+    "airflow.sdk.execution_time.task_runner",
+    "airflow.sdk.execution_time.callback_supervisor",
+    "airflow.sdk.execution_time.connection_test_supervisor",
+    "airflow.sdk.log",
+    "airflow.sdk._shared.logging.factory",
+    "airflow.sdk._shared.logging.remote",
+    "airflow.dag_processing.dagbag",
+    "airflow.dag_processing.bundles.local",
+    # What a DAG file written with the TaskFlow API imports while the task process parses it.
+    "airflow.sdk.definitions.decorators",
+    "airflow.sdk.definitions.decorators.setup_teardown",
+    "airflow.sdk.definitions.decorators.task_group",
+    "airflow.sdk.definitions.decorators.condition",
+    "airflow.sdk.definitions.asset.metadata",
+    "airflow.providers.standard.decorators.python",
+    "airflow.providers.standard.operators.python",
+    "airflow.providers.standard.operators.bash",
+    "airflow.providers.standard.operators.empty",
+    "airflow.version",
+    "jinja2.ext",
+    "setproctitle",
+    # The codec the resolver and the HTTP client use for host names, imported on first use.
+    "encodings.idna",
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of a fresh interpreter: the payload is on stdin."""
+    args = child_entry.parse(argv)
+    if not die_with_parent(args.parent_pid):
+        return EXIT_ORPHANED
+    child_entry.lower_priority(args)
+    return run_payload(sys.stdin.buffer.read())
+
+
+def forked_main(argv: list[str], stdin: bytes) -> int:
+    """Entry point inside a fork-server child: the payload is handed over in memory.
+
+    The fork server forked this process as the scheduler's own child and tied its life to the
+    scheduler's (``PR_SET_PDEATHSIG``): it dies with the scheduler, not with the helper.
+    """
+    child_entry.lower_priority(child_entry.parse(argv))
+    return run_payload(stdin)
+
+
+def run_payload(raw: bytes) -> int:
+    """Run one workload; return the process exit code."""
+    try:
+        payload = _parse_payload(raw)
+        workload = _workload_adapter().validate_python(payload["workload"])
+    except Exception as exc:  # noqa: BLE001 - any unreadable payload is the same failure: bad input
+        print(
+            f"async_local_executor.adapter.child: invalid workload on stdin: {exc}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return EXIT_BAD_INPUT
+
+    from airflow.executors.base_executor import BaseExecutor
+    from airflow.settings import dispose_orm
+
+    # The task SDK forks the task process into its own process group; tie it to this process so
+    # that it cannot outlive us when we are killed outright (or die with the executor).
+    tie_direct_children()
+    # Our parent's engine is not ours to use, and the task reaches the database through the API.
+    dispose_orm(do_log=False)
+    _configure_logging()
+    try:
+        BaseExecutor.run_workload(
+            workload,
+            server=payload.get("server"),
+            proctitle=payload.get("proctitle"),
+            subprocess_logs_to_stdout=False,
+        )
+    except Exception:  # noqa: BLE001 - the exit code carries it; the traceback goes to our log
+        traceback.print_exc()
+        sys.stdout.flush()
+        return EXIT_CRASHED
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,319 @@
+"""The fork server's far side: a long-lived helper that imports once and forks one child per workload.
+
+Started by :mod:`async_local_executor.core.launchers.forkserver` as an ordinary ``exec`` (never a fork of the
+multi-threaded scheduler). It talks over one ``SOCK_SEQPACKET`` socket, one JSON object per message, so
+message boundaries hold:
+
+    loop -> helper   {"op": "spawn", "id", "argv"}  + [write end of the child's output pipe, child's control socket]
+                     {"op": "ping", "id"}
+    helper -> loop   {"op": "ready", "pid"}
+                     {"op": "spawn_failed", "id", "error"}
+                     {"op": "pong", "id"}
+
+Each child is forked with ``CLONE_PARENT``: it is the scheduler's child, not the helper's. So the
+scheduler reaps it and reads its real exit status (through a pidfd), the kernel ties its life to the
+scheduler's (``PR_SET_PDEATHSIG``), and the helper's own death, replacement or slowness costs no running
+workload. A child says its pid itself, over its own control socket, and then receives its payload
+there: a child forked by a helper that died before anything was said about it still reports to the
+scheduler, so nothing can run unseen (or twice).
+
+Only the standard library is imported at module level: this file also runs in processes that must start
+fast, and a target's heavy imports happen once, in :func:`main`, before the first fork.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import ctypes
+import gc
+import importlib
+import json
+import os
+import platform
+import selectors
+import signal
+import socket
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from async_local_executor.core.lifeline import die_with_parent
+
+# SEQPACKET messages are bounded by the socket buffers; both ends raise them to this, and a larger
+# spawn request goes through the plain launcher instead.
+MAX_MESSAGE = 1024 * 1024
+EXIT_PARENT_GONE = 3
+# The first byte the loop sends on a child's control socket: run. EOF before it: exit, run nothing.
+GO = b"1"
+# Signals whose handlers a child must not inherit from the helper.
+_RESET_SIGNALS = (
+    signal.SIGCHLD,
+    signal.SIGTERM,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
+_CLONE_PARENT = 0x00008000
+# clone(2)'s syscall number; its other arguments are all zero here, so their order per arch is moot.
+_SYS_CLONE = {"x86_64": 56, "aarch64": 220}
+
+Target = Callable[[list[str], bytes], int]
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    return json.dumps(message, separators=(",", ":")).encode()
+
+
+def decode(data: bytes) -> dict[str, Any]:
+    message = json.loads(data)
+    if not isinstance(message, dict) or "op" not in message:
+        raise ValueError(f"not a fork-server message: {data[:80]!r}")
+    return message
+
+
+def resolve(target: str) -> Target:
+    """Import ``module:function``."""
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"target must look like module:function, got {target!r}")
+    fn = getattr(importlib.import_module(module_name), attr)
+    if not callable(fn):
+        raise TypeError(f"{target} is not callable")
+    return fn  # type: ignore[no-any-return]
+
+
+def size_buffers(sock: socket.socket) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_MESSAGE + 4096)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, MAX_MESSAGE + 4096)
+
+
+def sibling_fork_supported() -> str | None:
+    """Why :func:`fork_sibling` cannot work here, or ``None`` when it can."""
+    if not sys.platform.startswith("linux"):
+        return "it needs Linux (clone with CLONE_PARENT)"
+    if platform.machine() not in _SYS_CLONE:
+        return f"clone(2) is not wired for {platform.machine()}"
+    if not hasattr(os, "pidfd_open"):
+        return "this Python has no os.pidfd_open"
+    try:
+        pidfd = os.pidfd_open(os.getpid())
+    except OSError as exc:
+        return f"the kernel has no pidfd_open ({exc.strerror}; Linux 5.3 or later needed)"
+    try:
+        os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG)
+    except ChildProcessError:
+        pass  # we are not our own child: the kernel understood the request
+    except OSError as exc:
+        return f"the kernel cannot wait on a pidfd ({exc.strerror}; Linux 5.4 or later needed)"
+    finally:
+        os.close(pidfd)
+    return None
+
+
+def fork_sibling() -> int:
+    """``os.fork()``, except that the child's parent is our parent (``CLONE_PARENT``).
+
+    Python's own fork hooks run around it exactly as ``os.fork`` runs them (held GIL, import lock,
+    ``os.register_at_fork`` callbacks). Only a single-threaded process may call it, as with fork.
+    """
+    api = ctypes.PyDLL(None, use_errno=True)  # PyDLL: the GIL stays held across the clone, as in os.fork
+    api.PyOS_BeforeFork.restype = None
+    api.PyOS_AfterFork_Child.restype = None
+    api.PyOS_AfterFork_Parent.restype = None
+    api.syscall.restype = ctypes.c_long
+    api.PyOS_BeforeFork()
+    pid = api.syscall(
+        ctypes.c_long(_SYS_CLONE[platform.machine()]),
+        ctypes.c_ulong(_CLONE_PARENT | signal.SIGCHLD),
+        ctypes.c_ulong(0),
+        ctypes.c_ulong(0),
+        ctypes.c_ulong(0),
+        ctypes.c_ulong(0),
+    )
+    if pid == 0:
+        api.PyOS_AfterFork_Child()
+        return 0
+    error = ctypes.get_errno()
+    api.PyOS_AfterFork_Parent()
+    if pid < 0:
+        raise OSError(error, os.strerror(error))
+    return int(pid)
+
+
+class Helper:
+    def __init__(self, sock: socket.socket, target: Target, parent_pid: int) -> None:
+        self._sock = sock
+        self._target = target
+        self._parent_pid = parent_pid
+        self._outbox: collections.deque[bytes] = collections.deque()
+
+    def serve(self) -> int:
+        """Answer requests until the loop closes the channel."""
+        self._sock.setblocking(False)
+        selector = selectors.DefaultSelector()
+        selector.register(self._sock, selectors.EVENT_READ)
+        self._send({"op": "ready", "pid": os.getpid()})
+        while True:
+            # Never blocked on a send: what the loop has not read yet waits here, and requests keep
+            # being served meanwhile.
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if self._outbox else 0)
+            selector.modify(self._sock, events)
+            for _, mask in selector.select():
+                if mask & selectors.EVENT_WRITE and not self._flush():
+                    return 0
+                if mask & selectors.EVENT_READ and not self._receive():
+                    return 0
+
+    def _receive(self) -> bool:
+        while True:
+            try:
+                data, fds, _, _ = socket.recv_fds(self._sock, MAX_MESSAGE, 4)
+            except BlockingIOError:
+                return True
+            except (ConnectionResetError, BrokenPipeError):
+                return False
+            if not data:
+                return False
+            message = decode(data)
+            op = message["op"]
+            if op == "spawn":
+                self._spawn(message, fds)
+            else:
+                for fd in fds:
+                    os.close(fd)
+                if op == "ping":
+                    self._send({"op": "pong", "id": message["id"]})
+
+    def _spawn(self, message: dict[str, Any], fds: list[int]) -> None:
+        request_id = int(message["id"])
+        if len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            self._send({"op": "spawn_failed", "id": request_id, "error": "spawn request without its two fds"})
+            return
+        out_fd, control_fd = fds
+        argv = [str(a) for a in message["argv"]]
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            pid = fork_sibling()
+        except OSError as exc:
+            self._send({"op": "spawn_failed", "id": request_id, "error": f"fork failed: {exc.strerror}"})
+            pid = -1
+        if pid == 0:
+            _become_child(out_fd, control_fd, argv, self._target, self._parent_pid)
+        # The child holds its own copies; once ours are closed, the loop's end of the control socket
+        # sees EOF as soon as no child holds it either.
+        os.close(out_fd)
+        os.close(control_fd)
+
+    def _send(self, message: dict[str, Any]) -> None:
+        self._outbox.append(encode(message))
+        self._flush()
+
+    def _flush(self) -> bool:
+        while self._outbox:
+            try:
+                self._sock.send(self._outbox[0])
+            except BlockingIOError:
+                return True
+            except OSError:
+                return False
+            self._outbox.popleft()
+        return True
+
+
+def _read_payload(control: socket.socket) -> bytes | None:
+    """What the loop sends once it knows our pid; ``None`` when it sent nothing (do not run)."""
+    chunks = []
+    while chunk := control.recv(65536):
+        chunks.append(chunk)
+    data = b"".join(chunks)
+    return data[1:] if data[:1] == GO else None
+
+
+def _become_child(out_fd: int, control_fd: int, argv: list[str], target: Target, parent_pid: int) -> None:
+    """Runs in the forked child and never returns."""
+    code = 1
+    try:
+        os.setpgid(0, 0)  # its own process group, so its whole tree can be signalled
+        signal.set_wakeup_fd(-1)
+        for sig in _RESET_SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        # Our parent is the scheduler (CLONE_PARENT): we die with it, not with the helper.
+        if not die_with_parent(parent_pid, signal.SIGKILL):
+            os._exit(EXIT_PARENT_GONE)
+        control = socket.socket(fileno=control_fd)
+        control.setblocking(True)
+        control.sendall(f"{os.getpid()}\n".encode())
+        stdin = _read_payload(control)
+        control.close()
+        if stdin is None:
+            os._exit(EXIT_PARENT_GONE)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(out_fd, 1)
+        os.dup2(out_fd, 2)
+        # Nothing of the helper's (its channel, the fds of other requests) is the child's business.
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+        code = target(argv, stdin)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001 - whatever happens, the child must end in os._exit
+        traceback.print_exc()
+        code = 1
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m async_local_executor.core.launchers.forkserver_helper")
+    parser.add_argument("--fd", type=int, required=True, help="the SOCK_SEQPACKET channel")
+    parser.add_argument("--parent-pid", type=int, required=True)
+    parser.add_argument("--target", required=True, help="module:function run in each child")
+    parser.add_argument("--preload", action="append", default=[], help="module to import before forking")
+    args = parser.parse_args(argv)
+    # Its own process group, so a terminal's Ctrl-C reaches the scheduler alone (which shuts us down
+    # in order), but the scheduler's session: Linux shares CPU fairly between sessions (autogroups),
+    # and the workloads must compete for CPU as the scheduler's work, as stock's workers do, not as
+    # a second session that gets as much CPU as the scheduler, the api-server and every other one.
+    with contextlib.suppress(PermissionError):  # already a group leader
+        os.setpgid(0, 0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if not die_with_parent(args.parent_pid):
+        return EXIT_PARENT_GONE
+    if (why := sibling_fork_supported()) is not None:
+        print(f"fork server: cannot fork workloads here: {why}", file=sys.stderr, flush=True)
+        return 1
+    sock = socket.socket(fileno=args.fd)
+    size_buffers(sock)
+    target = resolve(args.target)
+    # The target's module may name its own heavy imports; everything imported now is shared
+    # copy-on-write by every child.
+    owner = sys.modules[target.__module__]
+    if callable(preload := getattr(owner, "preload", None)):
+        preload()
+    for module in args.preload:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # noqa: BLE001 - a bad preload entry costs speed, not correctness
+            print(
+                f"fork server: cannot preload {module!r}, skipping it: {exc!r}", file=sys.stderr, flush=True
+            )
+    # Moved to a permanent generation, the imported objects are never touched by a child's GC, so
+    # their pages stay shared.
+    gc.collect()
+    gc.freeze()
+    return Helper(sock, target, args.parent_pid).serve()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
