@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
+import threading
 from collections.abc import Hashable
 
 import anyio
@@ -85,3 +87,73 @@ class ManualClock:
 
     def advance(self) -> None:
         self._advanced.set()
+
+
+class FakeClock:
+    """A :class:`~async_local_executor.core.clock.Clock` whose time moves only when the test advances it.
+
+    Sleepers on any event loop (the executor's loop thread included) wake when an advance passes their
+    deadline; a test waits for a sleeper to be parked before it advances, so nothing depends on timing.
+    """
+
+    def __init__(self, monotonic: float = 1_000.0, wall: float = 1_800_000_000.0) -> None:
+        self._lock = threading.Condition()
+        self._now = monotonic
+        self._wall_offset = wall - monotonic
+        self._sleepers: list[tuple[float, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+
+    def monotonic(self) -> float:
+        with self._lock:
+            return self._now
+
+    def time(self) -> float:
+        with self._lock:
+            return self._now + self._wall_offset
+
+    async def sleep(self, seconds: float) -> None:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            entry = (self._now + max(0.0, seconds), loop, future)
+            self._sleepers.append(entry)
+            self._lock.notify_all()
+        if seconds <= 0:
+            self._wake_due()
+        try:
+            await future
+        finally:
+            with self._lock:
+                if entry in self._sleepers:
+                    self._sleepers.remove(entry)
+
+    @property
+    def sleeping(self) -> int:
+        with self._lock:
+            return len(self._sleepers)
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self._now += seconds
+        self._wake_due()
+
+    def wait_for_sleepers(self, count: int = 1, guard: float = GUARD) -> None:
+        """Block (the calling thread) until ``count`` sleepers are parked on this clock."""
+        with self._lock:
+            assert self._lock.wait_for(lambda: len(self._sleepers) >= count, guard), "no sleeper parked"
+
+    async def sleepers(self, count: int = 1, guard: float = GUARD) -> None:
+        """The same, from a coroutine: waits on a worker thread so the loop keeps running."""
+        await anyio.to_thread.run_sync(self.wait_for_sleepers, count, guard)
+
+    def _wake_due(self) -> None:
+        with self._lock:
+            due = [s for s in self._sleepers if s[0] <= self._now]
+            for entry in due:
+                self._sleepers.remove(entry)
+        for _, loop, future in due:
+            loop.call_soon_threadsafe(_resolve, future)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
