@@ -68,9 +68,11 @@ lint: install
 demo: install
 	$(BIN)/python -m harness.demo
 
-# The configuration reference is generated from the provider info (tests check it is current).
+# The configuration reference (from the provider info) and design.md's module map (from the modules'
+# docstrings) are generated; tests check both are current.
 docs: install
 	$(BIN)/python -m async_local_executor.adapter.provider > docs/configuration.md
+	$(BIN)/python -m tests.packaging.module_map
 
 # Quick profile (about 10 minutes on 2 cores): refreshes docs/benchmarks.md and its charts.
 bench: install
