@@ -4,7 +4,9 @@ The shape follows Airflow's executor-health proposal (a verdict and a reason, ``
 The verdict is computed on the event loop, by a probe that wakes every ``interval`` seconds and also
 measures how late it woke (the loop's lag); the latest :class:`Report` is one attribute, so reading it
 from any thread is a single reference read that never waits. A loop that stops answering leaves an old
-report behind, which the reader turns into ``unhealthy`` itself. Nothing here knows Airflow.
+report behind, which the reader turns into ``unhealthy`` itself. Every time is read from the probe's
+:class:`~async_local_executor.core.clock.Clock`, so a test can drive the thresholds by hand. Nothing here
+knows Airflow.
 """
 
 from __future__ import annotations
@@ -12,13 +14,13 @@ from __future__ import annotations
 import collections
 import enum
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import anyio
 import anyio.to_thread
 
+from async_local_executor.core.clock import SYSTEM, Clock
 from async_local_executor.core.supervisor import MB, SupervisorState
 
 log = logging.getLogger(__name__)
@@ -74,7 +76,7 @@ class Report:
     peak_lag: float  # the worst over the last LAG_WINDOW seconds: one spike stays visible a while
     health: Health
     state: SupervisorState
-    written: float = field(default_factory=time.time)
+    written: float = field(default_factory=SYSTEM.time)
 
 
 def assess(state: SupervisorState, lag: float, thresholds: Thresholds, now: float) -> Health:
@@ -127,6 +129,7 @@ class Probe:
     :param on_report: called on the loop with each new report; must not block
     :param write: called in a worker thread with a report every ``write_every`` seconds (a status
         file, say); a write still running when the next is due makes that one be skipped
+    :param clock: every time the probe reads, and its sleep between probes
     """
 
     def __init__(
@@ -138,8 +141,10 @@ class Probe:
         on_report: Callable[[Report], None] | None = None,
         write: Callable[[Report], None] | None = None,
         write_every: float = 2.0,
+        clock: Clock = SYSTEM,
     ) -> None:
         self._state = state
+        self._clock = clock
         self.interval = interval
         self.thresholds = thresholds or Thresholds()
         self._on_report = on_report
@@ -150,13 +155,14 @@ class Probe:
         self.report: Report | None = None
 
     def refresh(self, lag: float) -> Report:
-        now = time.monotonic()
+        now = self._clock.monotonic()
         self._lags.append((now, lag))
         while self._lags[0][0] < now - LAG_WINDOW:
             self._lags.popleft()
         peak = max(recent for _, recent in self._lags)
         state = self._state()
-        report = Report(now, lag, peak, assess(state, peak, self.thresholds, time.time()), state)
+        wall = self._clock.time()
+        report = Report(now, lag, peak, assess(state, peak, self.thresholds, wall), state, written=wall)
         self.report = report
         return report
 
@@ -172,9 +178,9 @@ class Probe:
                     next_write = report.at + self._write_every
                     self._writing = True
                     tg.start_soon(self._write_off_loop, report)
-                woke = time.monotonic()
-                await anyio.sleep(self.interval)
-                lag = max(0.0, time.monotonic() - woke - self.interval)
+                woke = self._clock.monotonic()
+                await self._clock.sleep(self.interval)
+                lag = max(0.0, self._clock.monotonic() - woke - self.interval)
 
     async def _write_off_loop(self, report: Report) -> None:
         assert self._write is not None

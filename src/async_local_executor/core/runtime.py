@@ -92,6 +92,11 @@ class Runtime:
         return probe.report if probe is not None else None
 
     @property
+    def thread(self) -> threading.Thread | None:
+        """The loop thread, once started; its ``native_id`` is its entry in ``/proc/<pid>/task``."""
+        return self._thread
+
+    @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self._loop is not None
 
@@ -147,6 +152,8 @@ class Runtime:
             done.set_result(None)
 
         # One bound for both waits: a loop stuck in the first must not be given the whole bound again.
+        # The real clock, not an injected one: it bounds real waits on a real thread, which a fake clock
+        # could neither shorten nor lengthen.
         deadline = time.monotonic() + timeout
         self._post(lambda supervisor, tg: tg.start_soon(shut, supervisor))
         try:
