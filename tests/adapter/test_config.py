@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from async_local_executor.adapter.config import OPTIONS, EventLoop, ExecutorConfig, LauncherKind
+from async_local_executor.adapter.config import OPTIONS, SECTION, EventLoop, ExecutorConfig, LauncherKind
+from async_local_executor.ops import state_dir
 
 
 class DictConf:
@@ -134,3 +137,37 @@ def test_a_task_timeout_comes_from_the_task_else_the_option(
 def test_a_bad_task_timeout_names_the_entry(bad: object) -> None:
     with pytest.raises(ValueError, match=r'\["task_timeout"\] must be a number of seconds >= 0'):
         ExecutorConfig().timeout_for({"async_local_executor": {"task_timeout": bad}})
+
+
+def test_an_empty_state_dir_is_the_directory_under_airflow_home() -> None:
+    from airflow.configuration import AIRFLOW_HOME
+
+    assert state_dir.resolve("") == Path(AIRFLOW_HOME) / "async_local_executor"
+    assert state_dir.resolve("/var/lib/ale") == Path("/var/lib/ale")
+
+
+@pytest.mark.parametrize("configured", ["", "  /srv/ale-state  "])
+def test_the_status_command_finds_the_state_dir_the_executor_uses(
+    configured: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow.configuration import conf
+
+    monkeypatch.delenv(state_dir.ENV, raising=False)
+    values = {(SECTION, "state_dir"): configured}
+    monkeypatch.setattr(conf, "get", lambda section, key, fallback="": values.get((section, key), fallback))
+    executors = state_dir.resolve(ExecutorConfig.from_conf(conf).state_dir)  # as the executor resolves it
+    assert state_dir.from_airflow_config() == executors
+    assert executors.name == ("ale-state" if configured else "async_local_executor")
+
+
+def test_the_state_dir_in_the_environment_is_read_without_airflows_configuration(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from airflow.configuration import conf
+
+    def unread(*args: object, **kwargs: object) -> str:
+        raise AssertionError("read Airflow's configuration")
+
+    monkeypatch.setattr(conf, "get", unread)
+    monkeypatch.setenv(state_dir.ENV, " /srv/from-env ")
+    assert state_dir.from_airflow_config() == Path("/srv/from-env")

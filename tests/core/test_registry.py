@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from async_local_executor.ops import journal as registry
+from async_local_executor.ops import journal_file
 from async_local_executor.ops.journal import INSTANCE_ENV, SUFFIX, LaunchJournal, reclaim
 from tests.core.helpers import GUARD, alive
 
@@ -151,7 +152,7 @@ def test_the_journal_is_compacted_and_keeps_only_live_launches(
     assert len(lines) <= 1 + 1 + 8 + 1
     fd = os.open(journal.path, os.O_RDONLY)
     try:
-        header, live = registry._read(fd)
+        header, live = journal_file.read(fd)
     finally:
         os.close(fd)
     assert header["owner"] == "compacting"

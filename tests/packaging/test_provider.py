@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -121,3 +122,36 @@ def test_airflow_loads_the_status_command_from_the_provider(
     assert "no executor status found" in checked.stdout
     # No executor without a provider "cli" section: Airflow would warn and fall back to importing executors.
     assert "missing 'cli' section" not in checked.stderr
+
+
+def offered_options(help_text: str) -> dict[str, str]:
+    """Each option a ``--help`` lists (its flags and metavar) with its help, however the lines wrap."""
+    section = re.split(r"^options:$", help_text, maxsplit=1, flags=re.MULTILINE | re.IGNORECASE)[1]
+    options = {}
+    for entry in re.split(r"\n  (?=-)", section)[1:]:
+        flags, *text = re.split(r" {2,}|\n", entry.strip(), maxsplit=1)
+        options[flags] = " ".join("".join(text).split())
+    return options
+
+
+def test_both_status_commands_offer_the_same_options_with_the_same_help(
+    airflow_cli: Callable[..., subprocess.CompletedProcess[str]],
+) -> None:
+    wide = {"COLUMNS": "200", "NO_COLOR": "1"}
+    ours = subprocess.run(
+        [sys.executable, "-m", "async_local_executor.ops.cli", "status", "--help"],
+        env={**os.environ, **wide},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    airflows = airflow_cli("async-local-executor", "status", "--help", **wide)
+    assert airflows.returncode == 0, airflows.stderr
+
+    offered = offered_options(ours.stdout)
+    assert offered == offered_options(airflows.stdout)
+    assert set(offered) == {"-h, --help", "--json", "--watch SECONDS", "--check", "--state-dir STATE_DIR"}
+    assert (
+        offered["--state-dir STATE_DIR"]
+        == "default: the state_dir option of the async_local_executor section"
+    )

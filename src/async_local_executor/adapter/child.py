@@ -10,16 +10,27 @@ import contextlib
 import functools
 import json
 import sys
-import traceback
 from typing import Any
 
-from async_local_executor.adapter import child_entry
-from async_local_executor.core.lifeline import die_with_parent, tie_direct_children
+from async_local_executor.adapter.child_entry import (
+    EXIT_BAD_INPUT,
+    EXIT_CRASHED,
+    EXIT_OK,
+    EXIT_ORPHANED,
+    Entry,
+)
 
-EXIT_OK = 0  # the workload ran to its end (whatever the task's own outcome, which it reports itself)
-EXIT_CRASHED = 1  # running the workload raised
-EXIT_BAD_INPUT = 2  # the payload on stdin could not be read as a workload
-EXIT_ORPHANED = 3  # the executor was gone before we started
+__all__ = [
+    "EXIT_BAD_INPUT",
+    "EXIT_CRASHED",
+    "EXIT_OK",
+    "EXIT_ORPHANED",
+    "encode_payload",
+    "forked_main",
+    "main",
+    "preload",
+    "run_payload",
+]
 
 
 def encode_payload(workload_json: str, server: str, proctitle: str) -> bytes:
@@ -27,13 +38,6 @@ def encode_payload(workload_json: str, server: str, proctitle: str) -> bytes:
     return json.dumps(
         {"server": server, "proctitle": proctitle, "workload": json.loads(workload_json)}
     ).encode()
-
-
-def _parse_payload(raw: bytes) -> dict[str, Any]:
-    data = json.loads(raw)
-    if not isinstance(data, dict) or "workload" not in data:
-        raise ValueError("payload must be an object with a 'workload' field")
-    return data
 
 
 def preload() -> None:
@@ -112,59 +116,36 @@ _PRELOAD = (
 )
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of a fresh interpreter: the payload is on stdin."""
-    args = child_entry.parse(argv)
-    if not die_with_parent(args.parent_pid):
-        return EXIT_ORPHANED
-    child_entry.lower_priority(args)
-    return run_payload(sys.stdin.buffer.read())
+def _read(raw: bytes) -> tuple[Any, dict[str, Any]]:
+    """The validated workload and the payload it came in."""
+    payload = json.loads(raw)
+    if not isinstance(payload, dict) or "workload" not in payload:
+        raise ValueError("payload must be an object with a 'workload' field")
+    return _workload_adapter().validate_python(payload["workload"]), payload
 
 
-def forked_main(argv: list[str], stdin: bytes) -> int:
-    """Entry point inside a fork-server child: the payload is handed over in memory.
-
-    The fork server forked this process as the scheduler's own child and tied its life to the
-    scheduler's (``PR_SET_PDEATHSIG``): it dies with the scheduler, not with the helper.
-    """
-    child_entry.lower_priority(child_entry.parse(argv))
-    return run_payload(stdin)
-
-
-def run_payload(raw: bytes) -> int:
-    """Run one workload; return the process exit code."""
-    try:
-        payload = _parse_payload(raw)
-        workload = _workload_adapter().validate_python(payload["workload"])
-    except Exception as exc:  # noqa: BLE001 - any unreadable payload is the same failure: bad input
-        print(
-            f"async_local_executor.adapter.child: invalid workload on stdin: {exc}",
-            file=sys.stderr,
-            flush=True,
-        )
-        return EXIT_BAD_INPUT
-
+def _run(read: tuple[Any, dict[str, Any]]) -> int:
+    workload, payload = read
     from airflow.executors.base_executor import BaseExecutor
     from airflow.settings import dispose_orm
 
-    # The task SDK forks the task process into its own process group; tie it to this process so
-    # that it cannot outlive us when we are killed outright (or die with the executor).
-    tie_direct_children()
     # Our parent's engine is not ours to use, and the task reaches the database through the API.
     dispose_orm(do_log=False)
     _configure_logging()
-    try:
-        BaseExecutor.run_workload(
-            workload,
-            server=payload.get("server"),
-            proctitle=payload.get("proctitle"),
-            subprocess_logs_to_stdout=False,
-        )
-    except Exception:  # noqa: BLE001 - the exit code carries it; the traceback goes to our log
-        traceback.print_exc()
-        sys.stdout.flush()
-        return EXIT_CRASHED
+    BaseExecutor.run_workload(
+        workload,
+        server=payload.get("server"),
+        proctitle=payload.get("proctitle"),
+        subprocess_logs_to_stdout=False,
+    )
     return EXIT_OK
+
+
+# Named literally: run with `python -m`, this module's __name__ is "__main__".
+_ENTRY = Entry("async_local_executor.adapter.child", "workload", _read, _run)
+main = _ENTRY.main
+forked_main = _ENTRY.forked_main
+run_payload = _ENTRY.run_payload
 
 
 if __name__ == "__main__":

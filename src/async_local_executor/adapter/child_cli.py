@@ -12,13 +12,27 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-import traceback
 
-from async_local_executor.adapter import child_entry
-from async_local_executor.adapter.child import EXIT_BAD_INPUT, EXIT_CRASHED, EXIT_OK, EXIT_ORPHANED
-from async_local_executor.core.lifeline import die_with_parent, tie_direct_children
+from async_local_executor.adapter.child_entry import (
+    EXIT_BAD_INPUT,
+    EXIT_CRASHED,
+    EXIT_OK,
+    EXIT_ORPHANED,
+    Entry,
+)
 
-__all__ = ["EXIT_BAD_INPUT", "EXIT_CRASHED", "EXIT_OK", "EXIT_ORPHANED", "encode_payload", "run_payload"]
+__all__ = [
+    "EXIT_BAD_INPUT",
+    "EXIT_CRASHED",
+    "EXIT_OK",
+    "EXIT_ORPHANED",
+    "encode_payload",
+    "forked_main",
+    "main",
+    "preload",
+    "run_payload",
+    "tasks_run_command",
+]
 
 # What `airflow tasks run --local` touches, imported once by the fork server instead of once per task.
 _PRELOAD = (
@@ -59,14 +73,23 @@ def encode_payload(command: list[str], proctitle: str) -> bytes:
     return json.dumps({"command": command, "proctitle": proctitle}).encode()
 
 
-def _parse_payload(raw: bytes) -> tuple[list[str], str]:
+def tasks_run_command(command: object) -> list[str]:
+    """``command`` itself when it is an ``airflow tasks run`` command, the only one a workload runs.
+
+    :raises ValueError: naming the command otherwise
+    """
+    if not isinstance(command, list) or command[:3] != ["airflow", "tasks", "run"]:
+        raise ValueError(f"not an `airflow tasks run` command: {command!r}")
+    return command
+
+
+def _read(raw: bytes) -> tuple[list[str], str]:
+    """The command and the process title it runs under."""
     data = json.loads(raw)
     command = data.get("command") if isinstance(data, dict) else None
     if not isinstance(command, list) or not all(isinstance(part, str) for part in command):
         raise ValueError("payload must be an object whose 'command' is a list of strings")
-    if command[:3] != ["airflow", "tasks", "run"]:
-        raise ValueError(f"not an `airflow tasks run` command: {command[:3]}")
-    return command, str(data.get("proctitle") or "")
+    return tasks_run_command(command), str(data.get("proctitle") or "")
 
 
 def preload() -> None:
@@ -98,34 +121,9 @@ def _dispose_engine() -> None:
         engine.dispose(close=False)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of a fresh interpreter: the command is on stdin."""
-    args = child_entry.parse(argv)
-    if not die_with_parent(args.parent_pid):
-        return EXIT_ORPHANED
-    child_entry.lower_priority(args)
-    return run_payload(sys.stdin.buffer.read())
-
-
-def forked_main(argv: list[str], stdin: bytes) -> int:
-    """Entry point inside a fork-server child: the command is handed over in memory."""
-    child_entry.lower_priority(child_entry.parse(argv))
-    return run_payload(stdin)
-
-
-def run_payload(raw: bytes) -> int:
+def _run(read: tuple[list[str], str]) -> int:
     """Run one ``airflow tasks run`` command in this process; return the exit code."""
-    try:
-        command, proctitle = _parse_payload(raw)
-    except Exception as exc:  # noqa: BLE001 - any unreadable payload is the same failure: bad input
-        print(
-            f"async_local_executor.adapter.child_cli: invalid command on stdin: {exc}",
-            file=sys.stderr,
-            flush=True,
-        )
-        return EXIT_BAD_INPUT
-    # `tasks run --local` forks the raw task process; tie it to us so it cannot outlive a kill of us.
-    tie_direct_children()
+    command, proctitle = read
     _dispose_engine()
     if proctitle:
         with contextlib.suppress(ImportError):
@@ -137,13 +135,16 @@ def run_payload(raw: bytes) -> int:
     try:
         args = get_parser().parse_args(command[1:])
         args.func(args)
-    except SystemExit as exc:
+    except SystemExit as exc:  # how the CLI ends a command, with or without an error
         return exc.code if isinstance(exc.code, int) else (EXIT_OK if exc.code is None else EXIT_CRASHED)
-    except Exception:  # noqa: BLE001 - the exit code carries it; the traceback goes to our log
-        traceback.print_exc()
-        sys.stdout.flush()
-        return EXIT_CRASHED
     return EXIT_OK
+
+
+# Named literally: run with `python -m`, this module's __name__ is "__main__".
+_ENTRY = Entry("async_local_executor.adapter.child_cli", "command", _read, _run)
+main = _ENTRY.main
+forked_main = _ENTRY.forked_main
+run_payload = _ENTRY.run_payload
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
-"""What both workload entry points (``child`` on Airflow 3, ``child_cli`` on Airflow 2) read from argv.
+"""The skeleton both workload entry points share (``child`` on Airflow 3, ``child_cli`` on Airflow 2).
 
+Each entry point supplies only how its payload is read and how it runs; the rest (the argv flags, the
+tie to the executor, the CPU priority, the exit codes) is the same for both and is written here once.
 Only what is no secret travels on argv (``/proc/<pid>/cmdline`` is world-readable): the workload itself
 comes on stdin or, from the fork server, in memory.
 """
@@ -9,10 +11,19 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+import traceback
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
-from async_local_executor.core import cpu_priority
+from async_local_executor.core import cpu_priority, lifeline
+
+EXIT_OK = 0  # the workload ran to its end (whatever the task's own outcome, which it reports itself)
+EXIT_CRASHED = 1  # running the workload raised
+EXIT_BAD_INPUT = 2  # the payload on stdin could not be read as a workload
+EXIT_ORPHANED = lifeline.EXIT_ORPHANED  # the executor was gone before we started
+
+P = TypeVar("P")
 
 
 @dataclass(frozen=True)
@@ -41,3 +52,54 @@ def lower_priority(args: EntryArgs) -> None:
     problem = cpu_priority.apply(args.cpu_priority, os.getppid())
     if problem:
         print(f"async_local_executor: {problem}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class Entry(Generic[P]):
+    """One workload entry point: what differs between them is how a payload is read and run.
+
+    :param name: the entry point's module, naming it in what it says on stderr
+    :param what: what its payload is called there ("workload", "command")
+    :param read: the payload from the raw bytes; raises on anything it cannot run (bad input)
+    :param run: run it in this process and return the exit code; raising counts as a crash
+    """
+
+    name: str
+    what: str
+    read: Callable[[bytes], P]
+    run: Callable[[P], int]
+
+    def main(self, argv: list[str] | None = None) -> int:
+        """Entry point of a fresh interpreter: the payload is on stdin."""
+        args = parse(argv)
+        if not lifeline.die_with_parent(args.parent_pid):
+            return EXIT_ORPHANED
+        lower_priority(args)
+        return self.run_payload(sys.stdin.buffer.read())
+
+    def forked_main(self, argv: list[str], stdin: bytes) -> int:
+        """Entry point inside a fork-server child: the payload is handed over in memory.
+
+        The fork server forked this process as the scheduler's own child and tied its life to the
+        scheduler's (``PR_SET_PDEATHSIG``): it dies with the scheduler, not with the helper.
+        """
+        lower_priority(parse(argv))
+        return self.run_payload(stdin)
+
+    def run_payload(self, raw: bytes) -> int:
+        """Run one payload; return the process exit code."""
+        try:
+            payload = self.read(raw)
+        except Exception as exc:  # noqa: BLE001 - any unreadable payload is the same failure: bad input
+            print(f"{self.name}: invalid {self.what} on stdin: {exc}", file=sys.stderr, flush=True)
+            return EXIT_BAD_INPUT
+        # The task's own process is forked into a process group of its own (by the task SDK, or by
+        # `tasks run --local`); tie it to this process so that it cannot outlive us when we are
+        # killed outright (or die with the executor).
+        lifeline.tie_direct_children()
+        try:
+            return self.run(payload)
+        except Exception:  # noqa: BLE001 - the exit code carries it; the traceback goes to our log
+            traceback.print_exc()
+            sys.stdout.flush()
+            return EXIT_CRASHED

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from async_local_executor import __version__
 from async_local_executor.adapter.config import OPTIONS, SECTION
+from async_local_executor.ops.cli_options import STATUS_HELP, STATUS_OPTIONS
 
 if TYPE_CHECKING:
     from airflow.cli.cli_config import GroupCommand
@@ -69,12 +69,7 @@ def get_cli_commands() -> list[GroupCommand]:
             raise SystemExit(code)
 
     arg = cast("Callable[..., Any]", Arg)  # Airflow's Arg is untyped
-    status_args = (
-        arg(("--json",), help="print the status files as one JSON list", action="store_true"),
-        arg(("--watch",), help="redraw every SECONDS until interrupted", type=float, metavar="SECONDS"),
-        arg(("--check",), help="exit 0 only if every executor is current and healthy", action="store_true"),
-        arg(("--state-dir",), help="default: the state_dir option", type=Path, dest="state_dir"),
-    )
+    status_args = tuple(arg((option.flag,), help=option.help, **option.settings) for option in STATUS_OPTIONS)
     return [
         GroupCommand(
             name="async-local-executor",
@@ -82,7 +77,7 @@ def get_cli_commands() -> list[GroupCommand]:
             subcommands=(
                 ActionCommand(
                     name="status",
-                    help="Show what each AsyncLocalExecutor on this host is doing",
+                    help=STATUS_HELP,
                     func=run_status,
                     args=status_args,
                 ),

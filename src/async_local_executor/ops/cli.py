@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -19,36 +18,18 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from async_local_executor.ops import state_dir
+from async_local_executor.ops.cli_options import STATUS_HELP, STATUS_OPTIONS
 from async_local_executor.ops.status import Found, read_all
-
-STATE_DIR_ENV = "AIRFLOW__ASYNC_LOCAL_EXECUTOR__STATE_DIR"
-
-
-def default_state_dir() -> Path:
-    """``[async_local_executor] state_dir`` as the executor resolves it."""
-    if configured := os.environ.get(STATE_DIR_ENV, "").strip():
-        return Path(configured)
-    from airflow.configuration import AIRFLOW_HOME, conf  # slow import: only when really needed
-
-    configured = (conf.get("async_local_executor", "state_dir", fallback="") or "").strip()
-    return Path(configured or os.path.join(AIRFLOW_HOME, "async_local_executor"))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print the status files as one JSON list")
-    parser.add_argument(
-        "--watch", type=float, metavar="SECONDS", help="redraw every SECONDS until interrupted"
-    )
-    parser.add_argument(
-        "--check",
-        action="store_true",
-        help="print one line per executor; exit 0 only if every one is current and healthy (for probes)",
-    )
-    parser.add_argument("--state-dir", type=Path, help="default: [async_local_executor] state_dir")
+    for option in STATUS_OPTIONS:
+        parser.add_argument(option.flag, help=option.help, **option.settings)
 
 
 def status(args: argparse.Namespace) -> int:
-    directory: Path = args.state_dir or default_state_dir()
+    directory: Path = args.state_dir or state_dir.from_airflow_config()
     console = Console(width=None if sys.stdout.isatty() else 160)
     if args.check:
         return _check(read_all(directory))
@@ -124,13 +105,16 @@ def render(found: list[Found], directory: Path) -> Group | Text:
     return Group(*parts)
 
 
+def parser() -> argparse.ArgumentParser:
+    """The ``async-local-executor`` command line."""
+    top = argparse.ArgumentParser(prog="async-local-executor")
+    commands = top.add_subparsers(dest="command", required=True)
+    add_arguments(commands.add_parser("status", help=STATUS_HELP))
+    return top
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="async-local-executor")
-    commands = parser.add_subparsers(dest="command", required=True)
-    status_parser = commands.add_parser("status", help="show what each executor on this host is doing")
-    add_arguments(status_parser)
-    args = parser.parse_args(argv)
-    return status(args)
+    return status(parser().parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -25,52 +25,32 @@ read. The scheduler then resets the task instance and its retries decide what ha
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
-import json
 import logging
 import os
-import signal
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Hashable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Mapping
 from pathlib import Path
 
-import psutil
+from async_local_executor.core.outcome import Outcome
+from async_local_executor.core.supervisor import Listener
+from async_local_executor.ops.journal_file import (
+    INSTANCE_ENV,
+    SUFFIX,
+    TMP_SUFFIX,
+    create_locked,
+    encode,
+    start_time,
+)
+from async_local_executor.ops.reclaim import Survivor, reclaim
 
-from async_local_executor.core.supervisor import Listener, Outcome
+__all__ = ["INSTANCE_ENV", "SUFFIX", "LaunchJournal", "RecordingListener", "Survivor", "reclaim"]
 
 log = logging.getLogger(__name__)
 
-INSTANCE_ENV = "ASYNC_LOCAL_EXECUTOR_INSTANCE"
-SUFFIX = ".launches"
-_TMP_SUFFIX = ".launches.tmp"
-# /proc's start times have clock-tick resolution; two reads of the same process agree exactly, a
-# different process under a reused pid differs by far more than this.
-_SAME_START = 0.05
 # A compaction rewrites the journal once it holds this many lines more than it has live launches.
 _COMPACT_SLACK = 4096
-
-
-@dataclass(frozen=True)
-class Survivor:
-    """A process a dead executor instance left behind, and what :func:`reclaim` did about it."""
-
-    pid: int
-    label: str  # the workload's key as recorded, or "" for an unrecorded descendant
-    instance: str
-    owner: str  # who held the journal, as it said when it opened it
-    command: str
-    recorded: bool = False  # the journal names it: a workload's own process, leading its group
-
-
-def _start_time(pid: int) -> float | None:
-    try:
-        return float(psutil.Process(pid).create_time())
-    except psutil.Error:
-        return None
 
 
 # Journals open in this process. A process the scheduler forks (Airflow 2's DAG file processor, for
@@ -121,8 +101,8 @@ class LaunchJournal:
         """
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         instance = uuid.uuid4().hex
-        header = _line({"instance": instance, "owner": owner, "pid": os.getpid(), "opened": time.time()})
-        fd = _create_locked(directory / f"{instance}{SUFFIX}")
+        header = encode({"instance": instance, "owner": owner, "pid": os.getpid(), "opened": time.time()})
+        fd = create_locked(directory / f"{instance}{SUFFIX}")
         os.write(fd, header)
         return cls(directory, fd, instance, header)
 
@@ -131,16 +111,16 @@ class LaunchJournal:
         return {**base, INSTANCE_ENV: self.instance}
 
     def started(self, pid: int, label: str) -> None:
-        start = _start_time(pid)
+        start = start_time(pid)
         if start is None:
             return  # already gone: nothing could survive it
-        line = _line({"+": pid, "start": start, "key": label})
+        line = encode({"+": pid, "start": start, "key": label})
         self._live[pid] = line
         self._append(line)
 
     def ended(self, pid: int) -> None:
         if self._live.pop(pid, None) is not None:
-            self._append(_line({"-": pid}))
+            self._append(encode({"-": pid}))
 
     def close(self) -> None:
         """Remove the journal: every launch ended, nothing is left to reclaim."""
@@ -171,10 +151,10 @@ class LaunchJournal:
 
     def _compact(self) -> None:
         assert self._fd is not None
-        tmp = self.directory / f"{self.instance}{_TMP_SUFFIX}"
+        tmp = self.directory / f"{self.instance}{TMP_SUFFIX}"
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
-        fd = _create_locked(tmp)
+        fd = create_locked(tmp)
         try:
             os.write(fd, self._header + b"".join(self._live.values()))
             # Locked before it replaces the journal, so there is no moment the name is unlocked.
@@ -206,155 +186,3 @@ class RecordingListener:
         if pid is not None:
             self._journal.ended(pid)
         self._inner.finished(outcome)
-
-
-def reclaim(directory: Path, *, timeout: float = 10.0) -> list[Survivor]:
-    """Kill what dead executor instances left running, remove their journals, and say what was killed.
-
-    Journals still locked belong to live executors (another scheduler on this host) and are left alone.
-
-    :param timeout: how long to wait for killed processes to be gone; what is still there is logged
-    """
-    if not directory.is_dir():
-        return []
-    with contextlib.suppress(OSError):
-        directory.chmod(0o700)
-    killed: list[Survivor] = []
-    for path in sorted(directory.glob(f"*{_TMP_SUFFIX}")):
-        with _dead_owner(path) as fd:
-            if fd is not None:
-                path.unlink()  # a compaction cut short; its journal still holds every record
-    for path in sorted(directory.glob(f"*{SUFFIX}")):
-        with _dead_owner(path) as fd:
-            if fd is None:
-                continue
-            header, records = _read(fd)
-            instance = str(header.get("instance", path.name.removesuffix(SUFFIX)))
-            found = _survivors(instance, str(header.get("owner", "?")), records)
-            _kill(found, timeout)
-            killed += found
-            path.unlink()
-    return killed
-
-
-@contextlib.contextmanager
-def _dead_owner(path: Path) -> Iterator[int | None]:
-    """Yield an fd of ``path`` locked by us, or None while its owner lives (or it is gone)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        yield None
-        return
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield None
-            return
-        try:
-            same = os.fstat(fd).st_ino == path.stat().st_ino
-        except FileNotFoundError:
-            same = False
-        # Otherwise its owner closed it or compacted it since we opened it: alive, or done with it.
-        yield fd if same else None
-    finally:
-        os.close(fd)
-
-
-def _read(fd: int) -> tuple[dict[str, object], dict[int, tuple[float, str]]]:
-    with os.fdopen(os.dup(fd), "rb") as stream:
-        lines = stream.read().splitlines()
-    header: dict[str, object] = {}
-    live: dict[int, tuple[float, str]] = {}
-    for number, raw in enumerate(lines):
-        try:
-            entry = json.loads(raw)
-        except ValueError:
-            continue  # a line cut short by the crash
-        if number == 0:
-            header = entry
-        elif "+" in entry:
-            live[int(entry["+"])] = (float(entry["start"]), str(entry["key"]))
-        elif "-" in entry:
-            live.pop(int(entry["-"]), None)
-    return header, live
-
-
-def _survivors(instance: str, owner: str, records: dict[int, tuple[float, str]]) -> list[Survivor]:
-    me = os.getpid()
-    uid = os.getuid()
-    ours: list[psutil.Process] = []
-    leaders: dict[int, str] = {}  # recorded pids still running as the process that was recorded
-    for proc in psutil.process_iter(["pid", "uids", "create_time"]):
-        uids = proc.info["uids"]
-        if proc.pid == me or uids is None or uids.real != uid:
-            continue  # another user's processes are not ours, nor is their environment readable
-        ours.append(proc)
-        record = records.get(proc.pid)
-        if record is not None and abs(record[0] - float(proc.info["create_time"])) < _SAME_START:
-            leaders[proc.pid] = record[1]
-    found: list[Survivor] = []
-    for proc in ours:
-        label = leaders.get(proc.pid)
-        recorded = label is not None
-        if label is None:
-            try:
-                group = os.getpgid(proc.pid)
-                marked = proc.environ().get(INSTANCE_ENV) == instance
-            except (OSError, psutil.Error):
-                continue
-            if group in leaders and group != proc.pid:
-                # A workload leads its own group; what stays in it is its own, marked or not.
-                label = f"in the process group of {leaders[group]}"
-            elif marked:
-                label = ""
-            else:
-                continue
-        found.append(Survivor(proc.pid, label, instance, owner, _command(proc), recorded))
-    return found
-
-
-def _command(proc: psutil.Process) -> str:
-    try:
-        return " ".join(proc.cmdline())[:200] or proc.name()
-    except psutil.Error:
-        return "?"
-
-
-def _kill(survivors: list[Survivor], timeout: float) -> None:
-    starts = {s.pid: _start_time(s.pid) for s in survivors}
-    for survivor in survivors:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(survivor.pid, signal.SIGKILL)
-            if survivor.recorded:
-                # A recorded workload leads its group: catch what it forked after we looked.
-                os.killpg(survivor.pid, signal.SIGKILL)
-    deadline = time.monotonic() + timeout
-    while pending := [pid for pid, start in starts.items() if _running(pid, start)]:
-        if time.monotonic() > deadline:
-            log.error("processes still running %.0fs after SIGKILL: %s", timeout, pending)
-            return
-        time.sleep(0.05)
-
-
-def _running(pid: int, start: float | None) -> bool:
-    # A killed orphan stays a zombie until its new parent reaps it; it runs nothing any more.
-    try:
-        proc = psutil.Process(pid)
-        return proc.status() != psutil.STATUS_ZOMBIE and start is not None and proc.create_time() == start
-    except psutil.Error:
-        return False
-
-
-def _create_locked(path: Path) -> int:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        os.close(fd)
-        raise OSError(errno.EAGAIN, f"cannot lock new journal {path}") from exc
-    return fd
-
-
-def _line(entry: Mapping[str, object]) -> bytes:
-    return json.dumps(entry, separators=(",", ":")).encode() + b"\n"

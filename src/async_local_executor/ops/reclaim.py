@@ -1,0 +1,161 @@
+"""Reclaim: kill what dead executor instances left running, found through their launch journals.
+
+Every journal whose lock is free belonged to a dead instance (the kernel drops a ``flock`` when its
+holder dies, however it dies), and every process still carrying that instance's mark, or still running
+under a recorded pid with the recorded start time, is killed. See :mod:`async_local_executor.ops.journal`
+for why survivors are killed rather than adopted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from async_local_executor.ops.journal_file import INSTANCE_ENV, SUFFIX, TMP_SUFFIX, Records, read, start_time
+
+# The logger its lines had before it left the journal module, so logging set-ups that name it still apply.
+log = logging.getLogger("async_local_executor.ops.journal")
+
+# /proc's start times have clock-tick resolution; two reads of the same process agree exactly, a
+# different process under a reused pid differs by far more than this.
+_SAME_START = 0.05
+
+
+@dataclass(frozen=True)
+class Survivor:
+    """A process a dead executor instance left behind, and what :func:`reclaim` did about it."""
+
+    pid: int
+    label: str  # the workload's key as recorded, or "" for an unrecorded descendant
+    instance: str
+    owner: str  # who held the journal, as it said when it opened it
+    command: str
+    recorded: bool = False  # the journal names it: a workload's own process, leading its group
+
+
+def reclaim(directory: Path, *, timeout: float = 10.0) -> list[Survivor]:
+    """Kill what dead executor instances left running, remove their journals, and say what was killed.
+
+    Journals still locked belong to live executors (another scheduler on this host) and are left alone.
+
+    :param timeout: how long to wait for killed processes to be gone; what is still there is logged
+    """
+    if not directory.is_dir():
+        return []
+    with contextlib.suppress(OSError):
+        directory.chmod(0o700)
+    killed: list[Survivor] = []
+    for path in sorted(directory.glob(f"*{TMP_SUFFIX}")):
+        with _dead_owner(path) as fd:
+            if fd is not None:
+                path.unlink()  # a compaction cut short; its journal still holds every record
+    for path in sorted(directory.glob(f"*{SUFFIX}")):
+        with _dead_owner(path) as fd:
+            if fd is None:
+                continue
+            header, records = read(fd)
+            instance = str(header.get("instance", path.name.removesuffix(SUFFIX)))
+            found = _survivors(instance, str(header.get("owner", "?")), records)
+            _kill(found, timeout)
+            killed += found
+            path.unlink()
+    return killed
+
+
+@contextlib.contextmanager
+def _dead_owner(path: Path) -> Iterator[int | None]:
+    """Yield an fd of ``path`` locked by us, or None while its owner lives (or it is gone)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        yield None
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield None
+            return
+        try:
+            same = os.fstat(fd).st_ino == path.stat().st_ino
+        except FileNotFoundError:
+            same = False
+        # Otherwise its owner closed it or compacted it since we opened it: alive, or done with it.
+        yield fd if same else None
+    finally:
+        os.close(fd)
+
+
+def _survivors(instance: str, owner: str, records: Records) -> list[Survivor]:
+    me = os.getpid()
+    uid = os.getuid()
+    ours: list[psutil.Process] = []
+    leaders: dict[int, str] = {}  # recorded pids still running as the process that was recorded
+    for proc in psutil.process_iter(["pid", "uids", "create_time"]):
+        uids = proc.info["uids"]
+        if proc.pid == me or uids is None or uids.real != uid:
+            continue  # another user's processes are not ours, nor is their environment readable
+        ours.append(proc)
+        record = records.get(proc.pid)
+        if record is not None and abs(record[0] - float(proc.info["create_time"])) < _SAME_START:
+            leaders[proc.pid] = record[1]
+    found: list[Survivor] = []
+    for proc in ours:
+        label = leaders.get(proc.pid)
+        recorded = label is not None
+        if label is None:
+            try:
+                group = os.getpgid(proc.pid)
+                marked = proc.environ().get(INSTANCE_ENV) == instance
+            except (OSError, psutil.Error):
+                continue
+            if group in leaders and group != proc.pid:
+                # A workload leads its own group; what stays in it is its own, marked or not.
+                label = f"in the process group of {leaders[group]}"
+            elif marked:
+                label = ""
+            else:
+                continue
+        found.append(Survivor(proc.pid, label, instance, owner, _command(proc), recorded))
+    return found
+
+
+def _command(proc: psutil.Process) -> str:
+    try:
+        return " ".join(proc.cmdline())[:200] or proc.name()
+    except psutil.Error:
+        return "?"
+
+
+def _kill(survivors: list[Survivor], timeout: float) -> None:
+    starts = {s.pid: start_time(s.pid) for s in survivors}
+    for survivor in survivors:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(survivor.pid, signal.SIGKILL)
+            if survivor.recorded:
+                # A recorded workload leads its group: catch what it forked after we looked.
+                os.killpg(survivor.pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while pending := [pid for pid, start in starts.items() if _running(pid, start)]:
+        if time.monotonic() > deadline:
+            log.error("processes still running %.0fs after SIGKILL: %s", timeout, pending)
+            return
+        time.sleep(0.05)
+
+
+def _running(pid: int, start: float | None) -> bool:
+    # A killed orphan stays a zombie until its new parent reaps it; it runs nothing any more.
+    try:
+        proc = psutil.Process(pid)
+        return proc.status() != psutil.STATUS_ZOMBIE and start is not None and proc.create_time() == start
+    except psutil.Error:
+        return False

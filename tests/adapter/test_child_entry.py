@@ -1,0 +1,92 @@
+"""The skeleton both workload entry points share: exit codes, what it says, and the order of its steps."""
+
+from __future__ import annotations
+
+import pytest
+
+from async_local_executor.adapter import child, child_cli, child_entry
+from async_local_executor.core import lifeline
+
+
+@pytest.fixture
+def steps(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """What the skeleton did, in order; the tie to the process is recorded instead of armed here."""
+    done: list[str] = []
+    monkeypatch.setattr(lifeline, "tie_direct_children", lambda: done.append("tie"))
+    return done
+
+
+def entry(steps: list[str], run: object = 0) -> child_entry.Entry[str]:
+    def read(raw: bytes) -> str:
+        steps.append(f"read {raw.decode()}")
+        if raw == b"bad":
+            raise ValueError("no such payload")
+        return raw.decode()
+
+    def execute(payload: str) -> int:
+        steps.append(f"run {payload}")
+        if isinstance(run, BaseException):
+            raise run
+        assert isinstance(run, int)
+        return run
+
+    return child_entry.Entry("tests.entry", "thing", read, execute)
+
+
+def test_a_payload_is_read_then_tied_then_run_and_its_code_returned(steps: list[str]) -> None:
+    assert entry(steps, run=7).run_payload(b"job") == 7
+    assert steps == ["read job", "tie", "run job"]
+
+
+def test_an_unreadable_payload_is_bad_input_said_on_stderr_and_never_run(
+    steps: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert entry(steps).run_payload(b"bad") == child_entry.EXIT_BAD_INPUT
+    assert steps == ["read bad"]
+    assert capsys.readouterr().err == "tests.entry: invalid thing on stdin: no such payload\n"
+
+
+def test_a_run_that_raises_is_a_crash_with_its_traceback(
+    steps: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert entry(steps, run=RuntimeError("boom")).run_payload(b"job") == child_entry.EXIT_CRASHED
+    assert "RuntimeError: boom" in capsys.readouterr().err
+
+
+def test_forked_main_runs_the_payload_handed_over_in_memory(steps: list[str]) -> None:
+    code = entry(steps, run=5).forked_main(["--cpu-priority", "normal"], b"in memory")
+    assert (code, steps) == (5, ["read in memory", "tie", "run in memory"])
+
+
+def test_both_entry_points_use_the_lifelines_exit_code_for_an_orphan() -> None:
+    assert child.EXIT_ORPHANED == child_cli.EXIT_ORPHANED == lifeline.EXIT_ORPHANED
+    assert (child.EXIT_OK, child.EXIT_CRASHED, child.EXIT_BAD_INPUT) == (0, 1, 2)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["airflow", "dags", "list"],
+        ["airflow", "tasks"],
+        "airflow tasks run d t r",
+        None,
+    ],
+)
+def test_only_an_airflow_tasks_run_command_is_accepted(command: object) -> None:
+    with pytest.raises(ValueError, match=r"^not an `airflow tasks run` command: "):
+        child_cli.tasks_run_command(command)
+
+
+def test_an_airflow_tasks_run_command_is_returned_as_it_is() -> None:
+    command = ["airflow", "tasks", "run", "dag", "task", "run", "--local"]
+    assert child_cli.tasks_run_command(command) is command
+
+
+def test_the_airflow_2_entry_refuses_any_other_command_as_bad_input(
+    steps: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    payload = child_cli.encode_payload(["airflow", "dags", "list"], "title")
+    assert child_cli.run_payload(payload) == child_cli.EXIT_BAD_INPUT
+    assert steps == []  # refused before anything was tied or run
+    err = capsys.readouterr().err
+    assert err.startswith("async_local_executor.adapter.child_cli: invalid command on stdin: not an `airflow")
