@@ -1,0 +1,294 @@
+"""A throwaway Airflow's setup and teardown: configuration, home, database, processes, health.
+
+:class:`SandboxLifecycle` holds the parts (:mod:`harness.environment`, :mod:`harness.postgres`,
+:mod:`harness.processes`, :mod:`harness.rest`, :mod:`harness.metadata`) and brings the deployment up
+and down; :class:`harness.sandbox.AirflowSandbox` builds on it what a test does with the deployment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Final
+
+from harness import waits
+from harness.environment import (
+    DEFAULT_DAGS_FOLDER,
+    DEMO_CALLBACK_DIR_ENV,
+    HomeLayout,
+    airflow_env,
+    choose_database,
+    free_port,
+    local_url,
+    prepare_home,
+)
+from harness.metadata import MetadataDB
+from harness.processes import Processes
+from harness.rest import RestClient
+from harness.waits import SandboxError
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = ["PROCESS_NAMES", "Progress", "SandboxLifecycle"]
+
+PROCESS_NAMES: Final[tuple[str, ...]] = ("api-server", "scheduler", "dag-processor")
+
+Progress = Callable[[str], None]
+
+
+def _log(message: str) -> None:
+    print(f"[sandbox] {message}", file=sys.stderr, flush=True)
+
+
+class SandboxLifecycle:
+    """A throwaway Airflow's setup and teardown: its configuration, ``start()``, health, ``stop()``.
+
+    :class:`harness.sandbox.AirflowSandbox` adds what a test does with the running deployment.
+
+    :param executor: executor class path or alias handed to ``[core] executor``.
+    :param database: ``"sqlite"`` for a file in the home, ``"postgres"`` for a fresh database
+        on 127.0.0.1:5432, or a SQLAlchemy URL of an existing (empty) database.
+    :param dags_folder: folder with DAG files; defaults to the package's ``example_dags``.
+    :param parallelism: ``[core] parallelism`` and ``[core] max_active_tasks_per_dag``.
+    :param extra_config: environment variables applied last (may override anything).
+    :param extra_processes: more long-running Airflow processes, name -> ``airflow`` CLI arguments
+        (e.g. ``{"celery-worker": ("celery", "worker")}``): same environment, own process group and
+        log file under ``proc_logs_dir``, started after the three above and stopped before the
+        api-server by ``stop()``.
+    :param home: ``AIRFLOW_HOME``; default a fresh temporary directory.
+    :param python: python executable of the virtualenv that runs Airflow; its directory must
+        hold the ``airflow`` script. Defaults to ``sys.executable``.
+    :param keep_home: keep the home directory after ``stop()``; it is always kept when the
+        context exits with an exception, so the logs can be read.
+    :param startup_timeout: bound for each readiness wait during ``start()``.
+    :param stop_timeout: how long ``stop()`` waits for each process after SIGTERM before it sends
+        SIGABRT (a traceback of every thread, with ``PYTHONFAULTHANDLER``) and then SIGKILL.
+    :param execution_api_timeout: ``[workers] execution_api_timeout``, the task SDK's timeout for its
+        calls to the api-server, in seconds; None leaves the option unset, so Airflow's own default
+        (5 s) applies.
+    :param progress: called with one line per startup/shutdown step; default prints to stderr.
+    """
+
+    # The long-running processes a deployment of this Airflow consists of, started in this order.
+    process_names: tuple[str, ...] = PROCESS_NAMES
+
+    def __init__(
+        self,
+        *,
+        executor: str = "LocalExecutor",
+        database: str = "sqlite",
+        dags_folder: str | os.PathLike[str] = DEFAULT_DAGS_FOLDER,
+        parallelism: int = 8,
+        extra_config: Mapping[str, str] | None = None,
+        extra_processes: Mapping[str, Sequence[str]] | None = None,
+        home: str | os.PathLike[str] | None = None,
+        python: str | os.PathLike[str] | None = None,
+        keep_home: bool = False,
+        startup_timeout: float = 180.0,
+        stop_timeout: float = 30.0,
+        execution_api_timeout: float | None = 60.0,
+        progress: Progress | None = _log,
+    ) -> None:
+        if parallelism < 1:
+            raise ValueError("parallelism must be >= 1")
+        if execution_api_timeout is not None and execution_api_timeout <= 0:
+            raise ValueError("execution_api_timeout must be > 0 or None")
+        self.execution_api_timeout = execution_api_timeout
+        self.executor = executor
+        self.parallelism = parallelism
+        self.dags_folder = Path(dags_folder).resolve()
+        if not self.dags_folder.is_dir():
+            raise ValueError(f"dags folder not found: {self.dags_folder}")
+        self.python = Path(python) if python is not None else Path(sys.executable)
+        self.bin_dir = self.python.parent
+        self.startup_timeout = startup_timeout
+        self.stop_timeout = stop_timeout
+        self.keep_home = keep_home
+        self._progress = progress
+        self._owns_home = home is None
+        self.home = (
+            Path(home).resolve() if home is not None else Path(tempfile.mkdtemp(prefix="airflow-sandbox-"))
+        )
+        self._layout = HomeLayout(self.home)
+        self.marker = uuid.uuid4().hex
+        self.api_port = free_port()
+        self.log_server_port = free_port()
+        self.api_url = local_url(self.api_port)
+        self.sql_alchemy_conn, self._postgres = choose_database(database, self.home)
+        self._extra_config = dict(extra_config or {})
+        self.extra_processes = {name: tuple(args) for name, args in (extra_processes or {}).items()}
+        for name in self.extra_processes:
+            if name in ("db-migrate", *PROCESS_NAMES) or not name or "/" in name:
+                raise ValueError(f"invalid extra process name: {name!r}")
+        self._started = False
+        self._env = self._build_env()
+        self._processes = Processes(
+            env=self._env,
+            home=self.home,
+            python=self.python,
+            logs=self.process_logs,
+            commands=self.extra_processes,
+            marker=self.marker,
+            stop_timeout=stop_timeout,
+            say=self._say,
+        )
+        self._rest = RestClient(self.api_url)
+        self._db = MetadataDB(self.sql_alchemy_conn)
+
+    # ------------------------------------------------------------------ configuration
+
+    @property
+    def env(self) -> dict[str, str]:
+        """A copy of the full environment given to every Airflow process of this sandbox."""
+        return dict(self._env)
+
+    @property
+    def logs_dir(self) -> Path:
+        """``[logging] base_log_folder``: task logs and executor callback logs live here."""
+        return self._layout.logs
+
+    @property
+    def proc_logs_dir(self) -> Path:
+        return self._layout.proc_logs
+
+    @property
+    def process_logs(self) -> dict[str, Path]:
+        """stdout+stderr file of each long-running process, plus ``db-migrate``."""
+        names = ("db-migrate", *self.process_names, *self.extra_processes)
+        return {name: self._layout.process_log(name) for name in names}
+
+    @property
+    def callback_dir(self) -> Path:
+        """Where the demo DAG's deadline callback writes ``<run_id>.json``."""
+        return Path(self._env[DEMO_CALLBACK_DIR_ENV])
+
+    def _build_env(self) -> dict[str, str]:
+        env = airflow_env(
+            home=self._layout,
+            bin_dir=self.bin_dir,
+            marker=self.marker,
+            executor=self.executor,
+            dags_folder=self.dags_folder,
+            parallelism=self.parallelism,
+            sql_alchemy_conn=self.sql_alchemy_conn,
+            api_port=self.api_port,
+            log_server_port=self.log_server_port,
+            execution_api_timeout=self.execution_api_timeout,
+        )
+        env.update(self._extra_config)
+        return env
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop(keep_home=self.keep_home or exc_type is not None)
+
+    def _say(self, message: str) -> None:
+        if self._progress is not None:
+            self._progress(message)
+
+    @contextlib.contextmanager
+    def _step(self, what: str) -> Iterator[None]:
+        self._say(f"{what} ...")
+        started = time.monotonic()
+        yield
+        self._say(f"{what} done in {time.monotonic() - started:.1f}s")
+
+    def start(self) -> None:
+        """Create home and database, migrate, start the processes and wait until they serve."""
+        if self._started:
+            raise SandboxError("sandbox already started")
+        self._started = True
+        try:
+            self._say(f"home {self.home}, executor {self.executor}, api {self.api_url}")
+            prepare_home(self._layout, self._env, self.callback_dir)
+            if self._postgres is not None:
+                with self._step(f"creating postgresql database {self._postgres.name}"):
+                    self._postgres.create()
+            with self._step("airflow db migrate"):
+                self._processes.migrate(self.startup_timeout * 2)
+            for name in (*self.process_names, *self.extra_processes):
+                with self._step(f"starting {name}"):
+                    self._processes.spawn(name)
+            with self._step(f"waiting for {', '.join(self.process_names)} to be healthy"):
+                self.wait_healthy(self.startup_timeout)
+        except BaseException:
+            self.stop(keep_home=True)
+            raise
+
+    def stop(self, *, keep_home: bool | None = None) -> None:
+        """Stop every process (SIGTERM, bounded wait, SIGKILL), drop the database, clean up.
+
+        Safe to call more than once and after a failed ``start()``.
+        """
+        keep = self.keep_home if keep_home is None else keep_home
+        if self._processes.started:
+            with self._step("stopping airflow processes"):
+                self._processes.terminate_all()
+        self._processes.kill_leftovers()
+        self._processes.close_logs()
+        self._db.dispose()
+        if self._postgres is not None:
+            try:
+                self._postgres.drop()
+            except Exception as exc:  # noqa: BLE001 - cleanup must go on; say what failed
+                self._say(f"could not drop database {self._postgres.name}: {exc}")
+        if self._owns_home and not keep and self.home.exists():
+            shutil.rmtree(self.home, ignore_errors=True)
+        elif self.home.exists():
+            self._say(f"kept home {self.home}")
+
+    # ------------------------------------------------------------------ watching the processes
+
+    def log_tail(self, name: str, lines: int = 60) -> str:
+        return self._processes.log_tail(name, lines)
+
+    def check_processes(self) -> None:
+        """Raise if one of the long-running processes has exited."""
+        self._processes.check()
+
+    def _wait(
+        self,
+        what: str,
+        probe: Callable[[], bool],
+        timeout: float,
+        log_name: str,
+        interval: float = 0.25,
+        detail: Callable[[], str] | None = None,
+    ) -> None:
+        waits.poll_until(
+            what,
+            probe,
+            timeout,
+            check=self.check_processes,
+            log_name=log_name,
+            log_tail=self.log_tail,
+            interval=interval,
+            detail=detail,
+        )
+
+    def health(self) -> dict[str, Any] | None:
+        """The ``/api/v2/monitor/health`` document, or None while the api-server is not up."""
+        return self._rest.health()
+
+    def wait_healthy(self, timeout: float = 120.0) -> dict[str, Any]:
+        """Wait until the api-server answers and reports scheduler and dag-processor healthy."""
+        return waits.wait_healthy(self, timeout)
