@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import time
@@ -10,19 +11,23 @@ from pathlib import Path
 from typing import Any
 
 from async_local_executor.adapter.executor import AsyncLocalExecutor
+from async_local_executor.core.health import Report
 
 GUARD = 60.0
 STUB = str(Path(__file__).with_name("stub_child.py"))
 
 
 class RecordingExecutor(AsyncLocalExecutor):
-    """The real executor with the stub child (no api-server here) and a record of change_state calls."""
+    """The real executor with the stub child (no api-server here), a record of change_state calls, and
+    a condition that each health report notifies, for a test to wait on."""
 
     argv: tuple[str, ...] = (sys.executable, STUB)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.changes: list[tuple[Hashable, Any, Any, bool]] = []
+        self.reports = 0
+        self._reported = threading.Condition()
 
     def _child_argv(self) -> tuple[str, ...]:
         return self.argv
@@ -33,6 +38,34 @@ class RecordingExecutor(AsyncLocalExecutor):
     def change_state(self, key: Any, state: Any, info: Any = None, remove_running: bool = True) -> None:
         self.changes.append((key, state, info, remove_running))
         super().change_state(key, state, info, remove_running)
+
+    def _on_report(self, report: Report) -> None:
+        super()._on_report(report)
+        with self._reported:
+            self.reports += 1
+            self._reported.notify_all()
+
+    def _reported_since(self, seen: int) -> bool:
+        return self.reports != seen
+
+    def until_reported(self, done: Callable[[], bool], guard: float = GUARD) -> None:
+        """Return once ``done()`` holds, checked now and again after each health report.
+
+        The probe reports every half second on the loop (or each time a test's fake clock passes its
+        sleep): a test waits on that tick instead of sleeping. ``done`` runs on the calling thread,
+        outside the condition's lock, so it never holds up the loop.
+        """
+        deadline = time.monotonic() + guard
+        while True:
+            with self._reported:
+                seen = self.reports
+            if done():
+                return
+            with self._reported:
+                arrived = self._reported.wait_for(
+                    functools.partial(self._reported_since, seen), deadline - time.monotonic()
+                )
+            assert arrived, f"no health report within the {guard:g}s guard"
 
 
 class Scheduler:

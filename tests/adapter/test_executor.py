@@ -22,7 +22,7 @@ from airflow.utils.state import CallbackState, TaskInstanceState
 
 from async_local_executor.adapter.executor import AsyncLocalExecutor
 from async_local_executor.core.errors import RuntimeNotRunning
-from async_local_executor.ops import journal as registry
+from async_local_executor.ops import journal
 from tests.adapter import workloads
 from tests.adapter.driver import GUARD, RecordingExecutor, Scheduler, loop_threads
 
@@ -448,7 +448,7 @@ def test_a_dead_loop_thread_stops_the_scheduler_loudly(
     assert "event loop thread is dead" in caplog.text
     ex.end()  # still returns: nothing left to wait for
     # What the dead loop launched may still run: the next scheduler reclaims it through the journal.
-    assert list(tmp_path.glob(f"*{registry.SUFFIX}"))
+    assert list(tmp_path.glob(f"*{journal.SUFFIX}"))
 
 
 def test_task_timeout_from_executor_config_fails_the_task_with_the_reason(
@@ -508,12 +508,12 @@ def test_running_launches_are_journaled_and_marked_and_a_clean_end_removes_the_j
     scheduler = Scheduler(ex)
     scheduler.run_until(lambda: holding(gate) == 1)
     workload_pid = held_pid(gate)
-    [journal] = state.glob(f"*{registry.SUFFIX}")
+    [launches] = state.glob(f"*{journal.SUFFIX}")
     # The supervisor's listener journals the start before the scheduler thread hears of it.
-    scheduler.run_until(lambda: str(workload_pid) in journal.read_text())
-    header, *lines = [json.loads(line) for line in journal.read_text().splitlines()]
+    scheduler.run_until(lambda: str(workload_pid) in launches.read_text())
+    header, *lines = [json.loads(line) for line in launches.read_text().splitlines()]
     assert [(e["+"], e["key"]) for e in lines] == [(workload_pid, f"adapter_dag.hold:{gate} try 1")]
-    assert psutil.Process(workload_pid).environ()[registry.INSTANCE_ENV] == header["instance"]
+    assert psutil.Process(workload_pid).environ()[journal.INSTANCE_ENV] == header["instance"]
     gate.unlink()
     scheduler.run_until(lambda: held.key in scheduler.events)
     ex.end()
@@ -529,7 +529,7 @@ def test_start_kills_what_a_crashed_executor_left_running_before_launching(
     # A crashed executor's leftovers: one recorded workload process, and one unrecorded process that
     # only carries its mark. Nothing holds the journal's lock, as after a kill -9.
     sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
-    marked = {**os.environ, registry.INSTANCE_ENV: "crashed"}
+    marked = {**os.environ, journal.INSTANCE_ENV: "crashed"}
     recorded = subprocess.Popen(sleep, env=marked, start_new_session=True)
     descendant = subprocess.Popen(sleep, env=marked, start_new_session=True)
     try:
@@ -538,8 +538,8 @@ def test_start_kills_what_a_crashed_executor_left_running_before_launching(
             {"instance": "crashed", "owner": "scheduler pid 1", "pid": 1, "opened": 0},
             {"+": recorded.pid, "start": start, "key": "old.task try 3"},
         ]
-        (state / f"crashed{registry.SUFFIX}").write_text("".join(json.dumps(e) + "\n" for e in entries))
-        caplog.set_level(logging.WARNING, logger="async_local_executor.adapter.executor")
+        (state / f"crashed{journal.SUFFIX}").write_text("".join(json.dumps(e) + "\n" for e in entries))
+        caplog.set_level(logging.WARNING, logger="async_local_executor.ops.recovery")
         ex = RecordingExecutor(parallelism=1)
         ex.start()
         try:
@@ -552,7 +552,7 @@ def test_start_kills_what_a_crashed_executor_left_running_before_launching(
             assert any(
                 f"killed pid {descendant.pid} (started by one of its workloads)" in m for m in messages
             )
-            assert not (state / f"crashed{registry.SUFFIX}").exists()
+            assert not (state / f"crashed{journal.SUFFIX}").exists()
         finally:
             ex.end()
     finally:

@@ -9,7 +9,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -21,17 +21,21 @@ from async_local_executor.ops.status import read_all
 from tests.adapter import workloads
 from tests.adapter.driver import GUARD, RecordingExecutor, Scheduler
 from tests.adapter.test_executor import held_pid, holding, queue
+from tests.core.helpers import FakeClock
 
 CLI = [sys.executable, "-m", "async_local_executor.ops.cli"]
 
 
 def wait_for_health(ex: RecordingExecutor, done: Callable[[Health], bool]) -> Health:
-    # The verdict is refreshed on the loop every half second; polling it is how a prober reads it.
-    deadline = time.monotonic() + GUARD
-    while not done(health := ex.get_health()):
-        assert time.monotonic() < deadline, f"health stayed {health}"
-        time.sleep(0.02)
-    return health
+    """The first verdict ``done`` accepts; looked at again after each of the loop's health reports."""
+    seen: list[Health] = []
+
+    def accepted() -> bool:
+        seen.append(ex.get_health())
+        return done(seen[-1])
+
+    ex.until_reported(accepted)
+    return seen[-1]
 
 
 @pytest.fixture
@@ -63,18 +67,18 @@ def test_a_dead_fork_server_is_replaced_on_an_idle_executor_which_turns_healthy_
     queue(executor, first)
     scheduler = Scheduler(executor)
     scheduler.run_until(lambda: first.key in scheduler.events)  # the fork server is up and serving
-    pid = _fork_server_pid()
+    pid = _fork_server_pid(executor)
     os.kill(pid, 9)
     # No workload arrives: the replacement must not wait for one (the reason given meanwhile, "fork
     # server (pid N) is not running; a new one is starting", is asserted in tests/core).
-    replacement = _fork_server_pid(other_than=pid)
+    replacement = _fork_server_pid(executor, other_than=pid)
     health = wait_for_health(executor, lambda h: h.verdict is Verdict.HEALTHY)
     assert health == Health(Verdict.HEALTHY)
-    assert _fork_server_pid() == replacement
+    assert _fork_server_pid(executor) == replacement
     item = workloads.task("ok", map_index=1)
     queue(executor, item)
     scheduler.run_until(lambda: item.key in scheduler.events)
-    assert _fork_server_pid() == replacement
+    assert _fork_server_pid(executor) == replacement
 
 
 def _is_helper(process: psutil.Process) -> bool:
@@ -85,16 +89,17 @@ def _is_helper(process: psutil.Process) -> bool:
         return False
 
 
-def _fork_server_pid(other_than: int | None = None) -> int:
-    deadline = time.monotonic() + GUARD
-    while True:
-        helpers = [p for p in psutil.Process().children() if p.pid != other_than and _is_helper(p)]
-        if helpers:
-            [helper] = helpers
-            return int(helper.pid)
-        # A replacement helper has no event to wait on from here; the guard bounds a real failure.
-        assert time.monotonic() < deadline, "no fork server within the guard"
-        time.sleep(0.05)
+def _fork_server_pid(ex: RecordingExecutor, other_than: int | None = None) -> int:
+    # A replacement helper sends no event this far; the loop's health reports are the tick to look on.
+    helpers: list[psutil.Process] = []
+
+    def found() -> bool:
+        helpers[:] = [p for p in psutil.Process().children() if p.pid != other_than and _is_helper(p)]
+        return bool(helpers)
+
+    ex.until_reported(found)
+    [helper] = helpers
+    return int(helper.pid)
 
 
 def test_a_tripped_memory_guard_is_unhealthy_and_says_so(
@@ -118,19 +123,38 @@ def test_a_blocked_loop_is_reported_while_blocked_and_after(
     state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__HEALTH_LOOP_LAG_LIMIT", "0.5")
-    ex = RecordingExecutor(parallelism=2)
+    clock = FakeClock()
+
+    class FakeTimeExecutor(RecordingExecutor):
+        pass
+
+    FakeTimeExecutor.clock = clock  # the probe's sleeps and the verdict's age, driven by hand
+    ex = FakeTimeExecutor(parallelism=2)
+    blocking, released = threading.Event(), threading.Event()
+
+    def block(*_: object) -> None:
+        # Fault injection: something on the loop thread blocks it, as a blocking call by mistake would.
+        blocking.set()
+        released.wait(GUARD)
+
     ex.start()
     try:
-        wait_for_health(ex, lambda h: h.verdict is Verdict.HEALTHY)
-        # Fault injection: something on the loop thread blocks it, as a blocking call by mistake would.
-        ex._runtime._post(lambda supervisor, tg: time.sleep(7))  # type: ignore[union-attr]
+        # The first report is in; the probe parks on the clock before the loop runs anything else.
+        before = wait_for_health(ex, lambda h: h.verdict is not Verdict.UNKNOWN)
+        assert "event loop" not in (before.reason or "")
+        ex._runtime._post(block)  # type: ignore[union-attr]
+        assert blocking.wait(GUARD)
+        clock.advance(6.0)  # past the 5 s the loop may go without a report
         # get_health() keeps answering from this thread while the loop cannot.
-        during = wait_for_health(ex, lambda h: h.verdict is Verdict.UNHEALTHY)
-        assert during.reason is not None
-        assert "event loop has not answered for" in during.reason
+        during = ex.get_health()
+        assert during == Health(Verdict.UNHEALTHY, ("event loop has not answered for 6s",))
+        released.set()
+        # The probe's sleep of 0.5 s ended 5.5 s late: the first report after says so.
         after = wait_for_health(ex, lambda h: "lagging" in (h.reason or ""))
         assert after.verdict is Verdict.UNHEALTHY
+        assert "event loop lagging 5.5s (limit 0.5s)" in after.reasons
     finally:
+        released.set()
         ex.end()
 
 
@@ -237,7 +261,7 @@ def test_sigusr2_dump_logs_health_and_running_workloads(
     scheduler = Scheduler(executor)
     scheduler.run_until(lambda: holding(gate) == 1)
     scheduler.run_until(lambda: executor._runtime.report.state.running != ())  # type: ignore[union-attr]
-    caplog.set_level(logging.INFO, logger="async_local_executor.adapter.executor")
+    caplog.set_level(logging.INFO, logger="async_local_executor.adapter.health")
     executor.debug_dump()
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert "async_local_executor health: healthy" in text

@@ -1,0 +1,151 @@
+"""What both Airflow majors' hand-over paths share: the executor's state, taking a workload in, passing it
+to the loop, and telling Airflow how it ended.
+
+:class:`~async_local_executor.adapter.executor.AsyncLocalExecutor` is built on this; Airflow 2's commands
+(:mod:`~async_local_executor.adapter.airflow2`), the prefetch (:mod:`~async_local_executor.adapter.prefetching`)
+and the health verdict (:mod:`~async_local_executor.adapter.health`) are layers of their own on it.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow.executors.base_executor import BaseExecutor
+from airflow.models.taskinstancekey import TaskInstanceKey
+
+from async_local_executor.adapter import child, tasklog
+from async_local_executor.adapter.child_output import ChildOutput
+from async_local_executor.adapter.compat import AIRFLOW_V3, airflow2_audit, airflow2_log_path
+from async_local_executor.adapter.config import ExecutorConfig
+from async_local_executor.adapter.metrics import Metrics
+from async_local_executor.adapter.submissions import Mailbox, States, Ticket, describe
+from async_local_executor.core.clock import SYSTEM, Clock
+from async_local_executor.core.health import Thresholds
+from async_local_executor.core.launchers.base import LaunchRequest
+from async_local_executor.core.outcome import Outcome, OutcomeKind
+from async_local_executor.core.prefetch import PrefetchBudget
+from async_local_executor.core.runtime import Runtime
+from async_local_executor.ops import journal, status
+
+if TYPE_CHECKING:
+    from airflow.executors.workloads.types import WorkloadKey, WorkloadState
+
+log = logging.getLogger(__name__)
+
+_EXIT_REASONS = {
+    child.EXIT_CRASHED: "workload process crashed (its traceback is in the scheduler log)",
+    child.EXIT_BAD_INPUT: "workload process could not read its workload (see the scheduler log)",
+    child.EXIT_ORPHANED: "workload process found the executor gone before it started",
+}
+
+
+def _tell_the_task(folder: str, relative: str | None, key: Any, reason: str) -> None:
+    """Runs in a worker thread: on Airflow 2 this reads and writes the database."""
+    if not AIRFLOW_V3:
+        try:
+            airflow2_audit(key, "executor launch failed", reason)
+        except Exception:  # the scheduler log still has the reason
+            log.exception("cannot record the launch failure of %s in the audit log", describe(key))
+        try:
+            relative = airflow2_log_path(key)
+        except Exception:
+            log.exception("cannot find the log file of %s", describe(key))
+    if relative:
+        message = f"The executor could not run this task: {reason}"
+        tasklog.append_line(folder, relative, message, text=not AIRFLOW_V3)
+
+
+class ExecutorBase(BaseExecutor):
+    """The executor's state, and what every hand-over path does with a workload.
+
+    :attr clock: the time the executor and everything it builds reads; a test overrides it in a
+        subclass to drive time by hand
+    """
+
+    clock: Clock = SYSTEM
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # The api-server builds executors too, only to read logs: nothing here may start a thread.
+        super().__init__(*args, **kwargs)
+        self._runtime: Runtime | None = None
+        self._stopped = False  # end() or terminate() has finished
+        self._mailbox = Mailbox(self.clock)
+        self._output = ChildOutput(describe)
+        self._states: dict[WorkloadKey, States] = {}
+        self._serials = itertools.count()
+        self._config = ExecutorConfig()
+        self._server = ""
+        self._argv: tuple[str, ...] = ()
+        self._title_prefix = ""
+        self._budget = PrefetchBudget(parallelism=self.parallelism, maximum=0, queued_timeout=0.0)
+        self._prefetch_logged = 0
+        self._task_log_folder = ""
+        self._journal: journal.LaunchJournal | None = None
+        self._status: status.StatusWriter | None = None
+        self._thresholds = Thresholds()
+        self._metrics = Metrics()
+
+    def _accept(
+        self,
+        key: WorkloadKey,
+        running: WorkloadState | None,
+        success: WorkloadState,
+        failure: WorkloadState,
+        label: str,
+        log_path: str | None,
+    ) -> Ticket:
+        """Record a workload the loop is about to get; returns its submission's key."""
+        ticket = Ticket(key, next(self._serials))
+        self._states[key] = States(ticket, running, success, failure, label, log_path, self.clock.time())
+        return ticket
+
+    def _submit(self, requests: list[LaunchRequest]) -> None:
+        if self._runtime is None:
+            raise RuntimeError("AsyncLocalExecutor.start() was not called")
+        if requests:
+            self._runtime.submit(requests)
+
+    def _finish(self, key: WorkloadKey, states: States, outcome: Outcome, tail: Sequence[str]) -> None:
+        if outcome.ok:
+            self.change_state(key, states.success)
+            return
+        reason = outcome.reason
+        if outcome.kind is OutcomeKind.EXITED:
+            reason = _EXIT_REASONS.get(outcome.returncode or 0, reason)
+        if outcome.kind in (OutcomeKind.LAUNCH_FAILED, OutcomeKind.NOT_STARTED):
+            self._not_launched(key, states.label, states.failure, reason, states.log_path)
+            return
+        if tail:
+            log.error(
+                "workload %s failed: %s; its last %d output lines:\n\t%s",
+                states.label,
+                reason,
+                len(tail),
+                "\n\t".join(tail),
+            )
+        else:
+            log.error("workload %s failed: %s", states.label, reason)
+        self.change_state(key, states.failure, info=reason)
+
+    def _not_launched(
+        self, key: WorkloadKey, label: str, failure: WorkloadState, why: str, log_path: str | None
+    ) -> None:
+        # It never ran, so nothing else will say why: the task's log, Airflow's audit log and one
+        # scheduler line do, and the task is failed as never launched, not as having run.
+        reason = f"not launched: {why}"
+        if isinstance(key, TaskInstanceKey):
+            if AIRFLOW_V3:
+                self.log_task_event(event="executor launch failed", extra=reason, ti_key=key)
+            if self._task_log_folder and (log_path or not AIRFLOW_V3):
+                write = functools.partial(_tell_the_task, self._task_log_folder, log_path, key, reason)
+                runtime = self._runtime
+                if runtime is not None and runtime.alive:
+                    runtime.run_blocking(write)  # file I/O: never on the scheduler's thread
+                else:
+                    write()  # shutting down: end() already waits, and nothing else needs the thread
+        self.log.error("workload %s failed: %s", label, reason)
+        self.change_state(key, failure, info=reason)

@@ -1,0 +1,64 @@
+"""The executor's own metrics, sent through Airflow's Stats (StatsD or OpenTelemetry, as configured).
+
+Every name starts with ``async_local_executor.``; on Airflow 3 the executor makes it team-aware the way
+Airflow names its own executor metrics. None of these calls waits: a gauge is one UDP datagram
+(StatsD) or an in-memory update (OpenTelemetry), so they are safe on the event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+
+from airflow.utils.helpers import prune_dict
+
+from async_local_executor.adapter.compat import AIRFLOW_V3, stats
+from async_local_executor.core.health import Report, Verdict
+from async_local_executor.core.outcome import Outcome, OutcomeKind
+
+# Metric name suffixes of final events that are not a success.
+_OUTCOME_NAMES = {OutcomeKind.EXITED: "failed", OutcomeKind.SIGNALLED: "killed"}
+
+
+class Metrics:
+    """
+    :param executor_class: the ``executor_class_name`` tag
+    :param team: the ``team_name`` tag (none without a team)
+    :param qualify: turns a metric name into the executor's own (Airflow 3's per-team names)
+    """
+
+    def __init__(
+        self,
+        *,
+        executor_class: str | None = None,
+        team: str | None = None,
+        qualify: Callable[[str], str] | None = None,
+    ) -> None:
+        self._tags: dict[str, str] = prune_dict({"executor_class_name": executor_class, "team_name": team})
+        self._qualify = qualify
+        self._memory_waits_seen = 0
+
+    def name(self, name: str) -> str:
+        name = f"async_local_executor.{name}"
+        if not AIRFLOW_V3 or self._qualify is None:
+            return name  # Airflow 2 has no per-team metric names
+        return str(self._qualify(name))
+
+    def launch_latency(self, seconds: float) -> None:
+        """From the scheduler's hand-over to the workload's process running."""
+        stats.timing(self.name("launch_latency"), timedelta(seconds=max(0.0, seconds)), tags=self._tags)
+
+    def final_event(self, outcome: Outcome) -> None:
+        kind = "success" if outcome.ok else _OUTCOME_NAMES.get(outcome.kind, outcome.kind.value)
+        stats.incr(self.name(f"final_events.{kind}"), tags=self._tags)
+
+    def report(self, report: Report) -> None:
+        """Gauges from one health probe; on the loop thread, every probe."""
+        state, tags = report.state, self._tags
+        stats.gauge(self.name("loop_lag"), report.lag * 1000, tags=tags)
+        stats.gauge(self.name("waiting"), state.waiting, tags=tags)
+        stats.gauge(self.name("memory_guard_holding"), int(state.memory_low), tags=tags)
+        stats.gauge(self.name("healthy"), int(report.health.verdict is Verdict.HEALTHY), tags=tags)
+        if waits := state.memory_waits_total - self._memory_waits_seen:
+            self._memory_waits_seen = state.memory_waits_total
+            stats.incr(self.name("memory_guard_waits"), waits, tags=tags)

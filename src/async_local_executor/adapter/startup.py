@@ -1,0 +1,38 @@
+"""Airflow's configuration turned into the plain values the core is built from (see ``core.wiring``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from async_local_executor.adapter.config import ConfSource, ExecutorConfig
+from async_local_executor.core.wiring import Plan
+from async_local_executor.ops import state_dir
+
+
+def queued_timeout(conf: ConfSource) -> float:
+    """``[scheduler] task_queued_timeout``: how long the scheduler lets a task wait in queued."""
+    return float(conf.get("scheduler", "task_queued_timeout", fallback="600") or 600)
+
+
+def state_directory(config: ExecutorConfig) -> Path:
+    """Where the executor keeps its launch journal and status file."""
+    return state_dir.resolve(config.state_dir)
+
+
+def plan(config: ExecutorConfig, *, parallelism: int, queued_timeout: float, fork_target: str) -> Plan:
+    """:param parallelism: Airflow's; 0 (Airflow 2) means unlimited, as it does to the core"""
+    return Plan(
+        parallelism=parallelism,
+        prefetch=config.prefetch(parallelism),
+        queued_timeout=queued_timeout,
+        launcher=config.launcher.value,
+        fork_target=fork_target,
+        preload=config.preload_modules,
+        forkserver_idle_timeout=config.forkserver_idle_timeout,
+        termination_grace=config.termination_grace_period,
+        group_limits=dict(config.queue_limits),
+        memory_floor_mb=config.min_available_memory_mb,
+        event_loop=config.event_loop.value,
+        max_lag=config.health_loop_lag_limit,
+        max_wait=config.health_wait_limit,
+    )

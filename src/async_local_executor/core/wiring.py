@@ -1,0 +1,138 @@
+"""Builds the supervision core an executor starts with, from plain values.
+
+The adapter turns Airflow's configuration into a :class:`Plan`; from there on (the launcher, the
+supervisor, the event loop it runs on, the health probe beside it, the prefetch budget) everything is
+wired here, so it can be built and tested without Airflow. Nothing is started: the caller starts
+:attr:`Wired.runtime` once whatever must happen before the first launch (reclaiming a crashed
+predecessor's processes) has happened.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from async_local_executor.core.admission import MB
+from async_local_executor.core.clock import SYSTEM, Clock
+from async_local_executor.core.health import Probe, Report, Thresholds
+from async_local_executor.core.launchers.base import Launcher, OutputSink
+from async_local_executor.core.launchers.forkserver import ForkServerLauncher
+from async_local_executor.core.launchers.subprocess import SubprocessLauncher
+from async_local_executor.core.prefetch import PrefetchBudget
+from async_local_executor.core.runtime import Runtime, uvloop_available
+from async_local_executor.core.supervisor import Listener, Supervisor
+from async_local_executor.core.termination import TerminationPolicy
+
+LAUNCHERS = ("forkserver", "subprocess")
+EVENT_LOOPS = ("auto", "asyncio", "uvloop")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to build.
+
+    :param parallelism: workloads holding a slot at once; 0 for no limit (the memory guard still applies)
+    :param prefetch: workloads accepted beyond the free slots, at most
+    :param queued_timeout: seconds a workload may wait before its scheduler gives up on it; 0 for never
+    :param launcher: ``forkserver`` (with the plain launcher as its fallback) or ``subprocess``
+    :param fork_target: ``module:function`` a fork-server child runs
+    :param preload: modules the fork server imports before it forks
+    :param forkserver_idle_timeout: seconds without a workload after which the fork server exits;
+        0: it starts with the executor and stays
+    :param termination_grace: seconds between the first signal and SIGKILL when a workload is stopped
+    :param group_limits: at most this many workloads of each named group hold a slot at once
+    :param memory_floor_mb: below this much available memory, workloads wait to launch; 0 for no guard
+    :param event_loop: ``auto`` (uvloop when it is installed), ``asyncio`` or ``uvloop``
+    :param max_lag: health: seconds the loop may wake late
+    :param max_wait: health: seconds a workload may wait to launch
+    """
+
+    parallelism: int
+    fork_target: str
+    prefetch: int = 0
+    queued_timeout: float = 0.0
+    launcher: str = "forkserver"
+    preload: tuple[str, ...] = ()
+    forkserver_idle_timeout: float = 0.0
+    termination_grace: float = TerminationPolicy.grace
+    group_limits: Mapping[str, int] | None = None
+    memory_floor_mb: float = 0.0
+    event_loop: str = "auto"
+    max_lag: float = Thresholds.max_lag
+    max_wait: float = Thresholds.max_wait
+
+    def __post_init__(self) -> None:
+        if self.launcher not in LAUNCHERS:
+            raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}, got {self.launcher!r}")
+        if self.event_loop not in EVENT_LOOPS:
+            raise ValueError(f"event_loop must be one of {', '.join(EVENT_LOOPS)}, got {self.event_loop!r}")
+
+    @property
+    def use_uvloop(self) -> bool:
+        return self.event_loop == "uvloop" or (self.event_loop == "auto" and uvloop_available())
+
+
+@dataclass(frozen=True)
+class Wired:
+    """What :func:`wire` built; the runtime is not started."""
+
+    runtime: Runtime
+    budget: PrefetchBudget
+    thresholds: Thresholds
+    use_uvloop: bool
+
+
+def wire(
+    plan: Plan,
+    *,
+    listener: Listener,
+    output: OutputSink,
+    env: Mapping[str, str] | None = None,
+    on_report: Callable[[Report], None] | None = None,
+    write: Callable[[Report], None] | None = None,
+    clock: Clock = SYSTEM,
+) -> Wired:
+    """Build the runtime (its supervisor, launcher and probe are made on its loop thread when it starts).
+
+    :param listener: told of each workload's start and end, on the loop thread
+    :param output: receives each line a workload prints, on the loop thread
+    :param env: every child's environment
+    :param on_report: called on the loop with each health report; must not block
+    :param write: called in a worker thread with a health report every few seconds (a status file)
+    :param clock: the time every built component reads
+    """
+    policy = TerminationPolicy(grace=plan.termination_grace)
+    thresholds = Thresholds(max_lag=plan.max_lag, max_wait=plan.max_wait)
+    group_limits = dict(plan.group_limits or {})
+
+    def make_supervisor() -> Supervisor:
+        # Built on the loop thread: anyio objects bind to the loop that creates them.
+        launcher: Launcher = SubprocessLauncher(output=output, env=env)
+        if plan.launcher == "forkserver":
+            launcher = ForkServerLauncher(
+                target=plan.fork_target,
+                preload=plan.preload,
+                output=output,
+                fallback=launcher,
+                env=env,
+                idle_timeout=plan.forkserver_idle_timeout or None,
+            )
+        return Supervisor(
+            launcher,
+            listener,
+            limit=plan.parallelism or None,
+            policy=policy,
+            group_limits=group_limits,
+            memory_floor=int(plan.memory_floor_mb * MB),
+            clock=clock,
+        )
+
+    def make_probe(supervisor: Supervisor) -> Probe:
+        return Probe(supervisor.state, thresholds=thresholds, on_report=on_report, write=write, clock=clock)
+
+    use_uvloop = plan.use_uvloop
+    runtime = Runtime(make_supervisor, use_uvloop=use_uvloop, make_probe=make_probe)
+    budget = PrefetchBudget(
+        parallelism=plan.parallelism, maximum=plan.prefetch, queued_timeout=plan.queued_timeout
+    )
+    return Wired(runtime, budget, thresholds, use_uvloop)
