@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from async_local_executor.core.errors import InvalidTransition
-from async_local_executor.core.lifecycle import TRANSITIONS, Lifecycle, Phase, Step
+from async_local_executor.core.lifecycle import TRANSITIONS, Lifecycle, Phase, Step, transition
 
 
 def walk(*steps: Step) -> Lifecycle:
@@ -13,6 +15,53 @@ def walk(*steps: Step) -> Lifecycle:
     for step in steps:
         life.advance(step)
     return life
+
+
+# The table as the design states it, written out independently of TRANSITIONS so an edit to the table
+# has to be made twice, on purpose.
+ALLOWED = {
+    (Phase.QUEUED, Step.ADMIT): Phase.LAUNCHING,
+    (Phase.QUEUED, Step.DROP): Phase.FINISHED,
+    (Phase.LAUNCHING, Step.LAUNCHED): Phase.RUNNING,
+    (Phase.LAUNCHING, Step.LAUNCH_FAILED): Phase.FINISHED,
+    (Phase.RUNNING, Step.TERMINATE): Phase.TERMINATING,
+    (Phase.RUNNING, Step.EXIT): Phase.FINISHED,
+    (Phase.TERMINATING, Step.EXIT): Phase.FINISHED,
+    (Phase.QUEUED, Step.ABANDON): Phase.FINISHED,
+    (Phase.LAUNCHING, Step.ABANDON): Phase.FINISHED,
+    (Phase.RUNNING, Step.ABANDON): Phase.FINISHED,
+    (Phase.TERMINATING, Step.ABANDON): Phase.FINISHED,
+}
+
+# A legal way into each phase, so every pair can also be tried on a real Lifecycle.
+REACH = {
+    Phase.QUEUED: (),
+    Phase.LAUNCHING: (Step.ADMIT,),
+    Phase.RUNNING: (Step.ADMIT, Step.LAUNCHED),
+    Phase.TERMINATING: (Step.ADMIT, Step.LAUNCHED, Step.TERMINATE),
+    Phase.FINISHED: (Step.DROP,),
+}
+
+
+def test_the_table_is_the_documented_one() -> None:
+    assert TRANSITIONS == ALLOWED
+
+
+@pytest.mark.parametrize(("phase", "step"), list(itertools.product(Phase, Step)))
+def test_every_phase_and_step(phase: Phase, step: Step) -> None:
+    life = walk(*REACH[phase])
+    assert life.phase is phase
+    if (phase, step) in ALLOWED:
+        assert transition(phase, step) is ALLOWED[phase, step]
+        assert life.advance(step) is ALLOWED[phase, step]
+        assert life.phase is ALLOWED[phase, step]
+    else:
+        message = f"cannot {step.value} a workload that is {phase.value}"
+        with pytest.raises(InvalidTransition, match=message):
+            transition(phase, step)
+        with pytest.raises(InvalidTransition, match=message):
+            life.advance(step)
+        assert life.phase is phase  # a refused step changes nothing
 
 
 @pytest.mark.parametrize(
@@ -23,6 +72,7 @@ def walk(*steps: Step) -> Lifecycle:
         ((Step.ADMIT, Step.LAUNCH_FAILED), Phase.FINISHED),
         ((Step.DROP,), Phase.FINISHED),
         ((Step.ADMIT, Step.LAUNCHED, Step.TERMINATE), Phase.TERMINATING),
+        ((Step.ADMIT, Step.LAUNCHED, Step.ABANDON), Phase.FINISHED),
     ],
 )
 def test_legal_paths(steps: tuple[Step, ...], end: Phase) -> None:
@@ -37,15 +87,18 @@ def test_finished_is_final(step: Step) -> None:
     assert life.phase is Phase.FINISHED
 
 
-def test_illegal_step_leaves_phase_unchanged() -> None:
-    life = walk(Step.ADMIT)
-    with pytest.raises(InvalidTransition, match="cannot terminate a workload that is launching"):
-        life.advance(Step.TERMINATE)
-    assert life.phase is Phase.LAUNCHING
+def test_the_phase_cannot_be_set_around_the_table() -> None:
+    life = Lifecycle()
+    with pytest.raises(AttributeError):
+        life.phase = Phase.FINISHED  # type: ignore[misc]
+    assert life.phase is Phase.QUEUED
 
 
 def test_every_phase_but_finished_can_reach_finished() -> None:
-    for phase in Phase:
-        if phase is Phase.FINISHED:
-            continue
-        assert any(src is phase for src, _ in TRANSITIONS)
+    # Breadth-first over the table: a phase with no path to FINISHED would strand its workloads.
+    for start in Phase:
+        seen, frontier = {start}, [start]
+        while frontier:
+            frontier = [nxt for (src, _), nxt in TRANSITIONS.items() if src in frontier and nxt not in seen]
+            seen.update(frontier)
+        assert Phase.FINISHED in seen, start

@@ -9,18 +9,21 @@ import signal
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import anyio
 import psutil
 import pytest
 
+from async_local_executor.core.admission import MB
+from async_local_executor.core.clock import SYSTEM, Clock
 from async_local_executor.core.launchers.base import Launcher, LaunchRequest
 from async_local_executor.core.launchers.forkserver import ForkServerLauncher
 from async_local_executor.core.launchers.subprocess import SubprocessLauncher
-from async_local_executor.core.supervisor import MB, OutcomeKind, Supervisor
+from async_local_executor.core.outcome import OutcomeKind, Times
+from async_local_executor.core.supervisor import Supervisor
 from async_local_executor.core.termination import TerminationPolicy
-from tests.core.helpers import GUARD, ManualClock, Recorder, py
+from tests.core.helpers import GUARD, FakeClock, Recorder, py
 
 pytestmark = pytest.mark.asyncio
 
@@ -45,7 +48,7 @@ async def serving(
     kind: str | Launcher = "subprocess",
     *,
     limit: int | None = None,
-    clock: ManualClock | None = None,
+    clock: Clock = SYSTEM,
     grace: float = 10.0,
     **admission: Any,
 ) -> AsyncIterator[Supervisor]:
@@ -54,7 +57,7 @@ async def serving(
         recorder,
         limit=limit,
         policy=TerminationPolicy(grace=grace),
-        sleep=clock.sleep if clock else anyio.sleep,
+        clock=clock,
         **admission,
     )
     async with anyio.create_task_group() as tg:
@@ -261,16 +264,17 @@ def said(recorder: Recorder, key: object, text: str) -> Callable[[], bool]:
 
 async def test_terminate_escalates_to_sigkill_after_the_grace_period(kind: str) -> None:
     recorder = Recorder()
-    clock = ManualClock()
+    clock = FakeClock()
     async with serving(recorder, kind, clock=clock, grace=7.5) as supervisor:
         supervisor.submit(LaunchRequest("stubborn", py(IGNORES_TERM)))
         await recorder.until(said(recorder, "stubborn", "ready"))
         assert supervisor.stop("stubborn", "revoked") == 1
         await recorder.until(said(recorder, "stubborn", "got SIGTERM, carrying on"))
-        await clock.sleeper_waiting()
-        assert clock.requested == [7.5]
+        await clock.sleepers(1)  # the grace period has begun
+        clock.advance(7.4)
+        assert clock.sleeping == 1  # a shorter grace would have woken (and left the clock) here
         assert recorder.outcomes == []  # still alive: SIGTERM alone did not end it
-        clock.advance()
+        clock.advance(0.1)
         await recorder.until(lambda: recorder.outcomes)
     outcome = recorder.outcome("stubborn")
     assert outcome.kind is OutcomeKind.TERMINATED
@@ -280,7 +284,7 @@ async def test_terminate_escalates_to_sigkill_after_the_grace_period(kind: str) 
 
 async def test_terminate_stops_at_sigterm_when_the_child_obeys(kind: str) -> None:
     recorder = Recorder()
-    clock = ManualClock()
+    clock = FakeClock()  # never advanced: the grace period cannot run out
     async with serving(recorder, kind, clock=clock) as supervisor:
         supervisor.submit(
             LaunchRequest("polite", py("import time; print('ready', flush=True); time.sleep(60)"))
@@ -353,14 +357,23 @@ async def test_output_is_drained_while_the_child_runs(kind: str) -> None:
 
 async def test_a_workload_past_its_timeout_is_terminated_and_says_so(kind: str) -> None:
     recorder = Recorder()
-    async with serving(recorder, kind) as supervisor:
+    clock = FakeClock()
+    async with serving(recorder, kind, clock=clock) as supervisor:
         supervisor.submit(LaunchRequest("slow", py("import time; time.sleep(60)"), timeout=0.5))
+        await recorder.until(lambda: "slow" in recorder.pids)
+        await clock.sleepers(1)  # its timer runs
+        clock.advance(0.4)
+        assert clock.sleeping == 1  # not due yet
         supervisor.submit(LaunchRequest("quick", py("pass"), timeout=30))
+        await recorder.until(lambda: recorder.outcomes)
+        assert [o.key for o in recorder.outcomes] == ["quick"]
+        clock.advance(0.1)
         await recorder.until(lambda: len(recorder.outcomes) == 2)
     slow = recorder.outcome("slow")
     assert slow.kind is OutcomeKind.TERMINATED
     assert slow.reason.startswith("timed out after 0.5s: terminated (killed by SIG")
-    # The quick one's 30 s timer was cancelled when it exited, or leaving `serving` would wait for it.
+    # The quick one's 30 s timer was cancelled when it exited: the clock never reaches it, so leaving
+    # `serving` would otherwise wait on it until the guard failed the test.
     assert recorder.outcome("quick").ok
 
 
@@ -389,27 +402,31 @@ async def test_a_queue_limit_holds_its_group_without_holding_back_others(tmp_pat
 
 async def test_low_memory_makes_workloads_wait_not_fail(kind: str) -> None:
     free = {"bytes": 10 * MB}
-    reads = anyio.Event()
-    count = {"reads": 0}
+    reads = {"count": 0}
 
     def available() -> int:
-        count["reads"] += 1
-        if count["reads"] >= 3:
-            reads.set()
+        reads["count"] += 1
         return free["bytes"]
 
     recorder = Recorder()
+    clock = FakeClock()
     async with serving(
-        recorder, kind, memory_floor=100 * MB, available_memory=available, memory_poll=0.01
+        recorder, kind, clock=clock, memory_floor=100 * MB, available_memory=available, memory_poll=2.0
     ) as supervisor:
         supervisor.submit(LaunchRequest("k", py("print('ran')")))
-        with anyio.fail_after(GUARD):
-            await reads.wait()  # it has checked, found too little and checked again
+        await clock.sleepers(1)  # it has checked, found too little and waits to check again
+        clock.advance(2.0)
+        await clock.sleepers(1)  # checked again, still too little
+        assert reads["count"] == 2
         assert recorder.pids == {}
         assert recorder.outcomes == []
+        assert supervisor.state().memory_low
         free["bytes"] = 200 * MB
+        clock.advance(2.0)
         await recorder.until(lambda: len(recorder.outcomes) == 1)
+        assert not supervisor.state().memory_low
     assert recorder.outcome("k").ok
+    assert reads["count"] == 3
 
 
 async def test_admission_limits_are_validated() -> None:
@@ -490,3 +507,49 @@ async def test_an_internal_error_after_launch_kills_the_process_and_reports_it_l
     [outcome] = recorder.outcomes
     assert outcome.kind is OutcomeKind.LOST
     assert outcome.reason == "internal error: RuntimeError('listener bug')"
+
+
+async def test_times_are_read_from_the_injected_clock() -> None:
+    clock = FakeClock()
+    accepted = clock.time()
+    free = {"bytes": 0}
+    recorder = Recorder()
+    async with serving(
+        recorder, clock=clock, memory_floor=100 * MB, available_memory=lambda: free["bytes"], memory_poll=5.0
+    ) as supervisor:
+        supervisor.submit(LaunchRequest("k", py("pass")))
+        await clock.sleepers(1)  # accepted now, held back by memory
+        free["bytes"] = 200 * MB
+        clock.advance(5.0)
+        await recorder.until(lambda: recorder.outcomes)
+        clock.advance(1.0)
+        supervisor.submit(LaunchRequest("missing", ["/nonexistent/python3"]))
+        await recorder.until(lambda: len(recorder.outcomes) == 2)
+        state = supervisor.state()
+    assert recorder.outcome("k").times == Times(accepted, accepted + 5.0, accepted + 5.0)
+    assert recorder.outcome("missing").times == Times(accepted + 6.0, None, accepted + 6.0)
+    assert state.last_launched_at == accepted + 5.0
+    [failure] = state.recent_failures
+    assert (failure.at, failure.label) == (accepted + 6.0, "missing")
+
+
+class BrokenLauncher(SubprocessLauncher):
+    """A launcher with a bug: it raises something other than LaunchError."""
+
+    async def launch(self, request: LaunchRequest) -> NoReturn:
+        raise RuntimeError("launcher bug")
+
+
+async def test_an_internal_error_before_launch_reports_a_failed_launch() -> None:
+    recorder = Recorder()
+    async with serving(recorder, BrokenLauncher()) as supervisor:
+        supervisor.submit(LaunchRequest("k", py("pass")))
+        await recorder.until(lambda: recorder.outcomes)
+        state = supervisor.state()
+    [outcome] = recorder.outcomes
+    assert (outcome.kind, outcome.reason) == (
+        OutcomeKind.LAUNCH_FAILED,
+        "internal error: RuntimeError('launcher bug')",
+    )
+    assert [f.reason for f in state.recent_failures] == [outcome.reason]
+    assert state.outcomes_total == {"launch_failed": 1}

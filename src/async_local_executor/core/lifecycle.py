@@ -2,6 +2,7 @@
 
 The supervisor only carries out what this table allows, so "exactly one final event" is a property of
 the table (``FINISHED`` has no way out) rather than of careful bookkeeping spread over coroutines.
+:func:`transition` is the only way a phase changes: :class:`Lifecycle` offers no setter.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class Step(enum.Enum):
     LAUNCH_FAILED = "launch_failed"
     TERMINATE = "terminate"
     EXIT = "exit"
+    ABANDON = "abandon"  # supervising it failed (a bug): it finishes with an internal error
 
 
 TRANSITIONS: dict[tuple[Phase, Step], Phase] = {
@@ -36,28 +38,42 @@ TRANSITIONS: dict[tuple[Phase, Step], Phase] = {
     (Phase.RUNNING, Step.TERMINATE): Phase.TERMINATING,
     (Phase.RUNNING, Step.EXIT): Phase.FINISHED,
     (Phase.TERMINATING, Step.EXIT): Phase.FINISHED,
+    # A bug may strike in any phase; the workload must still get its one final event.
+    **{(phase, Step.ABANDON): Phase.FINISHED for phase in Phase if phase is not Phase.FINISHED},
 }
+
+
+def transition(phase: Phase, step: Step) -> Phase:
+    """The phase ``step`` leads to from ``phase``.
+
+    :raises InvalidTransition: if the table has no such edge
+    """
+    try:
+        return TRANSITIONS[phase, step]
+    except KeyError:
+        raise InvalidTransition(f"cannot {step.value} a workload that is {phase.value}") from None
 
 
 class Lifecycle:
     """Where one workload is; :meth:`advance` refuses an illegal step and leaves the phase unchanged."""
 
-    __slots__ = ("phase",)
+    __slots__ = ("_phase",)
 
     def __init__(self) -> None:
-        self.phase = Phase.QUEUED
+        self._phase = Phase.QUEUED
+
+    @property
+    def phase(self) -> Phase:
+        return self._phase
 
     def advance(self, step: Step) -> Phase:
         """Move along ``step``.
 
         :raises InvalidTransition: if ``step`` is not allowed from the current phase
         """
-        try:
-            self.phase = TRANSITIONS[self.phase, step]
-        except KeyError:
-            raise InvalidTransition(f"cannot {step.value} a workload that is {self.phase.value}") from None
-        return self.phase
+        self._phase = transition(self._phase, step)
+        return self._phase
 
     @property
     def finished(self) -> bool:
-        return self.phase is Phase.FINISHED
+        return self._phase is Phase.FINISHED

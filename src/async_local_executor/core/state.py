@@ -1,0 +1,89 @@
+"""What the supervisor reports about itself: the snapshot types and the running counts behind them."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from async_local_executor.core.admission import Admission
+from async_local_executor.core.outcome import Outcome, OutcomeKind
+
+# Launch failures kept for the health check and the status report.
+RECENT_FAILURES = 20
+
+
+@dataclass(frozen=True)
+class RunningWorkload:
+    label: str
+    pid: int
+    launched: float  # wall clock
+    group: str
+
+
+@dataclass(frozen=True)
+class LaunchFailure:
+    at: float  # wall clock
+    label: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class SupervisorState:
+    """What the supervisor is doing, as of one moment; built on the loop thread, read anywhere."""
+
+    running: tuple[RunningWorkload, ...]
+    waiting: int  # accepted, no process yet (waiting for a slot, for memory, or being launched)
+    oldest_waiting_since: float | None  # wall clock acceptance of the longest-waiting one
+    memory_low: bool
+    memory_floor: int  # bytes; 0 when the guard is off
+    available_memory: int | None  # bytes, as last read by the guard
+    launcher_problem: str | None
+    recent_failures: tuple[LaunchFailure, ...]
+    launched_total: int
+    last_launched_at: float | None  # wall clock of the latest successful launch
+    memory_waits_total: int  # workloads that had to wait for memory
+    outcomes_total: Mapping[str, int]  # OutcomeKind value (or "ok") -> count
+
+
+class Tally:
+    """Counts kept since the supervisor started: launches, outcomes by kind, the latest launch failures."""
+
+    def __init__(self) -> None:
+        self.failures: collections.deque[LaunchFailure] = collections.deque(maxlen=RECENT_FAILURES)
+        self.launched_total = 0
+        self.last_launched_at: float | None = None  # wall clock
+        self.outcomes_total: collections.Counter[str] = collections.Counter()
+
+    def launched(self, at: float) -> None:
+        self.launched_total += 1
+        self.last_launched_at = at
+
+    def finished(self, outcome: Outcome, label: str, at: float) -> None:
+        self.outcomes_total["ok" if outcome.ok else outcome.kind.value] += 1
+        if outcome.kind is OutcomeKind.LAUNCH_FAILED:
+            self.failures.append(LaunchFailure(at, label, outcome.reason))
+
+
+def snapshot(
+    running: tuple[RunningWorkload, ...],
+    waiting: int,
+    oldest_waiting_since: float | None,
+    admission: Admission,
+    tally: Tally,
+    launcher_problem: str | None,
+) -> SupervisorState:
+    return SupervisorState(
+        running=running,
+        waiting=waiting,
+        oldest_waiting_since=oldest_waiting_since,
+        memory_low=admission.memory_low,
+        memory_floor=admission.memory_floor,
+        available_memory=admission.last_available,
+        launcher_problem=launcher_problem,
+        recent_failures=tuple(tally.failures),
+        launched_total=tally.launched_total,
+        last_launched_at=tally.last_launched_at,
+        memory_waits_total=admission.memory_waits_total,
+        outcomes_total=dict(tally.outcomes_total),
+    )

@@ -1,0 +1,30 @@
+"""The supervisor's record of one accepted workload, from acceptance to its final event."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import anyio
+
+from async_local_executor.core.launchers.base import Child, LaunchRequest
+from async_local_executor.core.lifecycle import Lifecycle
+from async_local_executor.core.timeouts import Deadline
+
+
+@dataclass(eq=False)
+class Tracked:
+    """Loop thread only. Identity, not value, tells two records apart: keys may repeat."""
+
+    request: LaunchRequest
+    accepted: float  # wall clock
+    life: Lifecycle = field(default_factory=Lifecycle)
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)  # cancelled to drop it unlaunched
+    child: Child | None = None
+    stop_reason: str | None = None  # set once we decide to stop it
+    exited: anyio.Event = field(default_factory=anyio.Event)  # set once its process's exit is known
+    deadline: Deadline | None = None  # the timeout's timer, while one runs
+    launched: float | None = None  # wall clock
+
+    @property
+    def label(self) -> str:
+        return self.request.label or str(self.request.key)
