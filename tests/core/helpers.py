@@ -10,7 +10,7 @@ from collections.abc import Hashable
 import anyio
 import psutil
 
-from async_local_executor.core.supervisor import Outcome
+from async_local_executor.core.outcome import Outcome
 
 # Guards against a hang; never what a test waits for.
 GUARD = 60.0

@@ -13,10 +13,12 @@ import anyio
 import psutil
 import pytest
 
+from async_local_executor.core.admission import MB
 from async_local_executor.core.health import Health, Report, Thresholds, Verdict, assess
 from async_local_executor.core.launchers.base import LaunchRequest
 from async_local_executor.core.launchers.subprocess import SubprocessLauncher
-from async_local_executor.core.supervisor import MB, LaunchFailure, Supervisor, SupervisorState
+from async_local_executor.core.state import LaunchFailure, SupervisorState
+from async_local_executor.core.supervisor import Supervisor
 from async_local_executor.ops.status import StatusWriter, read_all, status_path, tree_rss
 from tests.core.helpers import GUARD, Recorder, py
 

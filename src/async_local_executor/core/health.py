@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 import anyio
 import anyio.to_thread
 
+from async_local_executor.core.admission import MB
 from async_local_executor.core.clock import SYSTEM, Clock
-from async_local_executor.core.supervisor import MB, SupervisorState
+from async_local_executor.core.state import SupervisorState
 
 log = logging.getLogger(__name__)
 

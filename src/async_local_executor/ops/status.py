@@ -20,8 +20,8 @@ from typing import Any
 
 import psutil
 
+from async_local_executor.core.admission import MB
 from async_local_executor.core.health import Report
-from async_local_executor.core.supervisor import MB
 
 PREFIX = "status."
 SUFFIX = ".json"
