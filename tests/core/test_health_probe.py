@@ -18,7 +18,7 @@ import anyio
 import pytest
 
 from async_local_executor.core.health import LAG_WINDOW, Health, Probe, Report, Thresholds, Verdict, stale
-from async_local_executor.core.supervisor import LaunchFailure, SupervisorState
+from async_local_executor.core.state import LaunchFailure, SupervisorState
 from tests.core.helpers import GUARD, FakeClock
 from tests.core.test_health import quiet
 
