@@ -15,8 +15,8 @@ import pytest
 from async_local_executor.core.launchers.base import LaunchRequest
 from async_local_executor.core.launchers.forkserver import ForkServerLauncher
 from async_local_executor.core.launchers.subprocess import SubprocessLauncher
-from async_local_executor.core.supervisor import OutcomeKind
-from tests.core.helpers import GUARD, Recorder, py
+from async_local_executor.core.outcome import OutcomeKind
+from tests.core.helpers import GUARD, FakeClock, Recorder, py
 from tests.core.test_supervisor import TARGET, is_dead, serving, until_dead
 
 pytestmark = pytest.mark.asyncio
@@ -172,23 +172,37 @@ async def _helper_replaced(launcher: ForkServerLauncher, dead: int) -> int:
     return pid
 
 
+async def _waiting_to_restart(launcher: ForkServerLauncher, clock: FakeClock) -> None:
+    """Until the launcher has seen its helper go and waits out the restart delay on ``clock``."""
+    with anyio.fail_after(GUARD):
+        # The launcher publishes no event for a dead helper; the guard bounds a real failure.
+        while launcher.problem is None:  # noqa: ASYNC110
+            await anyio.sleep(0.01)
+    # The dead helper's watchdog left the clock before the helper counted as gone: this is the delay.
+    await clock.sleepers(1)
+
+
 async def test_an_idle_helper_that_dies_is_replaced_without_waiting_for_a_workload(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="async_local_executor.core.launchers.forkserver")
     recorder = Recorder()
-    launcher = fork_server(recorder, restart_delay=0.2)
+    clock = FakeClock()
+    launcher = fork_server(recorder, restart_delay=0.5, clock=clock)
     async with serving(recorder, launcher) as supervisor:
         first = await _helper_replaced(launcher, -1)
         os.kill(first, signal.SIGKILL)
         await until_dead(first)
-        with anyio.fail_after(GUARD):
-            while launcher.problem is None:  # noqa: ASYNC110 - seen before the restart delay ends
-                await anyio.sleep(0.01)
+        await _waiting_to_restart(launcher, clock)
         assert launcher.problem == f"fork server (pid {first}) is not running; a new one is starting"
+        clock.advance(0.5)
         second = await _helper_replaced(launcher, first)  # no workload asked for it
         assert launcher.problem is None
         os.kill(second, signal.SIGKILL)
+        await _waiting_to_restart(launcher, clock)
+        clock.advance(0.75)
+        assert clock.sleeping == 1  # the second died young, so its delay doubled: 0.75 s is not enough
+        clock.advance(0.25)
         third = await _helper_replaced(launcher, second)
         supervisor.submit(
             LaunchRequest("after", py("import tests.core.forkserver_targets as t; print(t.PRELOADED)"))
@@ -200,18 +214,33 @@ async def test_an_idle_helper_that_dies_is_replaced_without_waiting_for_a_worklo
     assert launcher.helpers_started == 3
     # Helpers that die young are replaced less and less eagerly.
     delays = [r.getMessage() for r in caplog.records if r.getMessage().startswith("starting a new")]
-    assert delays == ["starting a new fork server in 0.2s", "starting a new fork server in 0.4s"]
+    assert delays == ["starting a new fork server in 0.5s", "starting a new fork server in 1.0s"]
+
+
+async def until_stopped(pid: int) -> None:
+    with anyio.fail_after(GUARD):
+        # SIGSTOP takes effect when the process next runs; its state is the only sign.
+        while psutil.Process(pid).status() != psutil.STATUS_STOPPED:  # noqa: ASYNC110
+            await anyio.sleep(0.01)
 
 
 async def test_a_helper_that_stops_answering_is_replaced_and_its_workloads_keep_running() -> None:
     recorder = Recorder()
-    launcher = fork_server(recorder, ping_interval=0.05, ping_timeout=0.5)
+    clock = FakeClock()
+    launcher = fork_server(recorder, ping_interval=1.0, ping_timeout=5.0, clock=clock)
     async with serving(recorder, launcher) as supervisor:
         supervisor.submit(LaunchRequest("stuck", SLEEPER))
         await recorder.until(lambda: "stuck" in ready_pids(recorder))
         first_helper = launcher.helper_pid
         assert first_helper is not None
         os.kill(first_helper, signal.SIGSTOP)
+        await until_stopped(first_helper)
+        for _ in range(4):  # the watchdog's ticks; each is parked on the clock before it is let go
+            await clock.sleepers(1)
+            clock.advance(1.0)
+        await clock.sleepers(1)
+        assert launcher.helper_pid == first_helper  # 4 s of silence: not yet the 5 s timeout
+        clock.advance(1.0)
         await until_dead(first_helper)  # retired, then killed: it owns no workload
         supervisor.submit(LaunchRequest("next", py("pass")))
         await recorder.until(lambda: len(recorder.outcomes) == 1)
@@ -294,7 +323,8 @@ async def test_with_an_idle_timeout_the_helper_starts_on_demand_and_leaves_when_
 ) -> None:
     caplog.set_level(logging.INFO, logger="async_local_executor.core.launchers.forkserver")
     recorder = Recorder()
-    launcher = fork_server(recorder, idle_timeout=0.2)
+    clock = FakeClock()
+    launcher = fork_server(recorder, idle_timeout=2.0, clock=clock)
 
     def helpers() -> list[int]:
         ready = (r.getMessage() for r in caplog.records)
@@ -305,7 +335,13 @@ async def test_with_an_idle_timeout_the_helper_starts_on_demand_and_leaves_when_
         supervisor.submit(LaunchRequest("first", py("pass")))
         await recorder.until(lambda: len(recorder.outcomes) == 1)
         [first_helper] = helpers()
-        await until_dead(first_helper)  # idle for 0.2 s: stopped
+        # Parked on the clock: the idle check (every 0.5 s) and the helper's watchdog (every 5 s).
+        await clock.sleepers(2)
+        clock.advance(1.5)
+        await clock.sleepers(2)  # the idle check ran and went back to sleep
+        assert launcher.helper_pid == first_helper  # idle for 1.5 s: kept
+        clock.advance(0.5)
+        await until_dead(first_helper)  # idle for 2 s: stopped
         assert launcher.helper_pid is None
         supervisor.submit(LaunchRequest("second", py("pass")))
         await recorder.until(lambda: len(recorder.outcomes) == 2)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import socket
 
-from async_local_executor.core.launchers.forkserver_helper import Helper, decode, size_buffers
+from async_local_executor.core.launchers.forkserver_helper import Helper
+from async_local_executor.core.launchers.forkserver_protocol import decode, size_buffers
 
 
 def test_the_helper_never_blocks_on_a_full_channel() -> None:

@@ -1,14 +1,8 @@
 """The fork server's far side: a long-lived helper that imports once and forks one child per workload.
 
 Started by :mod:`async_local_executor.core.launchers.forkserver` as an ordinary ``exec`` (never a fork of the
-multi-threaded scheduler). It talks over one ``SOCK_SEQPACKET`` socket, one JSON object per message, so
-message boundaries hold:
-
-    loop -> helper   {"op": "spawn", "id", "argv"}  + [write end of the child's output pipe, child's control socket]
-                     {"op": "ping", "id"}
-    helper -> loop   {"op": "ready", "pid"}
-                     {"op": "spawn_failed", "id", "error"}
-                     {"op": "pong", "id"}
+multi-threaded scheduler). It talks over one ``SOCK_SEQPACKET`` socket
+(:mod:`~async_local_executor.core.launchers.forkserver_protocol` documents the messages).
 
 Each child is forked with ``CLONE_PARENT``: it is the scheduler's child, not the helper's. So the
 scheduler reaps it and reads its real exit status (through a pidfd), the kernel ties its life to the
@@ -26,12 +20,9 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import ctypes
 import gc
 import importlib
-import json
 import os
-import platform
 import selectors
 import signal
 import socket
@@ -40,14 +31,16 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from async_local_executor.core.lifeline import die_with_parent
+from async_local_executor.core.launchers.forkserver_clone import fork_sibling, sibling_fork_supported
+from async_local_executor.core.launchers.forkserver_protocol import (
+    GO,
+    MAX_MESSAGE,
+    decode,
+    encode,
+    size_buffers,
+)
+from async_local_executor.core.lifeline import EXIT_ORPHANED, die_with_parent
 
-# SEQPACKET messages are bounded by the socket buffers; both ends raise them to this, and a larger
-# spawn request goes through the plain launcher instead.
-MAX_MESSAGE = 1024 * 1024
-EXIT_PARENT_GONE = 3
-# The first byte the loop sends on a child's control socket: run. EOF before it: exit, run nothing.
-GO = b"1"
 # Signals whose handlers a child must not inherit from the helper.
 _RESET_SIGNALS = (
     signal.SIGCHLD,
@@ -57,22 +50,8 @@ _RESET_SIGNALS = (
     signal.SIGUSR1,
     signal.SIGUSR2,
 )
-_CLONE_PARENT = 0x00008000
-# clone(2)'s syscall number; its other arguments are all zero here, so their order per arch is moot.
-_SYS_CLONE = {"x86_64": 56, "aarch64": 220}
 
 Target = Callable[[list[str], bytes], int]
-
-
-def encode(message: dict[str, Any]) -> bytes:
-    return json.dumps(message, separators=(",", ":")).encode()
-
-
-def decode(data: bytes) -> dict[str, Any]:
-    message = json.loads(data)
-    if not isinstance(message, dict) or "op" not in message:
-        raise ValueError(f"not a fork-server message: {data[:80]!r}")
-    return message
 
 
 def resolve(target: str) -> Target:
@@ -84,64 +63,6 @@ def resolve(target: str) -> Target:
     if not callable(fn):
         raise TypeError(f"{target} is not callable")
     return fn  # type: ignore[no-any-return]
-
-
-def size_buffers(sock: socket.socket) -> None:
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_MESSAGE + 4096)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, MAX_MESSAGE + 4096)
-
-
-def sibling_fork_supported() -> str | None:
-    """Why :func:`fork_sibling` cannot work here, or ``None`` when it can."""
-    if not sys.platform.startswith("linux"):
-        return "it needs Linux (clone with CLONE_PARENT)"
-    if platform.machine() not in _SYS_CLONE:
-        return f"clone(2) is not wired for {platform.machine()}"
-    if not hasattr(os, "pidfd_open"):
-        return "this Python has no os.pidfd_open"
-    try:
-        pidfd = os.pidfd_open(os.getpid())
-    except OSError as exc:
-        return f"the kernel has no pidfd_open ({exc.strerror}; Linux 5.3 or later needed)"
-    try:
-        os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG)
-    except ChildProcessError:
-        pass  # we are not our own child: the kernel understood the request
-    except OSError as exc:
-        return f"the kernel cannot wait on a pidfd ({exc.strerror}; Linux 5.4 or later needed)"
-    finally:
-        os.close(pidfd)
-    return None
-
-
-def fork_sibling() -> int:
-    """``os.fork()``, except that the child's parent is our parent (``CLONE_PARENT``).
-
-    Python's own fork hooks run around it exactly as ``os.fork`` runs them (held GIL, import lock,
-    ``os.register_at_fork`` callbacks). Only a single-threaded process may call it, as with fork.
-    """
-    api = ctypes.PyDLL(None, use_errno=True)  # PyDLL: the GIL stays held across the clone, as in os.fork
-    api.PyOS_BeforeFork.restype = None
-    api.PyOS_AfterFork_Child.restype = None
-    api.PyOS_AfterFork_Parent.restype = None
-    api.syscall.restype = ctypes.c_long
-    api.PyOS_BeforeFork()
-    pid = api.syscall(
-        ctypes.c_long(_SYS_CLONE[platform.machine()]),
-        ctypes.c_ulong(_CLONE_PARENT | signal.SIGCHLD),
-        ctypes.c_ulong(0),
-        ctypes.c_ulong(0),
-        ctypes.c_ulong(0),
-        ctypes.c_ulong(0),
-    )
-    if pid == 0:
-        api.PyOS_AfterFork_Child()
-        return 0
-    error = ctypes.get_errno()
-    api.PyOS_AfterFork_Parent()
-    if pid < 0:
-        raise OSError(error, os.strerror(error))
-    return int(pid)
 
 
 class Helper:
@@ -247,14 +168,14 @@ def _become_child(out_fd: int, control_fd: int, argv: list[str], target: Target,
         signal.signal(signal.SIGINT, signal.default_int_handler)
         # Our parent is the scheduler (CLONE_PARENT): we die with it, not with the helper.
         if not die_with_parent(parent_pid, signal.SIGKILL):
-            os._exit(EXIT_PARENT_GONE)
+            os._exit(EXIT_ORPHANED)
         control = socket.socket(fileno=control_fd)
         control.setblocking(True)
         control.sendall(f"{os.getpid()}\n".encode())
         stdin = _read_payload(control)
         control.close()
         if stdin is None:
-            os._exit(EXIT_PARENT_GONE)
+            os._exit(EXIT_ORPHANED)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.dup2(out_fd, 1)
@@ -289,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.setpgid(0, 0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if not die_with_parent(args.parent_pid):
-        return EXIT_PARENT_GONE
+        return EXIT_ORPHANED
     if (why := sibling_fork_supported()) is not None:
         print(f"fork server: cannot fork workloads here: {why}", file=sys.stderr, flush=True)
         return 1

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+import signal
+from collections.abc import Callable, Hashable
 
 import anyio
 import anyio.abc
@@ -11,6 +12,9 @@ from async_local_executor.core.launchers.base import OutputSink
 
 # A line longer than this is split: one runaway line must not hold unbounded memory.
 MAX_LINE = 64 * 1024
+# After the leader exits we kill the rest of its group, so EOF on the output pipe follows at once;
+# this only guards against a descendant that left the group but kept the pipe open.
+DRAIN_AFTER_EXIT = 5.0
 
 
 class LineSplitter:
@@ -51,3 +55,17 @@ async def drain_stream(stream: anyio.abc.ByteReceiveStream | None, splitter: Lin
         pass
     finally:
         splitter.close()
+
+
+async def drain_after_exit(signal_group: Callable[[int], None], drained: anyio.Event) -> None:
+    """Once the leader has exited: kill what it left in its group, then wait (bounded) for EOF.
+
+    Whatever the leader left in its group would outlive the workload and could hold the pipe open; a
+    group id stays reserved while any member lives, so the kill cannot hit a stranger.
+
+    :param signal_group: signals the workload's group (and the groups its descendants made)
+    :param drained: set once the output reader reached EOF
+    """
+    signal_group(signal.SIGKILL)
+    with anyio.move_on_after(DRAIN_AFTER_EXIT):
+        await drained.wait()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-import signal
 import subprocess
 from collections.abc import Mapping
 from types import TracebackType
@@ -19,12 +18,8 @@ from typing_extensions import Self
 
 from async_local_executor.core.errors import LaunchError
 from async_local_executor.core.launchers.base import LaunchRequest, OutputSink
-from async_local_executor.core.launchers.output import LineSplitter, discard, drain_stream
+from async_local_executor.core.launchers.output import LineSplitter, discard, drain_after_exit, drain_stream
 from async_local_executor.core.launchers.tree import GroupSignaller
-
-# After the leader exits we kill the rest of its group, so EOF on the output pipe follows at once;
-# this only guards against a descendant that left the group but kept the pipe open.
-DRAIN_AFTER_EXIT = 5.0
 
 
 def _why(program: str, exc: OSError) -> str:
@@ -108,11 +103,7 @@ class SubprocessChild:
             tg.start_soon(self._feed_stdin)
             tg.start_soon(self._drain)
             status = await self._process.wait()
-            # Whatever the leader left in its group would outlive the workload and could hold our pipe
-            # open; a group id stays reserved while any member lives, so this cannot hit a stranger.
-            self.signal(signal.SIGKILL)
-            with anyio.move_on_after(DRAIN_AFTER_EXIT):
-                await self._drained.wait()
+            await drain_after_exit(self.signal, self._drained)
             tg.cancel_scope.cancel()
         await self._process.aclose()
         return status

@@ -1,0 +1,97 @@
+"""The loop's end of the channel to one fork-server helper: messages in and out, never blocking the loop.
+
+What travels on it is :mod:`~async_local_executor.core.launchers.forkserver_protocol`; when to send what,
+and what an answer (or silence) means, is the launcher's business
+(:mod:`~async_local_executor.core.launchers.forkserver_process`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import anyio
+
+from async_local_executor.core.launchers.forkserver_protocol import MAX_MESSAGE, decode, encode, size_buffers
+
+
+class ChannelClosed(Exception):
+    """The channel broke, or sending was given up: the message did not reach the helper."""
+
+
+def frame(message: dict[str, Any]) -> bytes:
+    """``message`` as one datagram; :class:`OverflowError` when it cannot go through the channel."""
+    data = encode(message)
+    if len(data) > MAX_MESSAGE:
+        raise OverflowError(f"{message['op']} request of {len(data)} bytes exceeds {MAX_MESSAGE}")
+    return data
+
+
+class Channel:
+    """A non-blocking ``SOCK_SEQPACKET`` socket with buffers sized for the largest message."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        size_buffers(sock)
+        sock.setblocking(False)
+        self._sock = sock
+
+    @classmethod
+    def pair(cls) -> tuple[Channel, socket.socket]:
+        """Our end, and the helper's end (to be passed to it, then closed here)."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        return cls(ours), theirs
+
+    async def send(self, data: bytes, fds: Sequence[int], *, unless: anyio.Event) -> None:
+        """Send one datagram with ``fds``, waiting while the channel is full.
+
+        :param unless: once set, stop trying
+        :raises ChannelClosed: the channel broke, or ``unless`` was set before the datagram went
+        """
+        while True:
+            if unless.is_set():
+                raise ChannelClosed
+            try:
+                socket.send_fds(self._sock, [data], fds)
+                return
+            except BlockingIOError:
+                await anyio.wait_writable(self._sock)
+            except OSError as exc:
+                raise ChannelClosed from exc
+
+    def offer(self, message: dict[str, Any]) -> None:
+        """Send ``message`` if the channel takes it at once; never waited on, and a failure is dropped."""
+        with contextlib.suppress(BlockingIOError, OSError):
+            self._sock.send(encode(message))
+
+    async def receive(self) -> dict[str, Any] | None:
+        """The next message; ``None`` once the channel is closed or broken."""
+        while True:
+            try:
+                data = self._sock.recv(MAX_MESSAGE)
+            except BlockingIOError:
+                await anyio.wait_readable(self._sock)
+                continue
+            except OSError:
+                return None
+            return decode(data) if data else None
+
+    def received(self) -> Iterator[dict[str, Any]]:
+        """The messages the channel holds now, without waiting for more."""
+        while True:
+            try:
+                data = self._sock.recv(MAX_MESSAGE)
+            except (BlockingIOError, OSError):
+                return
+            if not data:
+                return
+            yield decode(data)
+
+    def shutdown(self) -> None:
+        """End the conversation both ways; the helper exits when it sees that."""
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self._sock.close()

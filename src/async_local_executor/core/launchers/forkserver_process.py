@@ -1,0 +1,279 @@
+"""One running fork-server helper as the loop sees it: its handshake, its spawn requests, its watchdog.
+
+The helper only forks; each child is the scheduler's own (``CLONE_PARENT``), reports its pid on a
+control socket of its own, and is reaped here through a pidfd. So a helper that dies, hangs or is
+retired costs no running workload: a request it had not started raises :class:`HelperDied`, for the
+launcher to retry on a fresh helper. Its liveness is judged by progress, never by one reply that had
+to wait behind a busy loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import signal
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.abc
+import psutil
+
+from async_local_executor.core.clock import SYSTEM, Clock
+from async_local_executor.core.errors import LaunchError
+from async_local_executor.core.launchers.base import LaunchRequest, OutputSink
+from async_local_executor.core.launchers.forkserver_channel import Channel, ChannelClosed, frame
+from async_local_executor.core.launchers.forkserver_child import ForkServerChild
+from async_local_executor.core.launchers.output import LineSplitter, drain_stream
+
+# The whole fork-server path logs under the launcher's name, as it did when it was one module.
+log = logging.getLogger("async_local_executor.core.launchers.forkserver")
+
+HELPER_KEY = "fork-server"  # the key the helper's own output is logged under
+# A child whose control socket closed without a pid, while the helper said nothing: how long the
+# helper's explanation is awaited before the launch is reported failed anyway.
+EXPLANATION_WAIT = 10.0
+
+
+class HelperDied(Exception):
+    """The helper went away before it started this request: safe to retry on a new one."""
+
+
+@dataclass(eq=False)
+class _Spawn:
+    """A spawn request the helper has not answered: what the loop learns of it from the channel."""
+
+    resolved: anyio.Event = field(default_factory=anyio.Event)  # the helper refused it, or is gone
+    error: str | None = None
+
+
+def kernel_state(pid: int) -> str:
+    """The process's state as the kernel reports it (psutil's names); ``"gone"`` when it does not exist."""
+    try:
+        return str(psutil.Process(pid).status())
+    except psutil.Error:
+        return "gone"
+
+
+class HelperProcess:
+    """One helper process, its channel, and the spawn requests it has not answered yet."""
+
+    def __init__(
+        self,
+        process: anyio.abc.Process,
+        channel: Channel,
+        output: OutputSink,
+        *,
+        start_timeout: float,
+        ping_interval: float,
+        ping_timeout: float,
+        clock: Clock = SYSTEM,
+    ) -> None:
+        self.process = process
+        self._channel = channel
+        self._output = output
+        self._start_timeout = start_timeout
+        self._ping_interval = ping_interval
+        self._ping_timeout = ping_timeout
+        self._clock = clock
+        self._ids = itertools.count()
+        self._pending: dict[int, _Spawn] = {}
+        self._heard = 0  # messages received so far: the helper's progress
+        self.pid = process.pid
+        self.ready = False
+        self.start_error: str | None = None
+        self.gone = anyio.Event()
+        self.retired = anyio.Event()  # set when it must take no new launch (also once it is gone)
+        self._closing = False
+        self._idle_since = clock.monotonic()
+
+    @property
+    def alive(self) -> bool:
+        """Takes launches: started, not retired, not gone."""
+        return self.ready and not self.retired.is_set()
+
+    @property
+    def idle_since(self) -> float | None:
+        """When (the clock's monotonic time) it last had no request in flight; ``None`` while it has."""
+        return None if self._pending else self._idle_since
+
+    def _settle(self, request_id: int) -> None:
+        self._pending.pop(request_id, None)
+        if not self._pending:
+            self._idle_since = self._clock.monotonic()
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Serve the channel until the helper goes away; reports started once it is ready (or failed)."""
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._drain_own_output)
+                self.start_error = await self._handshake()
+                if self.start_error is None:
+                    self.ready = True
+                    task_status.started()
+                    tg.start_soon(self._watch)
+                    while (message := await self._channel.receive()) is not None:
+                        self._dispatch(message)
+                    if not self._closing:
+                        log.error(
+                            "fork server (pid %d) exited; a new one replaces it (running workloads are "
+                            "not affected)",
+                            self.pid,
+                        )
+                else:
+                    task_status.started()
+                tg.cancel_scope.cancel()
+        finally:
+            self.retired.set()
+            self._abandon()
+            with anyio.CancelScope(shield=True):
+                await self._reap()
+            self.gone.set()
+
+    async def _handshake(self) -> str | None:
+        with anyio.move_on_after(self._start_timeout):
+            message = await self._channel.receive()
+            if message is None:
+                return "it exited during startup (its output is in the log above)"
+            if message.get("op") != "ready":
+                return f"unexpected first message {message!r}"
+            self.pid = int(message["pid"])
+            return None
+        return f"it was not ready within {self._start_timeout:.0f}s"
+
+    async def spawn(self, request: LaunchRequest) -> ForkServerChild:
+        request_id = next(self._ids)
+        message = frame({"op": "spawn", "id": request_id, "argv": list(request.argv)})
+        try:
+            read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+        except OSError as exc:  # EMFILE/ENFILE: a launch failure to report, not a crash of ours
+            raise LaunchError(f"cannot create the workload's output pipe: {exc.strerror}") from exc
+        try:
+            control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        except OSError as exc:
+            os.close(read_fd)
+            os.close(write_fd)
+            raise LaunchError(f"cannot create the workload's control socket: {exc.strerror}") from exc
+        os.set_blocking(read_fd, False)
+        control.setblocking(False)
+        spawn = _Spawn()
+        self._pending[request_id] = spawn
+        try:
+            try:
+                await self._channel.send(message, [write_fd, theirs.fileno()], unless=self.retired)
+            except ChannelClosed as exc:
+                raise HelperDied from exc
+            finally:
+                # The helper holds its own copies now; EOF on either must depend on the child only.
+                os.close(write_fd)
+                theirs.close()
+            pid = await self._child_pid(control, spawn)
+        except BaseException:
+            os.close(read_fd)
+            control.close()
+            raise
+        finally:
+            self._settle(request_id)
+        if pid is None:
+            os.close(read_fd)
+            control.close()
+            if spawn.error is not None:
+                raise LaunchError(spawn.error)
+            if self.retired.is_set():
+                raise HelperDied
+            raise LaunchError("the workload process ended before it could start")
+        return await ForkServerChild.adopt(pid, control, read_fd, request, self._output)
+
+    async def _child_pid(self, control: socket.socket, spawn: _Spawn) -> int | None:
+        """The pid the child reports on its control socket; ``None`` when the socket closed without one."""
+        received = b""
+        while b"\n" not in received:
+            try:
+                chunk = control.recv(64)
+            except BlockingIOError:
+                await anyio.wait_readable(control)
+                continue
+            except OSError:
+                chunk = b""
+            if not chunk:
+                # Closed with no pid: the helper refused the request or went away (it closes its copy
+                # either way, and then says which on the channel).
+                with anyio.move_on_after(EXPLANATION_WAIT):
+                    await spawn.resolved.wait()
+                return None
+            received += chunk
+        return int(received.split(b"\n", 1)[0])
+
+    def retire(self, why: str) -> None:
+        """Take no new launch and close the channel; run() then kills the process and reaps it.
+
+        The helper owns no workload (each is the scheduler's child), so this costs none of them, and
+        requests it had not started see their control sockets close and go to its successor.
+        """
+        if self.retired.is_set():
+            return
+        log.error("fork server (pid %d) %s; replacing it (running workloads are not affected)", self.pid, why)
+        self.retired.set()
+        self.close()
+
+    def close(self) -> None:
+        """Close our end of the channel; the helper exits when it sees that."""
+        self._closing = True
+        self.retired.set()
+        self._channel.shutdown()
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.process.pid, signal.SIGKILL)
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        self._heard += 1
+        if message["op"] != "spawn_failed":
+            return  # a pong: progress is all it says
+        spawn = self._pending.get(int(message["id"]))
+        if spawn is not None:
+            spawn.error = str(message.get("error", "spawn failed"))
+            spawn.resolved.set()
+
+    def _abandon(self) -> None:
+        for spawn in self._pending.values():
+            spawn.resolved.set()
+
+    async def _watch(self) -> None:
+        """Retire a helper that makes no progress for ``ping_timeout`` seconds, counted in ticks.
+
+        Each tick counts as one interval however late the loop woke up (a lagging loop could not have
+        read an answer either), and the channel is read before the helper is judged.
+        """
+        silent = 0.0
+        heard = self._heard
+        while not self.retired.is_set():
+            await self._clock.sleep(self._ping_interval)
+            for message in self._channel.received():
+                self._dispatch(message)
+            state = kernel_state(self.pid)
+            if state in ("gone", psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+                return  # the reader sees the channel close and reports it
+            if self._heard != heard:
+                heard, silent = self._heard, 0.0
+            else:
+                silent += self._ping_interval
+            if silent >= self._ping_timeout:
+                self.retire(f"made no progress for {silent:.0f}s (process state: {state})")
+                return
+            # Never waited on: a channel too full to take a ping is itself a helper not reading.
+            self._channel.offer({"op": "ping", "id": -1})
+
+    async def _drain_own_output(self) -> None:
+        await drain_stream(self.process.stdout, LineSplitter(HELPER_KEY, self._output))
+
+    async def _reap(self) -> None:
+        self.kill()
+        with anyio.move_on_after(10):
+            await self.process.wait()
+        with contextlib.suppress(Exception):
+            await self.process.aclose()
+        self._channel.close()
