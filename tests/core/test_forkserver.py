@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import logging
 import os
 import signal
@@ -170,6 +171,23 @@ async def _helper_replaced(launcher: ForkServerLauncher, dead: int) -> int:
     pid = launcher.helper_pid
     assert pid is not None
     return pid
+
+
+async def test_a_launch_right_after_the_helper_died_goes_to_a_new_helper() -> None:
+    # The launch can reach the dead helper before the channel's reader has seen it close: the broken
+    # channel itself must retire the helper, or the retry picks it again and the launch fails.
+    recorder = Recorder()
+    async with fork_server(recorder) as launcher:
+        first = await _helper_replaced(launcher, -1)
+        os.kill(first, signal.SIGKILL)
+        # Blocks the loop until the helper has exited (not reaping it): the reader cannot run meanwhile.
+        with contextlib.suppress(ChildProcessError):  # reaped already by the loop's child watcher
+            os.waitid(os.P_PID, first, os.WEXITED | os.WNOWAIT)  # noqa: ASYNC222
+        child = await launcher.launch(LaunchRequest("k", py("print('fine')")))
+        assert await child.wait() == 0
+        assert launcher.helper_pid not in (None, first)
+    assert ("k", "fine") in recorder.lines
+    assert launcher.helpers_started == 2
 
 
 async def _waiting_to_restart(launcher: ForkServerLauncher, clock: FakeClock) -> None:

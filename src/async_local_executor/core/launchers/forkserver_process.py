@@ -165,6 +165,9 @@ class HelperProcess:
             try:
                 await self._channel.send(message, [write_fd, theirs.fileno()], unless=self.retired)
             except ChannelClosed as exc:
+                # A broken channel is proof the helper is gone: the retry must not pick it again
+                # before the reader has seen the channel close.
+                self.retired.set()
                 raise HelperDied from exc
             finally:
                 # The helper holds its own copies now; EOF on either must depend on the child only.
