@@ -40,7 +40,7 @@ from async_local_executor.core.errors import RuntimeNotRunning
 from async_local_executor.core.health import Report
 from async_local_executor.core.launchers.base import LaunchRequest
 from async_local_executor.core.wiring import wire
-from async_local_executor.ops import journal, recovery, status
+from async_local_executor.ops import journal, recovery, state_dir, status
 
 if TYPE_CHECKING:
     from airflow.cli.cli_config import GroupCommand
@@ -85,7 +85,9 @@ class AsyncLocalExecutor(Airflow2Commands, Prefetching, ExecutorHealth):
         self._title_prefix = f"airflow worker -- AsyncLocalExecutor{team}:"
         # Before anything launches, so no try can run beside a survivor of its previous attempt.
         owner = f"scheduler pid {os.getpid()}" + (f" team {self.team_name}" if self.team_name else "")
-        self._journal = launches = recovery.reclaim_then_open(startup.state_directory(config), owner=owner)
+        self._journal = launches = recovery.reclaim_then_open(
+            state_dir.resolve(config.state_dir), owner=owner
+        )
         client_env = child_client_env(os.environ)
         if client_env:
             log.info(

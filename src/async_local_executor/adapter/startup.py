@@ -2,21 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from async_local_executor.adapter.config import ConfSource, ExecutorConfig
 from async_local_executor.core.wiring import Plan
-from async_local_executor.ops import state_dir
 
 
 def queued_timeout(conf: ConfSource) -> float:
     """``[scheduler] task_queued_timeout``: how long the scheduler lets a task wait in queued."""
     return float(conf.get("scheduler", "task_queued_timeout", fallback="600") or 600)
-
-
-def state_directory(config: ExecutorConfig) -> Path:
-    """Where the executor keeps its launch journal and status file."""
-    return state_dir.resolve(config.state_dir)
 
 
 def plan(config: ExecutorConfig, *, parallelism: int, queued_timeout: float, fork_target: str) -> Plan:

@@ -116,6 +116,7 @@ def wire(
                 fallback=launcher,
                 env=env,
                 idle_timeout=plan.forkserver_idle_timeout or None,
+                clock=clock,
             )
         return Supervisor(
             launcher,

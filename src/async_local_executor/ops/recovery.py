@@ -1,6 +1,6 @@
 """What a starting executor does before it launches anything: clean up after a crashed predecessor.
 
-Its journal names the processes it left running (see :mod:`~async_local_executor.ops.journal`), and its
+Its journal names the processes it left running (see :mod:`~async_local_executor.ops.reclaim`), and its
 status file still claims a running executor. Both go before the new instance opens its own journal, so
 no try can run beside a survivor of its previous attempt. Nothing here knows Airflow.
 """
@@ -11,6 +11,7 @@ import logging
 from pathlib import Path
 
 from async_local_executor.ops import journal, status
+from async_local_executor.ops.reclaim import reclaim
 
 log = logging.getLogger(__name__)
 
@@ -20,7 +21,7 @@ def reclaim_then_open(directory: Path, *, owner: str) -> journal.LaunchJournal:
 
     :param owner: who holds the new journal, for the log lines of the executor that reclaims it
     """
-    survivors = journal.reclaim(directory)
+    survivors = reclaim(directory)
     for survivor in survivors:
         log.warning(
             "killed pid %d (%s) left running by a stopped executor (%s): %s",
