@@ -68,27 +68,6 @@ class Recorder:
         return found
 
 
-class ManualClock:
-    """A sleep that returns only when the test advances time, so grace periods cost no real time."""
-
-    def __init__(self) -> None:
-        self.requested: list[float] = []
-        self._advanced = anyio.Event()
-        self._waiting = anyio.Event()
-
-    async def sleep(self, seconds: float) -> None:
-        self.requested.append(seconds)
-        self._waiting.set()
-        await self._advanced.wait()
-
-    async def sleeper_waiting(self) -> None:
-        with anyio.fail_after(GUARD):
-            await self._waiting.wait()
-
-    def advance(self) -> None:
-        self._advanced.set()
-
-
 class FakeClock:
     """A :class:`~async_local_executor.core.clock.Clock` whose time moves only when the test advances it.
 
