@@ -78,14 +78,17 @@ def render(found: list[Found], directory: Path) -> Group | Text:
         health = data.get("health", {})
         verdict = f"STALE: {f.stale}" if f.stale else str(health.get("status", "unknown")).upper()
         style = "red" if f.stale or health.get("status") != "healthy" else "green"
-        written = datetime.fromtimestamp(float(data.get("written_at", 0)), timezone.utc)
+        try:
+            written = f"{datetime.fromtimestamp(float(data.get('written_at', 0)), timezone.utc):%H:%M:%S} UTC"
+        except (OverflowError, ValueError, OSError):
+            written = "at an impossible time"
         team = f" team {data['team']}" if data.get("team") else ""
         running = data.get("running", [])
         head = Text.assemble(
             (f"{verdict}", f"bold {style}"),
             f"  scheduler pid {data.get('pid')}{team}, {data.get('launcher')} launcher, "
             f"{len(running)}/{data.get('parallelism')} slots used, {data.get('waiting', 0)} waiting, "
-            f"loop lag {data.get('loop_lag_ms')} ms, written {written:%H:%M:%S} UTC",
+            f"loop lag {data.get('loop_lag_ms')} ms, written {written}",
         )
         parts.append(head)
         if health.get("reason"):
@@ -94,12 +97,13 @@ def render(found: list[Found], directory: Path) -> Group | Text:
         for column in ("key", "pid", "queue", "age (s)", "RSS (MB)"):
             table.add_column(column, justify="right" if column != "key" else "left")
         for w in running:
+            age = w.get("age_s")
             table.add_row(
-                str(w["key"]),
-                str(w["pid"]),
-                str(w["queue"] or "-"),
-                f"{w['age_s']:.0f}",
-                str(w["rss_mb"] or "-"),
+                str(w.get("key")),
+                str(w.get("pid")),
+                str(w.get("queue") or "-"),
+                f"{age:.0f}" if isinstance(age, (int, float)) else "-",
+                str(w.get("rss_mb") or "-"),
             )
         parts.append(table)
     return Group(*parts)

@@ -35,14 +35,8 @@ from pathlib import Path
 
 from async_local_executor.core.outcome import Outcome
 from async_local_executor.core.supervisor import Listener
-from async_local_executor.ops.journal_file import (
-    INSTANCE_ENV,
-    SUFFIX,
-    TMP_SUFFIX,
-    create_locked,
-    encode,
-    start_time,
-)
+from async_local_executor.ops.files import write_all
+from async_local_executor.ops.journal_file import INSTANCE_ENV, SUFFIX, encode, install_locked, start_time
 from async_local_executor.ops.reclaim import Survivor, reclaim
 
 __all__ = ["INSTANCE_ENV", "SUFFIX", "LaunchJournal", "RecordingListener", "Survivor", "reclaim"]
@@ -102,8 +96,8 @@ class LaunchJournal:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         instance = uuid.uuid4().hex
         header = encode({"instance": instance, "owner": owner, "pid": os.getpid(), "opened": time.time()})
-        fd = create_locked(directory / f"{instance}{SUFFIX}")
-        os.write(fd, header)
+        # Appears under its name already locked: a reclaimer never takes it for a dead writer's.
+        fd = install_locked(directory / f"{instance}{SUFFIX}", header)
         return cls(directory, fd, instance, header)
 
     def child_env(self, base: Mapping[str, str]) -> dict[str, str]:
@@ -136,7 +130,7 @@ class LaunchJournal:
         if self._fd is None or self._broken:
             return
         try:
-            os.write(self._fd, line)
+            write_all(self._fd, line)
             self._lines += 1
             if self._lines > len(self._live) + _COMPACT_SLACK:
                 self._compact()
@@ -151,17 +145,8 @@ class LaunchJournal:
 
     def _compact(self) -> None:
         assert self._fd is not None
-        tmp = self.directory / f"{self.instance}{TMP_SUFFIX}"
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        fd = create_locked(tmp)
-        try:
-            os.write(fd, self._header + b"".join(self._live.values()))
-            # Locked before it replaces the journal, so there is no moment the name is unlocked.
-            os.replace(tmp, self.path)
-        except OSError:
-            os.close(fd)
-            raise
+        # Locked before it replaces the journal, so there is no moment the name is unlocked.
+        fd = install_locked(self.path, self._header + b"".join(self._live.values()))
         os.close(self._fd)
         self._fd = fd
         self._lines = 1 + len(self._live)

@@ -5,22 +5,40 @@ exclusive ``flock`` by its writer for the writer's whole life. It is JSON lines:
 instance and its owner, then ``{"+": pid, "start": ..., "key": ...}`` per launch and ``{"-": pid}`` per
 exit. Written by :class:`~async_local_executor.ops.journal.LaunchJournal`, read by
 :func:`~async_local_executor.ops.reclaim.reclaim`.
+
+A journal only ever appears under its name already locked: it is written under a fresh name
+(``<instance>.launches.tmp-<random>``), locked, then renamed into place, the lock staying with the
+file. A reclaimer that finds a journal it can lock therefore knows its writer is dead, never that it
+has not locked it yet. Whoever only wants to know whether the writer lives takes a *shared* lock, for
+an instant: a reclaimer that finds only shared locks knows the writer is dead and waits for them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
 
 import psutil
 
+from async_local_executor.ops.files import create_exclusive, fresh_name, open_regular, read_fd, write_all
+
+log = logging.getLogger("async_local_executor.ops.journal")
+
 INSTANCE_ENV = "ASYNC_LOCAL_EXECUTOR_INSTANCE"
 SUFFIX = ".launches"
-TMP_SUFFIX = ".launches.tmp"
+TMP_SUFFIX = ".launches.tmp"  # a compaction cut short, as versions before 0.2 named it
+CREATING = ".tmp-"  # infix of a journal being written, before it is renamed into place, locked
+# /proc's start times have clock-tick resolution; two reads of the same process agree exactly, a
+# different process under a reused pid differs by far more than this.
+SAME_START = 0.05
+# A new journal whose fresh name a reclaimer removed meanwhile is written again under another.
+_ATTEMPTS = 5
 
 Records = dict[int, tuple[float, str]]  # the launches not ended: pid -> (process start time, key)
 
@@ -33,15 +51,70 @@ def start_time(pid: int) -> float | None:
         return None
 
 
-def create_locked(path: Path) -> int:
-    """Create ``path`` (0600, append-only) and lock it; the fd is ours until the process ends."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
+def same_process(pid: int, start: float) -> bool:
+    """Whether ``pid`` still runs as the process that started at ``start`` (not a later one, no zombie)."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        os.close(fd)
-        raise OSError(errno.EAGAIN, f"cannot lock new journal {path}") from exc
-    return fd
+        proc = psutil.Process(pid)
+        return bool(abs(proc.create_time() - start) < SAME_START and proc.status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
+
+
+def _lock_new(fd: int) -> None:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def install_locked(final: Path, content: bytes) -> int:
+    """Write ``content`` to a new file, lock it, and rename it to ``final``: the fd, locked, is ours.
+
+    Between creating the file and locking it, a reclaimer (another scheduler starting) may lock it and
+    remove it for a dead writer's: the rename then finds it gone, and it is written again.
+    """
+    for _ in range(_ATTEMPTS):
+        tmp = fresh_name(final, CREATING)
+        fd = create_exclusive(tmp, os.O_WRONLY | os.O_APPEND)
+        try:
+            _lock_new(fd)
+            write_all(fd, content)
+            os.rename(tmp, final)
+            return fd
+        except (BlockingIOError, FileNotFoundError):
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
+    raise OSError(errno.EAGAIN, f"cannot create the journal {final}: removed {_ATTEMPTS} times meanwhile")
+
+
+def holder_alive(path: Path) -> bool | None:
+    """Whether a live writer holds the journal ``path``; None when there is no journal to ask.
+
+    Takes a shared lock for an instant, which a live writer's exclusive lock refuses (in any pid
+    namespace: the lock is the kernel's).
+    """
+    for _ in range(3):
+        try:
+            fd = open_regular(path)
+        except OSError:
+            return None  # gone, or not a journal
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            try:
+                if os.fstat(fd).st_ino == path.stat().st_ino:
+                    return False
+            except FileNotFoundError:
+                return None
+            # Replaced since we opened it: its writer compacted it, so look again.
+        finally:
+            os.close(fd)
+    return True  # compacted under us every time: its writer is busy, hence alive
 
 
 def encode(entry: Mapping[str, object]) -> bytes:
@@ -49,21 +122,45 @@ def encode(entry: Mapping[str, object]) -> bytes:
     return json.dumps(entry, separators=(",", ":")).encode() + b"\n"
 
 
-def read(fd: int) -> tuple[dict[str, object], Records]:
-    """The header and the launches still open, from a journal's whole content."""
-    with os.fdopen(os.dup(fd), "rb") as stream:
-        lines = stream.read().splitlines()
+def read(fd: int, path: Path | None = None) -> tuple[dict[str, object], Records]:
+    """The header and the launches still open, from a journal's whole content.
+
+    Lines that are not this format's (a line cut short by a crash, another version's, garbage) are
+    skipped; if any but a cut-short last line was, one warning names ``path``.
+    """
+    lines = read_fd(fd).splitlines()
     header: dict[str, object] = {}
     live: Records = {}
+    foreign = 0
     for number, raw in enumerate(lines):
         try:
             entry = json.loads(raw)
-        except ValueError:
-            continue  # a line cut short by the crash
-        if number == 0:
-            header = entry
-        elif "+" in entry:
-            live[int(entry["+"])] = (float(entry["start"]), str(entry["key"]))
-        elif "-" in entry:
-            live.pop(int(entry["-"]), None)
+        except (ValueError, RecursionError):
+            foreign += number != len(lines) - 1  # the last line may have been cut short by a crash
+            continue
+        try:
+            if not isinstance(entry, dict):
+                raise TypeError(type(entry).__name__)
+            if number == 0:
+                header = entry
+            elif "+" in entry:
+                live[_pid(entry["+"])] = (float(entry["start"]), str(entry["key"]))
+            elif "-" in entry:
+                live.pop(_pid(entry["-"]), None)
+            else:
+                raise KeyError("+")
+        except (ValueError, TypeError, KeyError):
+            foreign += 1
+    if foreign:
+        log.warning(
+            "skipped %d line(s) of the launch journal %s that are not in this version's format",
+            foreign,
+            path or f"fd {fd}",
+        )
     return header, live
+
+
+def _pid(value: object) -> int:
+    if type(value) is not int or value <= 0:
+        raise ValueError(f"not a pid: {value!r}")
+    return value

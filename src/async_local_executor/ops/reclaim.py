@@ -20,14 +20,23 @@ from pathlib import Path
 
 import psutil
 
-from async_local_executor.ops.journal_file import INSTANCE_ENV, SUFFIX, TMP_SUFFIX, Records, read, start_time
+from async_local_executor.ops.files import open_regular
+from async_local_executor.ops.journal_file import (
+    CREATING,
+    INSTANCE_ENV,
+    SAME_START,
+    SUFFIX,
+    TMP_SUFFIX,
+    Records,
+    read,
+    start_time,
+)
 
 # The logger its lines had before it left the journal module, so logging set-ups that name it still apply.
 log = logging.getLogger("async_local_executor.ops.journal")
 
-# /proc's start times have clock-tick resolution; two reads of the same process agree exactly, a
-# different process under a reused pid differs by far more than this.
-_SAME_START = 0.05
+# How long a dead writer's journal may stay share-locked by readers before it is left for next time.
+_READERS_WAIT = 1.0
 
 
 @dataclass(frozen=True)
@@ -46,6 +55,8 @@ def reclaim(directory: Path, *, timeout: float = 10.0) -> list[Survivor]:
     """Kill what dead executor instances left running, remove their journals, and say what was killed.
 
     Journals still locked belong to live executors (another scheduler on this host) and are left alone.
+    A file that is not a journal (another version's lines, a link, a directory) is skipped with a
+    warning naming it: nothing in the directory makes this raise.
 
     :param timeout: how long to wait for killed processes to be gone; what is still there is logged
     """
@@ -53,46 +64,84 @@ def reclaim(directory: Path, *, timeout: float = 10.0) -> list[Survivor]:
         return []
     with contextlib.suppress(OSError):
         directory.chmod(0o700)
-    killed: list[Survivor] = []
-    for path in sorted(directory.glob(f"*{TMP_SUFFIX}")):
+    # Writes cut short: a compaction (its journal still holds every record), or a new journal never
+    # renamed into place (nothing was launched under it).
+    for path in sorted({*directory.glob(f"*{TMP_SUFFIX}"), *directory.glob(f"*{SUFFIX}{CREATING}*")}):
         with _dead_owner(path) as fd:
             if fd is not None:
-                path.unlink()  # a compaction cut short; its journal still holds every record
+                path.unlink(missing_ok=True)
+    killed: list[Survivor] = []
     for path in sorted(directory.glob(f"*{SUFFIX}")):
-        with _dead_owner(path) as fd:
-            if fd is None:
-                continue
-            header, records = read(fd)
-            instance = str(header.get("instance", path.name.removesuffix(SUFFIX)))
-            found = _survivors(instance, str(header.get("owner", "?")), records)
-            _kill(found, timeout)
-            killed += found
-            path.unlink()
+        try:
+            killed += _reclaim_one(path, timeout)
+        except OSError as exc:
+            log.warning("cannot reclaim the launch journal %s: %s", path, exc)
     return killed
+
+
+def _reclaim_one(path: Path, timeout: float) -> list[Survivor]:
+    with _dead_owner(path) as fd:
+        if fd is None:
+            return []
+        header, records = read(fd, path)
+        # Its own name, not what it says inside: the mark of no other instance's processes.
+        instance = path.name.removesuffix(SUFFIX)
+        found = _survivors(instance, str(header.get("owner", "?")), records)
+        _kill(found, timeout)
+        path.unlink()
+        return found
 
 
 @contextlib.contextmanager
 def _dead_owner(path: Path) -> Iterator[int | None]:
     """Yield an fd of ``path`` locked by us, or None while its owner lives (or it is gone)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_regular(path)
     except FileNotFoundError:
         yield None
         return
+    except OSError as exc:
+        log.warning("skipped %s in the state directory: %s", path, exc.strerror or exc)
+        yield None
+        return
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield None
-            return
-        try:
-            same = os.fstat(fd).st_ino == path.stat().st_ino
-        except FileNotFoundError:
-            same = False
         # Otherwise its owner closed it or compacted it since we opened it: alive, or done with it.
-        yield fd if same else None
+        yield fd if _lock_if_dead(fd, path) and _still_named(fd, path) else None
     finally:
         os.close(fd)
+
+
+def _lock_if_dead(fd: int, path: Path) -> bool:
+    """Lock ``fd`` exclusively if its writer is dead; False while it lives."""
+    deadline = time.monotonic() + _READERS_WAIT
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            pass
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # locked exclusively: by its live writer (or by another reclaimer)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        # Shared locks only: whoever holds them is asking, for an instant, whether the writer lives.
+        if time.monotonic() > deadline:
+            log.warning("%s stayed locked by readers for %.0fs: skipped", path, _READERS_WAIT)
+            return False
+        _pause()
+
+
+def _pause() -> None:
+    time.sleep(0.005)  # a reader holds its shared lock for a few microseconds
+
+
+def _still_named(fd: int, path: Path) -> bool:
+    try:
+        mine, named = os.fstat(fd), os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return (mine.st_dev, mine.st_ino) == (named.st_dev, named.st_ino)
 
 
 def _survivors(instance: str, owner: str, records: Records) -> list[Survivor]:
@@ -106,7 +155,7 @@ def _survivors(instance: str, owner: str, records: Records) -> list[Survivor]:
             continue  # another user's processes are not ours, nor is their environment readable
         ours.append(proc)
         record = records.get(proc.pid)
-        if record is not None and abs(record[0] - float(proc.info["create_time"])) < _SAME_START:
+        if record is not None and abs(record[0] - float(proc.info["create_time"])) < SAME_START:
             leaders[proc.pid] = record[1]
     found: list[Survivor] = []
     for proc in ours:

@@ -1,7 +1,7 @@
-"""The status file each executor keeps current, and reading it back for ``async-local-executor status``.
+"""The status file each executor keeps current (read back by :mod:`~async_local_executor.ops.status_read`).
 
 One JSON file per executor instance, ``status.<instance>.json`` in the state directory, 0600, replaced
-atomically (write a temporary file, then rename) so a reader never sees half of one. It is written in a
+atomically (write a fresh temporary file, then rename) so a reader never sees half of one. It is written in a
 worker thread of the event loop, never on the scheduler's thread, and it is where the per-workload
 memory is read (``/proc`` reads for every running workload do not belong on the loop either). Nothing
 here knows Airflow.
@@ -14,7 +14,6 @@ import json
 import os
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +21,24 @@ import psutil
 
 from async_local_executor.core.admission import MB
 from async_local_executor.core.health import Report
+from async_local_executor.ops.files import replace_atomically
+from async_local_executor.ops.journal_file import start_time
+from async_local_executor.ops.status_read import PREFIX, STALE_AFTER, START_KEY, SUFFIX, Found, read_all
 
-PREFIX = "status."
-SUFFIX = ".json"
-# A report older than this comes from an executor whose loop (or whole scheduler) has stopped.
-STALE_AFTER = 15.0
+__all__ = [
+    "PREFIX",
+    "STALE_AFTER",
+    "START_KEY",
+    "SUFFIX",
+    "Found",
+    "StatusWriter",
+    "document",
+    "read_all",
+    "status_path",
+    "tree_rss",
+]
+
+TMP_INFIX = ".tmp-"  # status.<instance>.json.tmp-<random>: a write not yet renamed into place
 
 
 def status_path(directory: Path, instance: str) -> Path:
@@ -110,65 +122,24 @@ def document(report: Report, meta: Mapping[str, Any], now: float | None = None) 
 
 
 class StatusWriter:
-    """Writes one instance's status file; :meth:`write` runs in a worker thread."""
+    """Writes one instance's status file; :meth:`write` runs in a worker thread.
+
+    ``meta`` gets the writer's pid and its process's start time unless it names them: a reader tells
+    by both whether the writer still runs (see :mod:`~async_local_executor.ops.status_read`).
+    """
 
     def __init__(self, path: Path, meta: Mapping[str, Any]) -> None:
         self.path = path
-        self._meta = dict(meta)
+        self._meta = {"pid": os.getpid(), **meta}
+        if self._meta.get(START_KEY) is None:
+            self._meta[START_KEY] = start_time(int(self._meta["pid"]))
 
     def write(self, report: Report) -> None:
         data = json.dumps(document(report, self._meta), indent=1).encode()
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
+        # A fresh name each time, created exclusively: nothing planted under a predictable name (a link
+        # to another file, say) is followed or overwritten.
+        replace_atomically(self.path, data, TMP_INFIX)
 
     def remove(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
-
-
-@dataclass(frozen=True)
-class Found:
-    """One status file as read back, with what the reader could tell about its freshness."""
-
-    path: Path
-    data: dict[str, Any]
-    stale: str | None  # why it cannot be trusted, or None when it is current
-    gone: bool = False  # its scheduler is no longer running: nothing will ever update or remove it
-
-    @property
-    def healthy(self) -> bool:
-        return self.stale is None and self.data.get("health", {}).get("status") == "healthy"
-
-
-def _running(pid: int) -> bool:
-    # A killed scheduler nobody has reaped yet is a zombie: it exists, and runs nothing.
-    try:
-        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
-    except psutil.Error:
-        return False
-
-
-def read_all(directory: Path, now: float | None = None) -> list[Found]:
-    """Every status file in ``directory``, each marked stale when its writer is gone or silent."""
-    now = time.time() if now is None else now
-    found: list[Found] = []
-    for path in sorted(directory.glob(f"{PREFIX}*{SUFFIX}")):
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue  # removed or replaced while we looked
-        pid = int(data.get("pid", 0))
-        age = now - float(data.get("written_at", 0))
-        stale = None
-        gone = not pid or not _running(pid)
-        if gone:
-            stale = f"scheduler pid {pid} is not running"
-        elif age > STALE_AFTER:
-            stale = f"not updated for {age:.0f}s"
-        found.append(Found(path, data, stale, gone))
-    return found

@@ -1,0 +1,245 @@
+"""Status files that are stale, foreign or planted: judged by their writer's journal lock and start time,
+skipped when unreadable, written without following anything planted."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from async_local_executor.core.health import Health, Report, Verdict
+from async_local_executor.core.state import SupervisorState
+from async_local_executor.ops import cli, files, recovery
+from async_local_executor.ops.journal import LaunchJournal
+from async_local_executor.ops.journal_file import SUFFIX
+from async_local_executor.ops.status import START_KEY, StatusWriter, read_all, status_path
+from tests.core.helpers import GUARD
+from tests.core.test_registry import SLEEP, read_line
+
+# Above the kernel's largest pid (pid_max is at most 2**22): a pid of another namespace, not of ours.
+FOREIGN_PID = 2**22 + 7
+
+# An executor stand-in elsewhere (another container sharing the state directory): it holds a journal
+# and prints its instance.
+HOLDER = """
+import sys, time
+from pathlib import Path
+from async_local_executor.ops.journal import LaunchJournal
+journal = LaunchJournal.open(Path(sys.argv[1]), owner="other namespace")
+print(journal.instance, flush=True)
+time.sleep(600)
+"""
+
+
+def report() -> Report:
+    state = SupervisorState(
+        running=(),
+        waiting=0,
+        oldest_waiting_since=None,
+        memory_low=False,
+        memory_floor=0,
+        available_memory=None,
+        launcher_problem=None,
+        recent_failures=(),
+        last_launched_at=None,
+        launched_total=0,
+        memory_waits_total=0,
+        outcomes_total={},
+    )
+    return Report(time.monotonic(), 0.0, 0.0, Health(Verdict.HEALTHY), state)
+
+
+def write(directory: Path, instance: str, **meta: Any) -> Path:
+    writer = StatusWriter(status_path(directory, instance), {"instance": instance, **meta})
+    writer.write(report())
+    return writer.path
+
+
+@pytest.fixture
+def stranger() -> Iterator[psutil.Process]:
+    proc = subprocess.Popen(SLEEP)
+    yield psutil.Process(proc.pid)
+    proc.kill()
+    proc.wait()
+
+
+def test_the_writer_records_its_process_start_time(tmp_path: Path) -> None:
+    data = json.loads(write(tmp_path, "me").read_text())
+    assert data["pid"] == os.getpid()
+    assert data[START_KEY] == psutil.Process().create_time()
+
+
+@pytest.mark.parametrize("reused_by", ["this scheduler", "another process"])
+def test_a_crashed_schedulers_file_goes_though_its_pid_now_runs_another_process(
+    tmp_path: Path, stranger: psutil.Process, reused_by: str
+) -> None:
+    # A container restarted with its filesystem kept: the crashed scheduler's pid is reused.
+    pid = os.getpid() if reused_by == "this scheduler" else stranger.pid
+    crashed = psutil.Process(pid).create_time() - 1000.0
+    path = write(tmp_path, "crashed", pid=pid, **{START_KEY: crashed})
+
+    [found] = read_all(tmp_path)
+    assert found.gone
+    assert found.stale == f"scheduler pid {pid} is not running"
+    recovery.reclaim_then_open(tmp_path, owner="successor").close()
+    assert not path.exists()
+    assert cli.main(["status", "--check", "--state-dir", str(tmp_path)]) == 2
+
+
+def test_a_live_executor_in_another_pid_namespace_keeps_its_file_until_it_dies(tmp_path: Path) -> None:
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        instance = read_line(holder).strip()
+        # Its pid means nothing here: only its journal's lock tells that it lives.
+        path = write(tmp_path, instance, pid=FOREIGN_PID, **{START_KEY: 1.0})
+        [found] = read_all(tmp_path)
+        assert (found.gone, found.stale) == (False, None)
+        recovery.reclaim_then_open(tmp_path, owner="neighbour").close()
+        assert path.exists()
+    finally:
+        holder.kill()
+        holder.wait(GUARD)
+    [found] = read_all(tmp_path)
+    assert found.gone
+    recovery.reclaim_then_open(tmp_path, owner="successor").close()
+    assert list(tmp_path.iterdir()) == []
+
+
+def old_format(directory: Path, instance: str, pid: int) -> Path:
+    path = status_path(directory, instance)
+    path.write_text(json.dumps({"instance": instance, "pid": pid, "written_at": time.time()}))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("journal", "pid", "alive"),
+    [
+        ("none", "stranger", True),
+        ("none", "foreign", False),
+        ("none", "mine", False),  # this process writes the start time: the file is a predecessor's
+        ("locked", "stranger", True),
+        ("locked", "foreign", False),  # cannot tell from another namespace's: taken for dead
+        ("unlocked", "stranger", False),
+    ],
+)
+def test_an_older_versions_file_is_alive_only_while_its_pid_runs_and_its_journal_is_held(
+    tmp_path: Path, stranger: psutil.Process, journal: str, pid: str, alive: bool
+) -> None:
+    pids = {"stranger": stranger.pid, "foreign": FOREIGN_PID, "mine": os.getpid()}
+    instance = "old"
+    held = None
+    if journal == "locked":
+        held = LaunchJournal.open(tmp_path, owner="old")
+        instance = held.instance
+    elif journal == "unlocked":
+        (tmp_path / f"{instance}{SUFFIX}").write_text("{}\n")
+    old_format(tmp_path, instance, pids[pid])
+    [found] = read_all(tmp_path)
+    assert found.gone is not alive
+    if held is not None:
+        held.close()
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["[]", "3", '"x"', "null", "{}", '{"pid": "7", "written_at": 1}', '{"pid": 7, "written_at": "x"}',
+     '{"pid": 7, "written_at": 1, "health": []}', '{"pid": 7, "written_at": 1, "running": [3]}',
+     '{"pid": 7, "written_at": 1e999}', "[" * 100_000, "\x00\xff"],
+)  # fmt: skip
+def test_a_file_that_is_not_a_status_file_is_skipped_with_one_warning(
+    tmp_path: Path, content: str, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = status_path(tmp_path, "bad")
+    path.write_text(content)
+    caplog.set_level(logging.WARNING, "async_local_executor.ops.status")
+
+    assert read_all(tmp_path) == []
+    recovery.reclaim_then_open(tmp_path, owner="unbothered").close()
+    assert cli.main(["status", "--check", "--state-dir", str(tmp_path)]) == 2
+    assert "no executor status found" in capsys.readouterr().out
+
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert str(path) in warning
+    assert path.exists()  # whose it is cannot be told: left alone
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo", "link"])
+def test_what_is_not_a_regular_file_under_a_status_files_name_is_skipped_without_blocking(
+    tmp_path: Path, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = status_path(tmp_path, kind)
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)  # opened for reading without a writer, an ordinary open would block for ever
+    else:
+        write(tmp_path, "target")
+        path.symlink_to(status_path(tmp_path, "target"))
+    caplog.set_level(logging.WARNING, "async_local_executor.ops.status")
+
+    assert [f.path for f in read_all(tmp_path)] == (
+        [status_path(tmp_path, "target")] if kind == "link" else []
+    )
+    assert any(str(path) in r.getMessage() for r in caplog.records)
+
+
+def test_a_status_file_is_written_whole_across_short_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = os.write
+    calls: list[int] = []
+
+    def short(fd: int, data: bytes | memoryview) -> int:
+        calls.append(fd)
+        return real(fd, bytes(data[:7]))
+
+    monkeypatch.setattr(os, "write", short)
+    path = write(tmp_path, "short", parallelism=3)
+    monkeypatch.undo()
+
+    assert len(calls) > 10
+    data = json.loads(path.read_text())
+    assert (data["instance"], data["parallelism"]) == ("short", 3)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_the_status_writer_follows_no_link_planted_beside_its_file(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    final = status_path(tmp_path, "planted")
+    # The fixed temporary name earlier versions wrote through, and the link would send the write to.
+    (tmp_path / f".{final.name}.tmp").symlink_to(victim)
+
+    write(tmp_path, "planted")
+
+    assert victim.read_text() == "precious"
+    assert json.loads(final.read_text())["instance"] == "planted"
+
+
+def test_a_write_refuses_a_name_that_is_already_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    taken = tmp_path / "taken"
+    taken.symlink_to(victim)
+    monkeypatch.setattr(files, "fresh_name", lambda final, infix: taken)
+
+    with pytest.raises(FileExistsError):
+        files.replace_atomically(tmp_path / "final", b"new", ".tmp-")
+
+    assert victim.read_text() == "precious"
+    assert not (tmp_path / "final").exists()
