@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 
 from async_local_executor.core.launchers.forkserver_helper import Helper
-from async_local_executor.core.launchers.forkserver_protocol import decode, size_buffers
+from async_local_executor.core.launchers.forkserver_protocol import MAX_MESSAGE, decode, size_buffers
+from tests.core.helpers import GUARD
 
 
 def test_the_helper_never_blocks_on_a_full_channel() -> None:
@@ -34,3 +37,29 @@ def test_the_helper_never_blocks_on_a_full_channel() -> None:
     assert [decode(loop_end.recv(1 << 20))["id"] for _ in range(2)] == [1, 2]
     loop_end.close()
     helper_end.close()
+
+
+def test_the_helper_names_the_preload_that_started_a_thread_and_does_not_serve() -> None:
+    # In place of "ready": forking with a second thread running could copy a held lock into every
+    # workload. Only the module that started it is blamed, not the preloads around it.
+    loop_end, helper_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    preloads = ["decimal", "tests.core.forkserver_threaded", "fractions"]
+    argv = [sys.executable, "-m", "async_local_executor.core.launchers.forkserver_helper"]
+    argv += ["--fd", str(helper_end.fileno()), "--parent-pid", str(os.getpid())]
+    argv += ["--target", "tests.core.forkserver_targets:python_c"]
+    for module in preloads:
+        argv += ["--preload", module]
+    helper = subprocess.Popen(argv, pass_fds=[helper_end.fileno()])
+    helper_end.close()
+    try:
+        loop_end.settimeout(GUARD)
+        message = decode(loop_end.recv(MAX_MESSAGE))
+    finally:
+        loop_end.close()  # a helper that went on serving exits on this EOF
+        returncode = helper.wait(GUARD)
+    assert returncode == 1
+    assert message["op"] == "unfit"
+    error = message["error"]
+    assert error.startswith("preloading tests.core.forkserver_threaded started 1 thread (sdk-exporter); ")
+    assert "decimal" not in error
+    assert "fractions" not in error

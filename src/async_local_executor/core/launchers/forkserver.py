@@ -10,8 +10,9 @@ This module is the policy: when a helper starts, is replaced or is stopped while
 launch goes to the fallback launcher instead. One helper as the loop sees it (its handshake, requests
 and watchdog) is :mod:`~async_local_executor.core.launchers.forkserver_process`. A helper that dies,
 hangs or is replaced costs no running workload: requests it had not started are retried on a fresh
-helper. If a helper cannot start at all, launches go to the fallback launcher from then on, with one
-warning.
+helper. If a helper cannot start at all, or must not fork (a preload started threads), launches go to
+the fallback launcher from then on, with one warning. A request too large for the channel goes to the
+fallback alone: it says nothing about the helper.
 """
 
 from __future__ import annotations
@@ -30,8 +31,14 @@ from typing_extensions import Self
 from async_local_executor.core.clock import SYSTEM, Clock
 from async_local_executor.core.errors import LaunchError
 from async_local_executor.core.launchers.base import Child, Launcher, LaunchRequest, OutputSink
-from async_local_executor.core.launchers.forkserver_channel import Channel
-from async_local_executor.core.launchers.forkserver_process import HELPER_KEY, HelperDied, HelperProcess
+from async_local_executor.core.launchers.forkserver_channel import Channel, MessageTooLarge
+from async_local_executor.core.launchers.forkserver_process import (
+    HELPER_KEY,
+    HelperDied,
+    HelperProcess,
+    HelperUnfit,
+)
+from async_local_executor.core.launchers.forkserver_protocol import BUFFER
 from async_local_executor.core.launchers.output import discard
 
 # HELPER_KEY stays importable from here: it names the launcher's own output to the sink.
@@ -63,6 +70,8 @@ class ForkServerLauncher:
         it with the first launch and stop it after that many seconds without a launch (the next
         launch starts a new one), trading the helper's start time for its memory while idle
     :param clock: what the watchdog's ticks, the restart delay and the idle time are measured on
+    :param channel_buffer: the socket buffer size asked for each helper's channel; the kernel may grant
+        less, and a request that does not fit what it granted goes to the fallback
     """
 
     def __init__(
@@ -80,6 +89,7 @@ class ForkServerLauncher:
         idle_timeout: float | None = None,
         restart_delay: float = 1.0,
         clock: Clock = SYSTEM,
+        channel_buffer: int = BUFFER,
     ) -> None:
         if ":" not in target:
             raise ValueError(f"target must look like module:function, got {target!r}")
@@ -95,6 +105,7 @@ class ForkServerLauncher:
         self._idle_timeout = idle_timeout
         self._restart_delay = restart_delay
         self._clock = clock
+        self._channel_buffer = channel_buffer
         self._helper: HelperProcess | None = None
         self._disabled: str | None = None
         self._lock = anyio.Lock()
@@ -149,7 +160,13 @@ class ForkServerLauncher:
                 return await helper.spawn(request)
             except HelperDied:
                 continue  # nothing was started for this request: a fresh helper may take it
-            except OverflowError as exc:
+            except MessageTooLarge as exc:
+                # The request's fault, not the helper's: it stays, and takes the next launch.
+                return await self._launch_fallback(request, f"its launch request of {exc}", say=True)
+            except HelperUnfit as exc:
+                # Its successor would run the same preloads: no helper from now on, rather than a loop.
+                self._disable(f"the fork server stopped forking: {exc}")
+                helper.close()
                 return await self._launch_fallback(request, str(exc))
         raise LaunchError("fork server died twice while starting this workload")
 
@@ -161,7 +178,7 @@ class ForkServerLauncher:
                 return  # disabled: every launch takes the fallback
             started = self._clock.monotonic()
             await helper.retired.wait()
-            if self._closing:
+            if self._closing or self._disabled is not None:
                 return
             # A helper that keeps dying soon after it starts (its preload crashing, the OOM killer) is
             # restarted less and less often; launches meanwhile start one on demand anyway.
@@ -189,10 +206,17 @@ class ForkServerLauncher:
             with anyio.move_on_after(10):
                 await helper.gone.wait()
 
-    async def _launch_fallback(self, request: LaunchRequest, why: str) -> Child:
+    async def _launch_fallback(self, request: LaunchRequest, why: str, *, say: bool = False) -> Child:
         if self._fallback is None:
             raise LaunchError(f"cannot launch through the fork server: {why}")
+        if say:
+            log.warning("workload %s: %s; starting it as a fresh interpreter instead", request.key, why)
         return await self._fallback.launch(request)
+
+    def _disable(self, why: str) -> None:
+        if self._disabled is None:
+            self._disabled = why
+            log.warning("%s; launching every workload as a fresh interpreter from now on", why)
 
     async def _current(self) -> HelperProcess | None:
         async with self._lock:
@@ -203,14 +227,13 @@ class ForkServerLauncher:
             try:
                 self._helper = await self._start_helper()
             except LaunchError as exc:
-                self._disabled = str(exc)
-                log.warning("%s; launching every workload as a fresh interpreter from now on", exc)
+                self._disable(str(exc))
                 return None
             return self._helper
 
     async def _start_helper(self) -> HelperProcess:
         assert self._tg is not None, "use the launcher as an async context manager"
-        channel, theirs = Channel.pair()
+        channel, theirs = Channel.pair(buffer=self._channel_buffer)
         argv = [
             self._python,
             "-m",

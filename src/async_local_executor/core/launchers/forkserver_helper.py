@@ -39,6 +39,7 @@ from async_local_executor.core.launchers.forkserver_protocol import (
     encode,
     size_buffers,
 )
+from async_local_executor.core.launchers.forkserver_threads import ThreadCensus
 from async_local_executor.core.lifeline import EXIT_ORPHANED, die_with_parent
 
 # Signals whose handlers a child must not inherit from the helper.
@@ -53,6 +54,9 @@ _RESET_SIGNALS = (
 
 Target = Callable[[list[str], bytes], int]
 
+# How long the startup check waits for Python threads that a preload started for a one-off job.
+THREAD_SETTLE = 1.0
+
 
 def resolve(target: str) -> Target:
     """Import ``module:function``."""
@@ -66,10 +70,13 @@ def resolve(target: str) -> Target:
 
 
 class Helper:
-    def __init__(self, sock: socket.socket, target: Target, parent_pid: int) -> None:
+    def __init__(
+        self, sock: socket.socket, target: Target, parent_pid: int, census: ThreadCensus | None = None
+    ) -> None:
         self._sock = sock
         self._target = target
         self._parent_pid = parent_pid
+        self._census = census or ThreadCensus()
         self._outbox: collections.deque[bytes] = collections.deque()
 
     def serve(self) -> int:
@@ -120,11 +127,15 @@ class Helper:
         argv = [str(a) for a in message["argv"]]
         sys.stdout.flush()
         sys.stderr.flush()
-        try:
-            pid = fork_sibling()
-        except OSError as exc:
-            self._send({"op": "spawn_failed", "id": request_id, "error": f"fork failed: {exc.strerror}"})
-            pid = -1
+        pid = -1
+        if (why := self._census.unfit()) is not None:
+            # A thread started since startup: this helper must not fork again (the loop stops using it).
+            self._send({"op": "spawn_failed", "id": request_id, "error": why, "unfit": True})
+        else:
+            try:
+                pid = fork_sibling()
+            except OSError as exc:
+                self._send({"op": "spawn_failed", "id": request_id, "error": f"fork failed: {exc.strerror}"})
         if pid == 0:
             _become_child(out_fd, control_fd, argv, self._target, self._parent_pid)
         # The child holds its own copies; once ours are closed, the loop's end of the control socket
@@ -216,24 +227,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     sock = socket.socket(fileno=args.fd)
     size_buffers(sock)
-    target = resolve(args.target)
+    census = ThreadCensus()
+    with census.watching(args.target.partition(":")[0]):
+        target = resolve(args.target)
     # The target's module may name its own heavy imports; everything imported now is shared
     # copy-on-write by every child.
     owner = sys.modules[target.__module__]
     if callable(preload := getattr(owner, "preload", None)):
-        preload()
+        with census.watching(f"{target.__module__}.preload()"):
+            preload()
     for module in args.preload:
         try:
-            importlib.import_module(module)
+            with census.watching(module):
+                importlib.import_module(module)
         except Exception as exc:  # noqa: BLE001 - a bad preload entry costs speed, not correctness
             print(
                 f"fork server: cannot preload {module!r}, skipping it: {exc!r}", file=sys.stderr, flush=True
             )
+    census.settle(THREAD_SETTLE)
+    if (why := census.unfit()) is not None:
+        # Said on the channel, in place of "ready": the loop stops asking for a helper and launches
+        # every workload without one, instead of starting helper after helper that would refuse too.
+        sock.send(encode({"op": "unfit", "error": why}))
+        return 1
     # Moved to a permanent generation, the imported objects are never touched by a child's GC, so
     # their pages stay shared.
     gc.collect()
     gc.freeze()
-    return Helper(sock, target, args.parent_pid).serve()
+    return Helper(sock, target, args.parent_pid, census).serve()
 
 
 if __name__ == "__main__":

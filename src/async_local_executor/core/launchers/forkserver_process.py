@@ -25,7 +25,7 @@ import psutil
 from async_local_executor.core.clock import SYSTEM, Clock
 from async_local_executor.core.errors import LaunchError
 from async_local_executor.core.launchers.base import LaunchRequest, OutputSink
-from async_local_executor.core.launchers.forkserver_channel import Channel, ChannelClosed, frame
+from async_local_executor.core.launchers.forkserver_channel import Channel, ChannelClosed
 from async_local_executor.core.launchers.forkserver_child import ForkServerChild
 from async_local_executor.core.launchers.output import LineSplitter, drain_stream
 
@@ -42,12 +42,17 @@ class HelperDied(Exception):
     """The helper went away before it started this request: safe to retry on a new one."""
 
 
+class HelperUnfit(LaunchError):
+    """The helper refused to fork because it is no longer single-threaded; it will refuse every request."""
+
+
 @dataclass(eq=False)
 class _Spawn:
     """A spawn request the helper has not answered: what the loop learns of it from the channel."""
 
     resolved: anyio.Event = field(default_factory=anyio.Event)  # the helper refused it, or is gone
     error: str | None = None
+    unfit: bool = False  # refused because the helper must fork nothing more
 
 
 def kernel_state(pid: int) -> str:
@@ -138,6 +143,8 @@ class HelperProcess:
             message = await self._channel.receive()
             if message is None:
                 return "it exited during startup (its output is in the log above)"
+            if message.get("op") == "unfit":
+                return str(message.get("error"))
             if message.get("op") != "ready":
                 return f"unexpected first message {message!r}"
             self.pid = int(message["pid"])
@@ -146,7 +153,7 @@ class HelperProcess:
 
     async def spawn(self, request: LaunchRequest) -> ForkServerChild:
         request_id = next(self._ids)
-        message = frame({"op": "spawn", "id": request_id, "argv": list(request.argv)})
+        message = self._channel.frame({"op": "spawn", "id": request_id, "argv": list(request.argv)})
         try:
             read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
         except OSError as exc:  # EMFILE/ENFILE: a launch failure to report, not a crash of ours
@@ -184,7 +191,7 @@ class HelperProcess:
             os.close(read_fd)
             control.close()
             if spawn.error is not None:
-                raise LaunchError(spawn.error)
+                raise (HelperUnfit if spawn.unfit else LaunchError)(spawn.error)
             if self.retired.is_set():
                 raise HelperDied
             raise LaunchError("the workload process ended before it could start")
@@ -239,6 +246,7 @@ class HelperProcess:
         spawn = self._pending.get(int(message["id"]))
         if spawn is not None:
             spawn.error = str(message.get("error", "spawn failed"))
+            spawn.unfit = bool(message.get("unfit"))
             spawn.resolved.set()
 
     def _abandon(self) -> None:

@@ -4,8 +4,10 @@ One ``SOCK_SEQPACKET`` socket joins them, one JSON object per message, so messag
 
     loop -> helper   {"op": "spawn", "id", "argv"}  + [write end of the child's output pipe, child's control socket]
                      {"op": "ping", "id"}
-    helper -> loop   {"op": "ready", "pid"}
-                     {"op": "spawn_failed", "id", "error"}
+    helper -> loop   {"op": "ready", "pid"}     or, in its place, {"op": "unfit", "error"}: it must not
+                                                fork (a preload started threads) and exits
+                     {"op": "spawn_failed", "id", "error"}   with "unfit": true when a thread has
+                                                started since: it forks nothing more
                      {"op": "pong", "id"}
 
 A forked child says its pid on its own control socket (``"<pid>\\n"``); the loop then sends it
@@ -21,9 +23,11 @@ import json
 import socket
 from typing import Any
 
-# SEQPACKET messages are bounded by the socket buffers; both ends raise them to this, and a larger
-# spawn request goes through the plain launcher instead.
+# SEQPACKET messages are bounded by the socket buffers; both ends ask for buffers that fit this, and a
+# larger spawn request goes through the plain launcher instead. The kernel may grant less
+# (net.core.wmem_max): the loop's end reads back what it got (see forkserver_channel).
 MAX_MESSAGE = 1024 * 1024
+BUFFER = MAX_MESSAGE + 4096
 # The first byte the loop sends on a child's control socket: run. EOF before it: exit, run nothing.
 GO = b"1"
 
@@ -39,6 +43,7 @@ def decode(data: bytes) -> dict[str, Any]:
     return message
 
 
-def size_buffers(sock: socket.socket) -> None:
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_MESSAGE + 4096)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, MAX_MESSAGE + 4096)
+def size_buffers(sock: socket.socket, size: int = BUFFER) -> None:
+    """Ask for ``size``-byte buffers; Linux grants twice that, capped at twice net.core.[rw]mem_max."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)
