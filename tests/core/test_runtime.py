@@ -98,3 +98,49 @@ def test_the_loop_thread_carries_its_name_in_the_kernel() -> None:
     finally:
         runtime.shutdown(0.0, timeout=GUARD)
     assert name == THREAD_NAME
+
+
+class Records(logging.Handler):
+    """Collects one logger's records and lets a test wait for the next one instead of sleeping."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+        self._arrived = threading.Condition()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with self._arrived:
+            self.records.append(record)
+            self._arrived.notify_all()
+
+    def wait(self, count: int = 1) -> None:
+        with self._arrived:
+            assert self._arrived.wait_for(lambda: len(self.records) >= count, GUARD), "nothing logged"
+
+
+def test_a_blocking_call_that_raises_is_logged_once_and_the_loop_lives_on() -> None:
+    records = Records()
+    logger = logging.getLogger("async_local_executor.core.runtime")
+    logger.addHandler(records)
+    runtime = Runtime(plain, use_uvloop=False)
+    runtime.start()
+    try:
+
+        def broken() -> None:
+            raise ValueError("blocking bug")
+
+        runtime.run_blocking(broken)
+        records.wait()  # the contained error, or (before the fix) the loop thread's death
+        ran = threading.Event()
+        runtime.run_blocking(ran.set)
+        assert ran.wait(GUARD), "the loop no longer runs blocking calls"
+        assert runtime.alive
+        assert runtime.failure is None
+    finally:
+        runtime.shutdown(0.0, timeout=GUARD)
+        logger.removeHandler(records)
+    [record] = records.records
+    assert record.levelno == logging.ERROR
+    assert "carries on" in record.getMessage()
+    assert record.exc_info is not None
+    assert isinstance(record.exc_info[1], ValueError)

@@ -509,6 +509,51 @@ async def test_an_internal_error_after_launch_kills_the_process_and_reports_it_l
     assert outcome.reason == "internal error: RuntimeError('listener bug')"
 
 
+def open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+async def test_an_internal_error_after_launch_still_awaits_the_process_and_closes_its_pipes(
+    kind: str,
+) -> None:
+    # A first workload opens what the event loop keeps for every later one (uvloop opens /dev/null).
+    await run_one(kind, py("pass"))
+    before = open_fds()
+    recorder = FailingOnStart()
+    async with serving(recorder, kind) as supervisor:
+        supervisor.submit(LaunchRequest("running", py("import time; time.sleep(600)")))
+        await recorder.until(lambda: recorder.outcomes)
+    # The shutdown waited for the workload's task, which awaited the process it killed.
+    with pytest.raises(psutil.NoSuchProcess):  # reaped: not even a zombie is left
+        psutil.Process(recorder.pids["running"])
+    assert open_fds() == before, "its pipes (or pidfd) are still open"
+    assert recorder.outcome("running").kind is OutcomeKind.LOST
+
+
+class FailingOutput(Recorder):
+    """An output sink with a bug: it raises on one line."""
+
+    def output(self, key: Any, line: str) -> None:
+        super().output(key, line)
+        if line == "bad":
+            raise RuntimeError("sink bug")
+
+
+async def test_an_output_sink_that_raises_loses_lines_not_the_workload(
+    kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    recorder = FailingOutput()
+    async with serving(recorder, kind) as supervisor:
+        supervisor.submit(LaunchRequest("k", py("print('bad'); print('bad'); print('good')")))
+        await recorder.until(lambda: recorder.outcomes)
+    assert recorder.outcome("k").ok
+    assert ("k", "good") in recorder.lines
+    # Said once per workload, not once per line.
+    [said] = [r for r in caplog.records if r.name == "async_local_executor.core.launchers.output"]
+    assert said.exc_info is not None
+    assert str(said.exc_info[1]) == "sink bug"
+
+
 async def test_times_are_read_from_the_injected_clock() -> None:
     clock = FakeClock()
     accepted = clock.time()

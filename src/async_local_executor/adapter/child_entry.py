@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -72,7 +73,10 @@ class Entry(Generic[P]):
     def main(self, argv: list[str] | None = None) -> int:
         """Entry point of a fresh interpreter: the payload is on stdin."""
         args = parse(argv)
-        if not lifeline.die_with_parent(args.parent_pid):
+        # SIGKILL, as a fork-server child gets: Airflow 3's task supervisor answers SIGTERM by passing
+        # it on to the task and waiting, so a task that ignores it would outlive the executor. Killed
+        # outright, this process takes its task process with it (tie_direct_children below).
+        if not lifeline.die_with_parent(args.parent_pid, signal.SIGKILL):
             return EXIT_ORPHANED
         lower_priority(args)
         return self.run_payload(sys.stdin.buffer.read())

@@ -44,6 +44,15 @@ def name_this_thread(name: str) -> None:
     prctl(_PR_SET_NAME, name.encode()[:15])
 
 
+async def _contained(fn: Callable[[], object]) -> None:
+    try:
+        await anyio.to_thread.run_sync(fn)
+    except anyio.get_cancelled_exc_class():
+        raise
+    except BaseException:
+        log.exception("a blocking call run for the executor (%r) failed; the event loop carries on", fn)
+
+
 def uvloop_available() -> bool:
     try:
         import uvloop  # noqa: F401
@@ -131,8 +140,13 @@ class Runtime:
 
     def run_blocking(self, fn: Callable[[], object]) -> None:
         """Run ``fn`` in a worker thread of the loop; returns at once. For blocking I/O that neither the
-        scheduler's thread nor the loop's may wait on."""
-        self._post(lambda _, tg: tg.start_soon(anyio.to_thread.run_sync, fn))
+        scheduler's thread nor the loop's may wait on.
+
+        Whatever ``fn`` raises is logged here, once: the caller has returned by then, and an exception
+        let into the loop's task group would end the loop thread, and every workload's supervision
+        with it.
+        """
+        self._post(lambda _, tg: tg.start_soon(_contained, fn))
 
     def shutdown(self, wait: float, timeout: float) -> None:
         """Give workloads ``wait`` seconds, stop the rest, and join the loop thread.

@@ -5,8 +5,9 @@ with an opaque key, and the result is an :class:`Outcome`. Every method here mus
 loop's own thread; :mod:`async_local_executor.core.runtime` is what crosses threads.
 
 The parts live beside it: who may launch (:mod:`.admission`), how a workload is stopped
-(:mod:`.escalation`), its run-time limit (:mod:`.timeouts`), what its end means (:mod:`.outcome`), and
-its phases (:mod:`.lifecycle`). This module sequences them for each workload.
+(:mod:`.escalation`), its run-time limit (:mod:`.timeouts`), awaiting its process (:mod:`.reaping`),
+what its end means (:mod:`.outcome`), and its phases (:mod:`.lifecycle`). This module sequences them
+for each workload.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import anyio.abc
 
 from async_local_executor.core.admission import MB, Admission, host_available_memory
 from async_local_executor.core.clock import SYSTEM, Clock
-from async_local_executor.core.errors import ChildLost, LaunchError
+from async_local_executor.core.errors import LaunchError
 from async_local_executor.core.escalation import escalate
 from async_local_executor.core.launchers.base import Child, Launcher, LaunchRequest
 from async_local_executor.core.lifecycle import Phase, Step
@@ -36,6 +37,7 @@ from async_local_executor.core.outcome import (
     classify,
     internal_error,
 )
+from async_local_executor.core.reaping import reap, reap_abandoned
 from async_local_executor.core.state import LaunchFailure, RunningWorkload, SupervisorState, Tally, snapshot
 from async_local_executor.core.termination import TerminationPolicy
 from async_local_executor.core.timeouts import Deadline
@@ -179,13 +181,20 @@ class Supervisor:
                     tracked.life.advance(Step.ADMIT)
                     child = await self._launch(tracked)
                     if child is not None:
-                        status = await _reap(child)
+                        tracked.reaping = True
+                        status = await reap(child)
                         tracked.exited.set()
                         self._end(tracked, status, Step.EXIT)
         except Exception as exc:
             # A bug of ours or the launcher's must still end in a final event, not in silence.
             log.exception("supervising workload %s failed", tracked.label)
-            self._abandon(tracked, exc)
+            try:
+                self._abandon(tracked, exc)
+            except Exception:
+                log.exception("reporting the internal error of workload %s failed too", tracked.label)
+            if tracked.child is not None and not tracked.reaping:
+                # Killed by _abandon, its outcome reported: awaited only so its pipes are closed.
+                await reap_abandoned(tracked.child, tracked.label)
         finally:
             if tracked.deadline is not None:
                 tracked.deadline.cancel()  # else a long timeout's timer would hold up shutdown
@@ -262,14 +271,3 @@ class Supervisor:
         self._listener.finished(
             dataclasses.replace(outcome, times=Times(tracked.accepted, tracked.launched, now))
         )
-
-
-async def _reap(child: Child) -> int | ChildLost:
-    # Shielded: once a process exists, only its exit may end this wait, or the workload would lose its
-    # final event and the process its reaper.
-    with anyio.CancelScope(shield=True):
-        try:
-            status: int | ChildLost = await child.wait()
-        except ChildLost as exc:
-            status = exc
-    return status

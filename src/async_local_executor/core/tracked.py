@@ -24,6 +24,7 @@ class Tracked:
     exited: anyio.Event = field(default_factory=anyio.Event)  # set once its process's exit is known
     deadline: Deadline | None = None  # the timeout's timer, while one runs
     launched: float | None = None  # wall clock
+    reaping: bool = False  # its process is being awaited (or was): it must not be awaited twice
 
     @property
     def label(self) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 from collections.abc import Callable, Hashable
 
@@ -9,6 +10,8 @@ import anyio
 import anyio.abc
 
 from async_local_executor.core.launchers.base import OutputSink
+
+log = logging.getLogger(__name__)
 
 # A line longer than this is split: one runaway line must not hold unbounded memory.
 MAX_LINE = 64 * 1024
@@ -18,10 +21,17 @@ DRAIN_AFTER_EXIT = 5.0
 
 
 class LineSplitter:
+    """Cuts a child's output into lines for ``sink``; a sink that raises loses the line, nothing more.
+
+    The sink runs while the child's output is read, inside the wait for its exit: an exception let out
+    of it would end that wait, and with it the supervision of a workload whose only fault was a line.
+    """
+
     def __init__(self, key: Hashable, sink: OutputSink) -> None:
         self._key = key
         self._sink = sink
         self._pending = b""
+        self._sink_failed = False
 
     def feed(self, chunk: bytes) -> None:
         self._pending += chunk
@@ -38,7 +48,14 @@ class LineSplitter:
             self._pending = b""
 
     def _emit(self, line: bytes) -> None:
-        self._sink(self._key, line.decode("utf-8", "replace").rstrip("\r"))
+        try:
+            self._sink(self._key, line.decode("utf-8", "replace").rstrip("\r"))
+        except Exception:
+            if not self._sink_failed:  # once per workload: the next lines would likely fail alike
+                self._sink_failed = True
+                log.exception(
+                    "output of workload %s: the output sink failed; lines it fails on are lost", self._key
+                )
 
 
 def discard(key: Hashable, line: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import signal
 import subprocess
 from collections.abc import Mapping
 from types import TracebackType
@@ -99,13 +100,20 @@ class SubprocessChild:
         self._signaller.send(sig)
 
     async def wait(self) -> int:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._feed_stdin)
-            tg.start_soon(self._drain)
-            status = await self._process.wait()
-            await drain_after_exit(self.signal, self._drained)
-            tg.cancel_scope.cancel()
-        await self._process.aclose()
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._feed_stdin)
+                tg.start_soon(self._drain)
+                status = await self._process.wait()
+                await drain_after_exit(self.signal, self._drained)
+                tg.cancel_scope.cancel()
+        except BaseException:
+            # Cut short (a bug, or cancelled): nobody will wait for it again, so it must not run on
+            # with nothing left to read its output.
+            self.signal(signal.SIGKILL)
+            raise
+        finally:
+            await self._process.aclose()  # closes its pipes and transport, whatever happened above
         return status
 
     async def _feed_stdin(self) -> None:
