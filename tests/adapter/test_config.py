@@ -1,11 +1,15 @@
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
 
+from async_local_executor.adapter import config, validation
 from async_local_executor.adapter.config import OPTIONS, SECTION, EventLoop, ExecutorConfig, LauncherKind
 from async_local_executor.ops import state_dir
+from tests.adapter import workloads
+from tests.adapter.driver import RecordingExecutor, Scheduler, loop_threads
 
 
 class DictConf:
@@ -130,13 +134,13 @@ def test_every_option_is_documented() -> None:
 def test_a_task_timeout_comes_from_the_task_else_the_option(
     executor_config: object, expected: object
 ) -> None:
-    assert ExecutorConfig(task_timeout=30).timeout_for(executor_config) == expected
+    assert validation.task_options(executor_config, 30.0) == (expected, ())
 
 
-@pytest.mark.parametrize("bad", ["soon", -1, float("nan"), float("inf"), [1]])
+@pytest.mark.parametrize("bad", ["soon", -1, float("nan"), float("inf"), [1], True, 10**400, "1e400"])
 def test_a_bad_task_timeout_names_the_entry(bad: object) -> None:
     with pytest.raises(ValueError, match=r'\["task_timeout"\] must be a number of seconds >= 0'):
-        ExecutorConfig().timeout_for({"async_local_executor": {"task_timeout": bad}})
+        validation.task_options({"async_local_executor": {"task_timeout": bad}}, 0.0)
 
 
 def test_an_empty_state_dir_is_the_directory_under_airflow_home() -> None:
@@ -171,3 +175,70 @@ def test_the_state_dir_in_the_environment_is_read_without_airflows_configuration
     monkeypatch.setattr(conf, "get", unread)
     monkeypatch.setenv(state_dir.ENV, " /srv/from-env ")
     assert state_dir.from_airflow_config() == Path("/srv/from-env")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("shutdown_timeout", "1e10", r"shutdown_timeout must be at most 4611686003 seconds: end\(\) waits"),
+        ("termination_grace_period", "9.3e9", r"termination_grace_period must be at most 4611686003 sec"),
+        ("min_available_memory_mb", "1e303", "min_available_memory_mb must be at most 1e[+]302 MB"),
+        ("task_timeout", "1e400", "task_timeout must be a finite number >= 0, got '1e400'"),
+    ],
+)
+def test_a_value_beyond_what_consumes_it_names_the_option(key: str, value: str, message: str) -> None:
+    with pytest.raises(ValueError, match=rf"^\[async_local_executor\] {message}"):
+        ExecutorConfig.from_conf(DictConf({key: value}))
+
+
+def test_the_largest_accepted_waits_still_end_cleanly(monkeypatch: pytest.MonkeyPatch) -> None:
+    # end() waits on threads for shutdown_timeout + termination_grace_period + a margin: at the limit
+    # that sum is threading.TIMEOUT_MAX, one second more and the wait raises OverflowError.
+    largest = str(config._THREAD_WAIT_MAX)
+    monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__SHUTDOWN_TIMEOUT", largest)
+    monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__TERMINATION_GRACE_PERIOD", largest)
+    ex = RecordingExecutor(parallelism=1)
+    ex.start()
+    item = workloads.task("ok")
+    ex.queue_workload(item, session=None)  # type: ignore[arg-type]
+    scheduler = Scheduler(ex)
+    scheduler.run_until(lambda: item.key in scheduler.events)
+    ex.end()
+    assert 2 * config._THREAD_WAIT_MAX + config.SHUTDOWN_MARGIN <= threading.TIMEOUT_MAX
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("ASYNC_LOCAL_EXECUTOR__SHUTDOWN_TIMEOUT", "1e10", r"\[async_local_executor\] shutdown_timeout must"),
+        ("ASYNC_LOCAL_EXECUTOR__PREFETCH_MULTIPLIER", "1e308", r"prefetch_multiplier x parallelism must"),
+        ("SCHEDULER__TASK_QUEUED_TIMEOUT", "inf", r"\[scheduler\] task_queued_timeout must be a number"),
+        ("SCHEDULER__TASK_QUEUED_TIMEOUT", "soon", r"task_queued_timeout .* got 'soon'"),
+    ],
+)
+def test_start_refuses_a_value_beyond_its_limit_naming_it(
+    variable: str, value: str, message: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv(f"AIRFLOW__{variable}", value)
+    ex = RecordingExecutor(parallelism=32)
+    with pytest.raises(ValueError, match=message):
+        ex.start()
+    ex.end()  # nothing started: nothing to stop
+    assert loop_threads() == []
+    assert not (tmp_path / "state").exists()  # refused before it reclaimed, journaled or started anything
+
+
+def test_a_config_built_directly_is_checked_too() -> None:
+    with pytest.raises(ValueError, match="shutdown_timeout must be at most"):
+        ExecutorConfig(shutdown_timeout=1e10)
+    with pytest.raises(TypeError, match="task_timeout must be a number, got True"):
+        ExecutorConfig(task_timeout=True)
+
+
+def test_a_task_timeout_entry_is_read_from_our_section_only() -> None:
+    ours = {"async_local_executor": {"task_timeout": 5, "later_option": 1}}
+    assert validation.task_options(ours, 0.0) == (5.0, ("'later_option'",))
+    assert validation.task_options(["async_local_executor"], 7.0) == (7.0, ())  # not ours to judge
+    with pytest.raises(ValueError, match=r'\["async_local_executor"\] must be a dict'):
+        validation.task_options({"async_local_executor": ["task_timeout", 5]}, 0.0)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.utils.state import TaskInstanceState
 
-from async_local_executor.adapter import child_cli
+from async_local_executor.adapter import validation
 from async_local_executor.adapter.executor_base import ExecutorBase
 from async_local_executor.adapter.submissions import describe
 from async_local_executor.core.launchers.base import LaunchRequest
@@ -42,19 +42,35 @@ class Airflow2Commands(ExecutorBase):
     def _command_request(
         self, key: Any, command: list[str], queue: str | None, executor_config: Any
     ) -> LaunchRequest | None:
+        """What launches the command; None when it is invalid (it is then failed, unlaunched, with why)."""
         self.running.add(key)
         label = describe(key)
-        try:
-            child_cli.tasks_run_command(command)
-            timeout = self._config.timeout_for(executor_config)
-        except ValueError as exc:
-            self._not_launched(key, label, TaskInstanceState.FAILED, str(exc), None)
-            return None
-        ticket = self._accept(key, None, TaskInstanceState.SUCCESS, TaskInstanceState.FAILED, label, None)
-        payload = child_cli.encode_payload(command, f"{self._title_prefix} {label}")
-        return LaunchRequest(
-            key=ticket, argv=self._argv, stdin=payload, label=label, timeout=timeout, group=queue or "default"
-        )
+        with self._last_resort(key, label, TaskInstanceState.FAILED):
+            checked = self._checked(
+                key,
+                label,
+                TaskInstanceState.FAILED,
+                None,
+                validation.airflow2(
+                    command,
+                    queue,
+                    executor_config,
+                    default_timeout=self._config.task_timeout,
+                    title=f"{self._title_prefix} {label}",
+                ),
+            )
+            if checked is None:
+                return None
+            ticket = self._accept(key, None, TaskInstanceState.SUCCESS, TaskInstanceState.FAILED, label, None)
+            return LaunchRequest(
+                key=ticket,
+                argv=self._argv,
+                stdin=checked.payload,
+                label=label,
+                timeout=checked.timeout,
+                group=checked.group,
+            )
+        return None  # the last resort failed it
 
     def cleanup_stuck_queued_tasks(self, tis: list[TaskInstance]) -> list[str]:
         """The deprecated hook for tasks stuck in queued, for Airflow 2 schedulers without revoke_task.

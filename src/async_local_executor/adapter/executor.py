@@ -2,6 +2,8 @@
 
 The class is layered: :mod:`~async_local_executor.adapter.executor_base` (state, and what both Airflow
 majors do with a workload), :mod:`~async_local_executor.adapter.airflow2` (Airflow 2's commands),
+:mod:`~async_local_executor.adapter.airflow3` (Airflow 3's workloads; both check what a task carries
+with :mod:`~async_local_executor.adapter.validation`),
 :mod:`~async_local_executor.adapter.prefetching` (how much it takes ahead) and
 :mod:`~async_local_executor.adapter.health` (the verdict and SIGUSR2's dump). Starting builds the core
 with :mod:`~async_local_executor.core.wiring` from what :mod:`~async_local_executor.adapter.startup`
@@ -14,7 +16,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from airflow.models.taskinstancekey import TaskInstanceKey
@@ -22,6 +23,7 @@ from airflow.utils.state import TaskInstanceState
 
 from async_local_executor.adapter import child, child_cli, child_entry, startup
 from async_local_executor.adapter.airflow2 import Airflow2Commands
+from async_local_executor.adapter.airflow3 import Airflow3Workloads
 from async_local_executor.adapter.cleared_exits import ClearedExitGate
 from async_local_executor.adapter.compat import (
     AIRFLOW_V3,
@@ -31,20 +33,19 @@ from async_local_executor.adapter.compat import (
     executor_conf,
     restarting_task_instances,
 )
-from async_local_executor.adapter.config import ExecutorConfig
+from async_local_executor.adapter.config import SHUTDOWN_MARGIN, ExecutorConfig
 from async_local_executor.adapter.health import ExecutorHealth
 from async_local_executor.adapter.metrics import Metrics
 from async_local_executor.adapter.prefetching import Prefetching
 from async_local_executor.adapter.submissions import Started, Ticket, describe
 from async_local_executor.core.errors import RuntimeNotRunning
 from async_local_executor.core.health import Report
-from async_local_executor.core.launchers.base import LaunchRequest
+from async_local_executor.core.outcome import Outcome
 from async_local_executor.core.wiring import wire
 from async_local_executor.ops import journal, recovery, state_dir, status
 
 if TYPE_CHECKING:
     from airflow.cli.cli_config import GroupCommand
-    from airflow.executors.workloads import ExecutorWorkload
     from airflow.executors.workloads.types import WorkloadKey
     from airflow.models.taskinstance import TaskInstance
 
@@ -56,7 +57,7 @@ def _may_be_cleared_exit(key: object, event: Any) -> bool:
     return isinstance(key, TaskInstanceKey) and event[0] == TaskInstanceState.SUCCESS
 
 
-class AsyncLocalExecutor(Airflow2Commands, Prefetching, ExecutorHealth):
+class AsyncLocalExecutor(Airflow2Commands, Airflow3Workloads, Prefetching, ExecutorHealth):
     """Runs each workload as its own process, supervised by an event loop on a dedicated thread.
 
     The scheduler's thread only appends to in-process structures: it never writes to a pipe a worker
@@ -77,7 +78,13 @@ class AsyncLocalExecutor(Airflow2Commands, Prefetching, ExecutorHealth):
     def start(self) -> None:
         conf = executor_conf(self)
         self._config = config = ExecutorConfig.from_conf(conf)
-        timeout = startup.queued_timeout(conf)
+        # Every option is checked here, before anything is reclaimed, opened or started.
+        plan = startup.plan(
+            config,
+            parallelism=self.parallelism,
+            queued_timeout=startup.queued_timeout(conf),
+            fork_target=self._fork_target(),
+        )
         self._task_log_folder = conf.get("logging", "base_log_folder", fallback="") or ""
         self._server = execution_api_url(conf)
         self._argv = self._child_argv()
@@ -113,9 +120,7 @@ class AsyncLocalExecutor(Airflow2Commands, Prefetching, ExecutorHealth):
             qualify=self._get_metric_name if AIRFLOW_V3 else None,
         )
         wired = wire(
-            startup.plan(
-                config, parallelism=self.parallelism, queued_timeout=timeout, fork_target=self._fork_target()
-            ),
+            plan,
             listener=journal.RecordingListener(self._mailbox, launches, describe),
             output=self._output,
             env={**launches.child_env(os.environ), **client_env},
@@ -148,46 +153,6 @@ class AsyncLocalExecutor(Airflow2Commands, Prefetching, ExecutorHealth):
         """What a fork-server child runs: ``module:function`` taking ``(argv, stdin_bytes)``."""
         return f"{child.__name__ if AIRFLOW_V3 else child_cli.__name__}:forked_main"
 
-    def _process_workloads(self, workload_items: Sequence[ExecutorWorkload]) -> None:
-        if self._runtime is None:
-            raise RuntimeError("AsyncLocalExecutor.start() was not called")
-        requests = []
-        for workload in workload_items:
-            # Each queue is typed by its own key kind; the key's kind already says which one holds it.
-            key: Any = workload.key
-            # A valid workload sits in exactly one of these dicts.
-            removed = (
-                self.queued_tasks.pop(key, None)
-                or self.queued_callbacks.pop(key, None)
-                or self.queued_connection_tests.pop(key, None)
-            )
-            if not removed:
-                raise KeyError(f"Workload {key} was not found in any queue")
-            # Stock 3.3 never fills `running`, so parallelism limits nothing there; we do, so open_slots
-            # is the truth and the scheduler stops handing us work once every slot is taken.
-            self.running.add(key)
-            label = describe(key)
-            ti = getattr(workload, "ti", None)  # tasks only
-            log_path = getattr(workload, "log_path", None)
-            try:
-                timeout = self._config.timeout_for(getattr(ti, "executor_config", None))
-            except ValueError as exc:
-                self._not_launched(key, label, workload.failure_state, str(exc), log_path)
-                continue
-            ticket = self._accept(
-                key, workload.running_state, workload.success_state, workload.failure_state, label, log_path
-            )
-            title = f"{self._title_prefix} {workload.display_name}"
-            payload = child.encode_payload(workload.model_dump_json(), self._server, title)
-            # Only tasks have a queue; callbacks and connection tests are limited by parallelism alone.
-            queue = (getattr(ti, "queue", None) or "default") if isinstance(key, TaskInstanceKey) else ""
-            requests.append(
-                LaunchRequest(
-                    key=ticket, argv=self._argv, stdin=payload, label=label, timeout=timeout, group=queue
-                )
-            )
-        self._runtime.submit(requests)
-
     def sync(self) -> None:
         runtime = self._runtime
         if runtime is not None and not runtime.alive:
@@ -202,27 +167,35 @@ class AsyncLocalExecutor(Airflow2Commands, Prefetching, ExecutorHealth):
         while events:
             event = events.popleft()
             ticket = cast("Ticket", event.key)
-            key = cast("WorkloadKey", ticket.key)
-            # Revoked ones too: until their process ends, they hold a slot like any other.
-            ended |= self._note_for_prefetch(ticket, event)
-            tail = [] if isinstance(event, Started) else self._output.pop(ticket)
-            states = self._states.get(key)
-            if states is None or states.ticket != ticket:
-                # A revoked submission: the scheduler already decided this try's fate, and Airflow's
-                # revoke_task contract forbids an executor event for it.
-                if not isinstance(event, Started):
-                    log.info("revoked workload %s ended: %s", describe(ticket), event.reason or "exit 0")
-                continue
-            if isinstance(event, Started):
-                self._metrics.launch_latency(event.at - states.accepted)
-                if states.running is not None:
-                    self.change_state(key, states.running, remove_running=False)
-                continue
-            del self._states[key]
-            self._finish(key, states, event, tail)
-            self._metrics.final_event(event)
+            try:
+                ended |= self._report(ticket, event)
+            except Exception as exc:  # noqa: BLE001 - one workload's event, not the scheduler's loop
+                self._reporting_failed(ticket, not isinstance(event, Started), exc)
         if ended:
             self._log_prefetch_change()
+
+    def _report(self, ticket: Ticket, event: Started | Outcome) -> bool:
+        """Tell Airflow of one event; True when a workload ended."""
+        key = cast("WorkloadKey", ticket.key)
+        # Revoked ones too: until their process ends, they hold a slot like any other.
+        ended = self._note_for_prefetch(ticket, event)
+        tail = [] if isinstance(event, Started) else self._output.pop(ticket)
+        states = self._states.get(key)
+        if states is None or states.ticket != ticket:
+            # A revoked submission: the scheduler already decided this try's fate, and Airflow's
+            # revoke_task contract forbids an executor event for it.
+            if not isinstance(event, Started):
+                log.info("revoked workload %s ended: %s", describe(ticket), event.reason or "exit 0")
+            return ended
+        if isinstance(event, Started):
+            self._metrics.launch_latency(event.at - states.accepted)
+            if states.running is not None:
+                self.change_state(key, states.running, remove_running=False)
+            return ended
+        self._finish(key, states, event, tail)
+        del self._states[key]  # after its final event: until then, a failure here still gives one
+        self._metrics.final_event(event)
+        return ended
 
     def get_event_buffer(self, dag_ids: Any = None) -> dict[WorkloadKey, Any]:
         events: dict[WorkloadKey, Any] = super().get_event_buffer(dag_ids)
@@ -273,7 +246,7 @@ class AsyncLocalExecutor(Airflow2Commands, Prefetching, ExecutorHealth):
             return
         self.log.info("shutting down: waiting up to %.0fs for %d running workloads", wait, len(self.running))
         # Past `wait` and the grace period, every process has been SIGKILLed; the margin covers reaping.
-        runtime.shutdown(wait, timeout=wait + self._config.termination_grace_period + 30.0)
+        runtime.shutdown(wait, timeout=wait + self._config.termination_grace_period + SHUTDOWN_MARGIN)
         self._runtime = None
         self._stopped = True
         self.sync()

@@ -8,11 +8,12 @@ and the health verdict (:mod:`~async_local_executor.adapter.health`) are layers 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from airflow.executors.base_executor import BaseExecutor
 from airflow.models.taskinstancekey import TaskInstanceKey
@@ -20,9 +21,10 @@ from airflow.models.taskinstancekey import TaskInstanceKey
 from async_local_executor.adapter import child, tasklog
 from async_local_executor.adapter.child_output import ChildOutput
 from async_local_executor.adapter.compat import AIRFLOW_V3, airflow2_audit, airflow2_log_path
-from async_local_executor.adapter.config import ExecutorConfig
+from async_local_executor.adapter.config import SECTION, ExecutorConfig
 from async_local_executor.adapter.metrics import Metrics
 from async_local_executor.adapter.submissions import Mailbox, States, Ticket, describe
+from async_local_executor.adapter.validation import KNOWN_KEYS, Checked, shown
 from async_local_executor.core.clock import SYSTEM, Clock
 from async_local_executor.core.health import Thresholds
 from async_local_executor.core.launchers.base import LaunchRequest
@@ -41,10 +43,21 @@ _EXIT_REASONS = {
     child.EXIT_BAD_INPUT: "workload process could not read its workload (see the scheduler log)",
     child.EXIT_ORPHANED: "workload process found the executor gone before it started",
 }
+_IGNORED_KEYS_WARNED = 100
 
 
 def _tell_the_task(folder: str, relative: str | None, key: Any, reason: str) -> None:
-    """Runs in a worker thread: on Airflow 2 this reads and writes the database."""
+    """Runs in a worker thread of the loop: on Airflow 2 this reads and writes the database.
+
+    Never raises: an exception here would end the loop's task group, and every workload with it.
+    """
+    try:
+        _write_the_reason(folder, relative, key, reason)
+    except Exception:
+        log.exception("cannot write the launch failure of %s to its task log", describe(key))
+
+
+def _write_the_reason(folder: str, relative: str | None, key: Any, reason: str) -> None:
     if not AIRFLOW_V3:
         try:
             airflow2_audit(key, "executor launch failed", reason)
@@ -88,6 +101,7 @@ class ExecutorBase(BaseExecutor):
         self._status: status.StatusWriter | None = None
         self._thresholds = Thresholds()
         self._metrics = Metrics()
+        self._ignored_keys: set[str] = set()  # unknown executor_config keys already warned about
 
     def _accept(
         self,
@@ -149,3 +163,66 @@ class ExecutorBase(BaseExecutor):
                     write()  # shutting down: end() already waits, and nothing else needs the thread
         self.log.error("workload %s failed: %s", label, reason)
         self.change_state(key, failure, info=reason)
+
+    def _checked(
+        self,
+        key: WorkloadKey,
+        label: str,
+        failure: WorkloadState,
+        log_path: str | None,
+        checked: Checked | str,
+    ) -> Checked | None:
+        """``checked`` when the task's values are valid; else None, and the task failed, unlaunched, with
+        the reason."""
+        if isinstance(checked, str):
+            self._not_launched(key, label, failure, checked, log_path)
+            return None
+        for name in checked.ignored:
+            # Once each, as every task of a DAG may carry it; and only so many, as keys a DAG generates
+            # would otherwise grow this set for as long as the scheduler runs.
+            if name not in self._ignored_keys and len(self._ignored_keys) < _IGNORED_KEYS_WARNED:
+                self._ignored_keys.add(name)
+                log.warning(
+                    'executor_config["%s"] has %s (on %s and maybe others), which this version does not '
+                    "know: ignored (known: %s)",
+                    SECTION,
+                    name,
+                    label,
+                    ", ".join(KNOWN_KEYS),
+                )
+        return checked
+
+    @contextlib.contextmanager
+    def _last_resort(
+        self, key: WorkloadKey, label: str, failure: WorkloadState, log_path: str | None = None
+    ) -> Iterator[None]:
+        """Fail this one workload, unlaunched, when taking it in raises.
+
+        A bug of ours, or a value nothing foresaw, must cost one task, not the scheduler: an exception out
+        of heartbeat() stops it, and the parent-death chain takes every running task with it.
+        """
+        try:
+            yield
+        except Exception as exc:
+            log.error("internal error taking in workload %s; failing it", label, exc_info=exc)
+            self._states.pop(key, None)  # accepted but never submitted: no event will come for it
+            if key not in self.running:  # it already has its final event
+                return
+            reason = f"internal error: {shown(exc)}"
+            try:
+                self._not_launched(key, label, failure, reason, log_path)
+            except Exception as again:  # noqa: BLE001 - the event still goes out, without the task log
+                log.error("cannot report workload %s as not launched: %s", label, shown(again))
+                self.change_state(key, failure, info=f"not launched: {reason}")
+
+    def _reporting_failed(self, ticket: Ticket, final: bool, exc: Exception) -> None:
+        """Last resort for an event whose handling raised in sync(): a final event that was not given is,
+        as a failure; a start is only logged (the workload runs on, and its end will come)."""
+        log.error("internal error reporting workload %s", describe(ticket), exc_info=exc)
+        key = cast("WorkloadKey", ticket.key)
+        states = self._states.get(key)
+        if not final or states is None or states.ticket != ticket:
+            return  # a start, a revoked submission, or one whose final event was given
+        del self._states[key]
+        if key in self.running:
+            self.change_state(key, states.failure, info=f"internal error: {shown(exc)}")

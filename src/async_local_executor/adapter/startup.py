@@ -2,13 +2,32 @@
 
 from __future__ import annotations
 
+import math
+from datetime import timedelta
+
 from async_local_executor.adapter.config import ConfSource, ExecutorConfig
 from async_local_executor.core.wiring import Plan
 
+# The scheduler subtracts timedelta(seconds=task_queued_timeout) from now: beyond this it raises itself.
+_QUEUED_TIMEOUT_MAX = timedelta.max.total_seconds()
+
 
 def queued_timeout(conf: ConfSource) -> float:
-    """``[scheduler] task_queued_timeout``: how long the scheduler lets a task wait in queued."""
-    return float(conf.get("scheduler", "task_queued_timeout", fallback="600") or 600)
+    """``[scheduler] task_queued_timeout``: how long the scheduler lets a task wait in queued.
+
+    :raises ValueError: naming the option when it is no number the prefetch budget can divide
+    """
+    raw = conf.get("scheduler", "task_queued_timeout", fallback="600") or "600"
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not abs(value) <= _QUEUED_TIMEOUT_MAX:  # NaN and inf too: the prefetch budget floors a quotient
+        raise ValueError(
+            f"[scheduler] task_queued_timeout must be a number of seconds of at most "
+            f"{_QUEUED_TIMEOUT_MAX:.15g} (the largest timedelta), got {raw!r}"
+        )
+    return value
 
 
 def plan(config: ExecutorConfig, *, parallelism: int, queued_timeout: float, fork_target: str) -> Plan:

@@ -1,0 +1,152 @@
+"""Every ``[async_local_executor]`` option described once: its type, default, example and meaning.
+
+The provider info, ``airflow config list``, the configuration reference and the parsing in
+:mod:`~async_local_executor.adapter.config` all derive from :data:`OPTIONS`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+SECTION = "async_local_executor"
+
+
+@dataclass(frozen=True)
+class OptionDoc:
+    """One option, described once: the provider info, ``airflow config list`` and the reference derive from it."""
+
+    name: str
+    type: Literal["string", "integer", "float", "boolean"]
+    default: str
+    example: str
+    description: str
+    version_added: str = "0.1.0"
+
+
+OPTIONS: tuple[OptionDoc, ...] = (
+    OptionDoc(
+        "shutdown_timeout",
+        "float",
+        "60",
+        "120",
+        "Seconds end() (scheduler shutdown on SIGTERM/SIGINT) waits for running workloads to finish "
+        "before terminating them.",
+    ),
+    OptionDoc(
+        "termination_grace_period",
+        "float",
+        "10",
+        "30",
+        "Seconds between SIGTERM and SIGKILL when a workload's process group is terminated.",
+    ),
+    OptionDoc("event_loop", "string", "auto", "uvloop", "auto (uvloop when installed), asyncio or uvloop."),
+    OptionDoc(
+        "launcher",
+        "string",
+        "forkserver",
+        "subprocess",
+        "How a workload becomes a process: forkserver (a helper that imported Airflow once forks each "
+        "workload: milliseconds per launch) or subprocess (a fresh interpreter per workload: about 1.5 "
+        "to 2 s of CPU per launch).",
+    ),
+    OptionDoc(
+        "forkserver_idle_timeout",
+        "float",
+        "0",
+        "300",
+        "0: the fork server starts with the executor and stays. A number of seconds: it starts with "
+        "the first workload and exits after that long with no workload running, giving back its "
+        "memory (about 125 MB) on an idle host; the next workload then waits for a new one to start "
+        "(2 to 3 s).",
+    ),
+    OptionDoc(
+        "task_timeout",
+        "float",
+        "0",
+        "3600",
+        "Seconds a task's process may run before the executor terminates it (SIGTERM, then SIGKILL "
+        "after termination_grace_period), as a backstop for execution_timeout (which the task enforces "
+        "itself, and cannot when it hangs in C code or ignores signals). 0: no limit. A task overrides "
+        'it with executor_config={"async_local_executor": {"task_timeout": SECONDS}}; an invalid value '
+        "fails that task, unlaunched, with the reason.",
+    ),
+    OptionDoc(
+        "queue_limits",
+        "string",
+        "",
+        "reports:4,default:28",
+        "Per-queue limits on running tasks, as queue:N pairs (a task's queue is its operator's queue "
+        "argument). A task held back by its queue's limit does not hold one of parallelism's slots. "
+        "Queues not listed are limited by parallelism alone.",
+    ),
+    OptionDoc(
+        "min_available_memory_mb",
+        "float",
+        "256",
+        "1024",
+        "While the host's available memory (MemAvailable) is below this many MB, workloads wait to "
+        "launch (they do not fail), with one warning in the scheduler log when that starts and one "
+        "when it ends. 0 turns the guard off.",
+    ),
+    OptionDoc(
+        "prefetch_multiplier",
+        "float",
+        "1",
+        "0.5",
+        "Workloads the executor accepts beyond parallelism, as a multiple of parallelism. They wait "
+        "in the executor (state queued) and start the moment a slot frees, instead of one scheduler "
+        "loop later; the number of running workloads never exceeds parallelism. 0 accepts only as "
+        "many as there are free slots. Lower it when several executors share the work, so none holds "
+        "tasks another could start. The executor lowers it itself while tasks run long enough for a "
+        "waiting one to reach [scheduler] task_queued_timeout.",
+    ),
+    OptionDoc(
+        "health_loop_lag_limit",
+        "float",
+        "1",
+        "2",
+        "get_health() reports unhealthy while the event loop has woken more than this many seconds "
+        "late in the last 10 s (a late loop delays every launch and every exit it reports).",
+    ),
+    OptionDoc(
+        "health_wait_limit",
+        "float",
+        "600",
+        "1800",
+        "get_health() reports unhealthy while a workload has waited longer than this many seconds "
+        "for a slot, a queue limit or memory.",
+    ),
+    OptionDoc(
+        "state_dir",
+        "string",
+        "",
+        "/var/lib/airflow/async_local_executor",
+        "Where each executor keeps its journal of running launches (pid, process start time, task) "
+        "and its status file, 0600 in a 0700 directory. A scheduler that starts kills what a crashed "
+        "one left running, found through these journals, before it launches anything. Empty: "
+        "{AIRFLOW_HOME}/async_local_executor.",
+    ),
+    OptionDoc(
+        "workload_cpu_priority",
+        "string",
+        "auto",
+        "idle",
+        "CPU priority of each workload process (and all it starts) against the scheduler, the "
+        "api-server and the dag-processor. auto: the scheduler's own priority, except for a workload "
+        "that starts while the scheduler has more than 24 children per CPU core, which runs idle, so a "
+        "burst of task starts cannot starve the scheduler's loop. idle: Linux SCHED_IDLE for every "
+        "workload (tasks get every cycle Airflow's processes do not want; the scheduler then loops more "
+        "often and ordinary throughput drops). A nice increment from 1 to 19. normal: the scheduler's "
+        "own priority, as the stock LocalExecutor runs tasks.",
+    ),
+    OptionDoc(
+        "preload_modules",
+        "string",
+        "",
+        "pandas,numpy",
+        "Comma-separated modules the fork server imports before forking, such as heavy libraries "
+        "your DAGs use, so every task shares them instead of importing them again. A module that "
+        "fails to import is logged and skipped.",
+    ),
+)
