@@ -87,7 +87,7 @@ class ExecutorBase(BaseExecutor):
         self._runtime: Runtime | None = None
         self._stopped = False  # end() or terminate() has finished
         self._mailbox = Mailbox(self.clock)
-        self._output = ChildOutput(describe)
+        self._output = ChildOutput(describe, clock=self.clock)
         self._states: dict[WorkloadKey, States] = {}
         self._serials = itertools.count()
         self._config = ExecutorConfig()

@@ -210,7 +210,11 @@ class ForkServerLauncher:
         if self._fallback is None:
             raise LaunchError(f"cannot launch through the fork server: {why}")
         if say:
-            log.warning("workload %s: %s; starting it as a fresh interpreter instead", request.key, why)
+            log.warning(
+                "workload %s: %s; starting it as a fresh interpreter instead",
+                request.label or request.key,
+                why,
+            )
         return await self._fallback.launch(request)
 
     def _disable(self, why: str) -> None:

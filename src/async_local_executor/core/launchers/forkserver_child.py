@@ -90,7 +90,7 @@ class ForkServerChild:
             await anyio.wait_readable(self._pidfd)
 
     async def _drain(self) -> None:
-        splitter = LineSplitter(self._request.key, self._output)
+        splitter = LineSplitter(self._request.key, self._output, self._request.label)
         try:
             while True:
                 try:

@@ -27,8 +27,9 @@ class LineSplitter:
     of it would end that wait, and with it the supervision of a workload whose only fault was a line.
     """
 
-    def __init__(self, key: Hashable, sink: OutputSink) -> None:
+    def __init__(self, key: Hashable, sink: OutputSink, label: str = "") -> None:
         self._key = key
+        self._label = label or str(key)  # what the log calls the workload
         self._sink = sink
         self._pending = b""
         self._sink_failed = False
@@ -54,7 +55,7 @@ class LineSplitter:
             if not self._sink_failed:  # once per workload: the next lines would likely fail alike
                 self._sink_failed = True
                 log.exception(
-                    "output of workload %s: the output sink failed; lines it fails on are lost", self._key
+                    "output of workload %s: the output sink failed; lines it fails on are lost", self._label
                 )
 
 

@@ -130,6 +130,8 @@ class SubprocessChild:
 
     async def _drain(self) -> None:
         try:
-            await drain_stream(self._process.stdout, LineSplitter(self._request.key, self._output))
+            await drain_stream(
+                self._process.stdout, LineSplitter(self._request.key, self._output, self._request.label)
+            )
         finally:
             self._drained.set()
