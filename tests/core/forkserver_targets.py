@@ -10,6 +10,7 @@ import io
 import sys
 
 PRELOADED = False
+REEXPORT_PRELOADED = False  # set by tests.core.forkserver_reexport's preload
 
 
 def preload() -> None:

@@ -127,6 +127,21 @@ async def test_preloads_happen_once_in_the_helper_and_a_bad_entry_is_skipped() -
     )
 
 
+async def test_the_preload_of_the_module_the_target_names_runs_even_for_a_function_defined_elsewhere() -> (
+    None
+):
+    # The workload entries are methods of a shared skeleton: the function's own module is not the one
+    # named in the target, and it is the named one whose preload() imports what every child needs.
+    recorder = Recorder()
+    launcher = fork_server(recorder, target="tests.core.forkserver_reexport:run")
+    code = "import tests.core.forkserver_targets as t; print(t.REEXPORT_PRELOADED)"
+    async with serving(recorder, launcher) as supervisor:
+        supervisor.submit(LaunchRequest("k", py(code)))
+        await recorder.until(lambda: recorder.outcomes)
+    assert recorder.outcome("k").ok
+    assert ("k", "True") in recorder.lines
+
+
 async def test_helper_killed_with_sigkill_leaves_its_workloads_running_and_reported() -> None:
     recorder = Recorder()
     launcher = fork_server(recorder)

@@ -230,11 +230,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     census = ThreadCensus()
     with census.watching(args.target.partition(":")[0]):
         target = resolve(args.target)
-    # The target's module may name its own heavy imports; everything imported now is shared
-    # copy-on-write by every child.
-    owner = sys.modules[target.__module__]
-    if callable(preload := getattr(owner, "preload", None)):
-        with census.watching(f"{target.__module__}.preload()"):
+    # The module the target string names may name its own heavy imports; everything imported now is
+    # shared copy-on-write by every child. That module, not the function's ``__module__``: a target
+    # re-exported or bound from elsewhere (the workload entries are methods of a shared skeleton)
+    # would otherwise skip its preload, and every child would import it all again.
+    owner_name = args.target.partition(":")[0]
+    if callable(preload := getattr(sys.modules[owner_name], "preload", None)):
+        with census.watching(f"{owner_name}.preload()"):
             preload()
     for module in args.preload:
         try:
