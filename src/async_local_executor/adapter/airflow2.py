@@ -62,14 +62,7 @@ class Airflow2Commands(ExecutorBase):
             if checked is None:
                 return None
             ticket = self._accept(key, None, TaskInstanceState.SUCCESS, TaskInstanceState.FAILED, label, None)
-            return LaunchRequest(
-                key=ticket,
-                argv=self._argv,
-                stdin=checked.payload,
-                label=label,
-                timeout=checked.timeout,
-                group=checked.group,
-            )
+            return self._request(ticket, label, checked)
         return None  # the last resort failed it
 
     def cleanup_stuck_queued_tasks(self, tis: list[TaskInstance]) -> list[str]:

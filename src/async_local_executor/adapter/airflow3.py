@@ -69,11 +69,4 @@ class Airflow3Workloads(ExecutorBase):
         ticket = self._accept(
             key, workload.running_state, workload.success_state, workload.failure_state, label, log_path
         )
-        return LaunchRequest(
-            key=ticket,
-            argv=self._argv,
-            stdin=checked.payload,
-            label=label,
-            timeout=checked.timeout,
-            group=checked.group,
-        )
+        return self._request(ticket, label, checked)

@@ -117,6 +117,17 @@ class ExecutorBase(BaseExecutor):
         self._states[key] = States(ticket, running, success, failure, label, log_path, self.clock.time())
         return ticket
 
+    def _request(self, ticket: Ticket, label: str, checked: Checked) -> LaunchRequest:
+        """The launch of an accepted workload, from what validation checked (both Airflow majors)."""
+        return LaunchRequest(
+            key=ticket,
+            argv=self._argv,
+            stdin=checked.payload,
+            label=label,
+            timeout=checked.timeout,
+            group=checked.group,
+        )
+
     def _submit(self, requests: list[LaunchRequest]) -> None:
         if self._runtime is None:
             raise RuntimeError("AsyncLocalExecutor.start() was not called")

@@ -23,7 +23,7 @@ from typing import Protocol
 import anyio
 import anyio.abc
 
-from async_local_executor.core.admission import MB, Admission, host_available_memory
+from async_local_executor.core.admission import Admission, host_available_memory
 from async_local_executor.core.clock import SYSTEM, Clock
 from async_local_executor.core.errors import LaunchError
 from async_local_executor.core.escalation import escalate
@@ -32,19 +32,17 @@ from async_local_executor.core.lifecycle import Phase, Step
 from async_local_executor.core.outcome import (
     ExitStatus,
     Outcome,
-    OutcomeKind,
     Times,
     classify,
     internal_error,
 )
 from async_local_executor.core.reaping import reap, reap_abandoned
-from async_local_executor.core.state import LaunchFailure, RunningWorkload, SupervisorState, Tally, snapshot
+from async_local_executor.core.state import RunningWorkload, SupervisorState, Tally, snapshot
 from async_local_executor.core.termination import TerminationPolicy
 from async_local_executor.core.timeouts import Deadline
 from async_local_executor.core.tracked import Tracked
 
-# Also the names callers imported from here before their modules split out of this one.
-__all__ = ["MB", "LaunchFailure", "Listener", "Outcome", "OutcomeKind", "Supervisor", "SupervisorState"]
+__all__ = ["Listener", "Supervisor"]
 
 log = logging.getLogger(__name__)
 
