@@ -30,6 +30,9 @@ def behave(raw: str, args: list[str]) -> int:
         for i in range(30):
             print(f"crash line {i}")
         return 1
+    if name == "gone":
+        # What the real child does when the api-server answers 404 not_found (adapter/child.ti_gone).
+        return 4
     if name == "killed":
         os.kill(os.getpid(), signal.SIGKILL)
     if name.startswith("hold:"):

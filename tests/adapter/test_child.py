@@ -82,3 +82,23 @@ def test_preload_fills_the_per_process_caches_a_forked_task_would_refill() -> No
             "setproctitle",
         ],
     }
+
+
+def _server_error(status: int, body: object) -> Exception:
+    import httpx
+    from airflow.sdk.api.client import ServerResponseError
+
+    request = httpx.Request("PATCH", "http://127.0.0.1:8080/execution/task-instances/0191/run")
+    error = ServerResponseError.from_response(httpx.Response(status, json=body, request=request))
+    assert error is not None
+    return error
+
+
+def test_only_the_execution_apis_not_found_means_the_task_instance_is_gone() -> None:
+    # Real errors as Airflow's task SDK client builds them from a response.
+    gone = _server_error(404, {"detail": {"reason": "not_found", "message": "Task Instance not found"}})
+    assert child.ti_gone(gone)
+    # A wrong server URL answers 404 with a plain detail: a misconfiguration, never taken for a clear.
+    assert not child.ti_gone(_server_error(404, {"detail": "Not Found"}))
+    assert not child.ti_gone(_server_error(409, {"detail": {"reason": "invalid_state", "message": "no"}}))
+    assert not child.ti_gone(ValueError("not found"))

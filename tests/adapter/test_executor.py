@@ -20,6 +20,7 @@ import pytest
 from airflow.models.connection_test import ConnectionTestState
 from airflow.utils.state import CallbackState, TaskInstanceState
 
+from async_local_executor.adapter import child
 from async_local_executor.adapter.executor import AsyncLocalExecutor
 from async_local_executor.core.errors import RuntimeNotRunning
 from async_local_executor.ops import journal
@@ -80,6 +81,22 @@ def test_task_outcomes_map_to_success_and_failure_with_reasons(executor: Recordi
     assert scheduler.events[killed.key] == (TaskInstanceState.FAILED, "killed by SIGKILL")
     assert executor.running == set()
     assert not executor.queued_tasks
+
+
+def test_a_task_whose_instance_is_gone_ends_without_failing_and_nothing_else_does(
+    executor: RecordingExecutor,
+) -> None:
+    # The scheduler applies an event to whichever task instance holds the key now: after a clear, that
+    # is the restarting one, which a failure would fail and an end lets run again.
+    task, conn = workloads.task("gone"), workloads.connection_test("gone")
+    assert child.EXIT_TI_GONE == 4  # what the stub returns
+    queue(executor, task, conn)
+    scheduler = Scheduler(executor)
+    scheduler.run_until(lambda: not executor.running and not executor.queued_connection_tests)
+    state, info = scheduler.events[task.key]
+    assert state == TaskInstanceState.SUCCESS
+    assert "cleared" in info
+    assert [s for k, s, _, _ in executor.changes if k == conn.key][-1] == ConnectionTestState.FAILED
 
 
 def test_callbacks_and_connection_tests_report_running_first(executor: RecordingExecutor) -> None:

@@ -35,12 +35,14 @@ SWITCH_TASKS = 4  # the switch DAG's mapped tasks (dags/switch.py)
 
 
 @contextmanager
-def switch_sandbox(folder: Path, **config: str) -> Iterator[AirflowSandbox]:
+def switch_sandbox(
+    folder: Path, *, parallelism: int = SWITCH_TASKS, **config: str
+) -> Iterator[AirflowSandbox]:
     """A real Airflow on SQLite with the switch DAG, whose tasks mark ``folder`` and wait for its gate."""
     sandbox = AirflowSandbox(
         executor=EXECUTOR,
         dags_folder=Path(__file__).with_name("dags"),
-        parallelism=SWITCH_TASKS,
+        parallelism=parallelism,
         extra_config={"ALE_SWITCH_DIR": str(folder), **config},
     )
     with sandbox:

@@ -12,24 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from harness.demo import EXECUTOR
 from harness.sandbox import AirflowSandbox
-from tests.e2e.helpers import poll
+from tests.e2e.helpers import poll, switch_sandbox
 
 pytestmark = pytest.mark.e2e
-
-DAGS = Path(__file__).with_name("dags")
 
 
 @pytest.fixture
 def sandbox(tmp_path: Path) -> Iterator[AirflowSandbox]:
-    sb = AirflowSandbox(
-        executor=EXECUTOR,
-        dags_folder=DAGS,
-        parallelism=2,
-        extra_config={"ALE_SWITCH_DIR": str(tmp_path), "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "16"},
-    )
-    with sb:
+    with switch_sandbox(tmp_path, parallelism=2, AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG="16") as sb:
         yield sb
 
 

@@ -17,6 +17,7 @@ from async_local_executor.adapter.child_entry import (
     EXIT_CRASHED,
     EXIT_OK,
     EXIT_ORPHANED,
+    EXIT_TI_GONE,
     Entry,
 )
 
@@ -25,6 +26,7 @@ __all__ = [
     "EXIT_CRASHED",
     "EXIT_OK",
     "EXIT_ORPHANED",
+    "EXIT_TI_GONE",
     "encode_payload",
     "forked_main",
     "main",
@@ -132,13 +134,39 @@ def _run(read: tuple[Any, dict[str, Any]]) -> int:
     # Our parent's engine is not ours to use, and the task reaches the database through the API.
     dispose_orm(do_log=False)
     _configure_logging()
-    BaseExecutor.run_workload(
-        workload,
-        server=payload.get("server"),
-        proctitle=payload.get("proctitle"),
-        subprocess_logs_to_stdout=False,
-    )
+    try:
+        BaseExecutor.run_workload(
+            workload,
+            server=payload.get("server"),
+            proctitle=payload.get("proctitle"),
+            subprocess_logs_to_stdout=False,
+        )
+    except Exception as exc:
+        if not ti_gone(exc):
+            raise
+        print(
+            "async_local_executor: the api-server no longer has this task instance (it was cleared while "
+            f"this workload started or ran): {exc}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return EXIT_TI_GONE
     return EXIT_OK
+
+
+def ti_gone(exc: BaseException) -> bool:
+    """Whether ``exc`` is the api-server saying the task instance's id no longer exists.
+
+    Only the Execution API's own answer counts (a 404 whose detail says ``not_found``): a 404 from a
+    wrong server URL has a plain detail and stays a crash, so a misconfiguration is never taken for a clear.
+    """
+    response = getattr(exc, "response", None)
+    detail = getattr(exc, "detail", None)
+    return (
+        getattr(response, "status_code", None) == 404
+        and isinstance(detail, dict)
+        and detail.get("reason") == "not_found"
+    )
 
 
 # Named literally: run with `python -m`, this module's __name__ is "__main__".

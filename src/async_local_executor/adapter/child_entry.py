@@ -23,6 +23,9 @@ EXIT_OK = 0  # the workload ran to its end (whatever the task's own outcome, whi
 EXIT_CRASHED = 1  # running the workload raised
 EXIT_BAD_INPUT = 2  # the payload on stdin could not be read as a workload
 EXIT_ORPHANED = lifeline.EXIT_ORPHANED  # the executor was gone before we started
+# The api-server no longer knows the task instance this workload was for (Airflow 3: it was cleared, so it
+# has a new id, while the workload started or ran): nothing of it can run or be reported any more.
+EXIT_TI_GONE = 4
 
 P = TypeVar("P")
 

@@ -44,6 +44,15 @@ _EXIT_REASONS = {
     child.EXIT_ORPHANED: "workload process found the executor gone before it started",
 }
 _IGNORED_KEYS_WARNED = 100
+_TI_GONE = "the api-server no longer has this task instance: it was cleared while the workload started or ran"
+
+
+def _ti_gone(key: object, outcome: Outcome) -> bool:
+    return (
+        isinstance(key, TaskInstanceKey)
+        and outcome.kind is OutcomeKind.EXITED
+        and outcome.returncode == child.EXIT_TI_GONE
+    )
 
 
 def _tell_the_task(folder: str, relative: str | None, key: Any, reason: str) -> None:
@@ -137,6 +146,14 @@ class ExecutorBase(BaseExecutor):
     def _finish(self, key: WorkloadKey, states: States, outcome: Outcome, tail: Sequence[str]) -> None:
         if outcome.ok:
             self.change_state(key, states.success)
+            return
+        if _ti_gone(key, outcome):
+            # Its task instance was cleared (it has a new id) while this workload started or ran. The
+            # scheduler applies an event to whichever task instance holds the key now: a failure would
+            # fail the cleared one, which waits in RESTARTING for the end of this try; an ended workload
+            # is what lets it run again, as for a running task a clear stops.
+            log.info("workload %s: %s; reported as ended, not failed", states.label, _TI_GONE)
+            self.change_state(key, states.success, info=_TI_GONE)
             return
         reason = outcome.reason
         if outcome.kind is OutcomeKind.EXITED:
