@@ -1,0 +1,298 @@
+"""An executor instance's cgroup tree: where workload cgroups are made, limited and, after a crash, reclaimed.
+
+Each instance gets ``ale-<instance>`` under its parent (the process's own cgroup2 cgroup, or a configured
+root) and one directory per workload below it. Limits come from cgroup2 where the controller is
+delegated there; on a hybrid host, where cgroup2 has no controllers, from the cgroup v1 hierarchies, in
+a directory of the same name beside the process's own v1 cgroup. Without a usable cgroup2 mount the
+executor runs uncontained (:attr:`Mode.NONE`) and says why.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from async_local_executor.core.cgroups.discovery import (
+    MOUNTINFO,
+    PROC_CGROUP,
+    cgroup2_entry,
+    cgroup_path,
+    directory_of,
+    make_root,
+    mount_root,
+    own_cgroups,
+    v1_mounts,
+)
+from async_local_executor.core.cgroups.group import (
+    WorkloadCgroup,
+    remove_directory,
+    remove_tree,
+    subdirectories,
+)
+from async_local_executor.core.cgroups.limits import Limits, limit_writes
+
+log = logging.getLogger(__name__)
+
+_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+PREFIX = "ale-"
+LIMITED = ("memory", "cpu", "pids")
+# How long a dead instance's killed workloads get to leave their cgroup before it is left for later.
+RECLAIM_GUARD = 5.0
+_HINT = "delegate the scheduler's cgroup, for example systemd Delegate=yes, or set cgroup_root"
+
+
+class Mode(enum.Enum):
+    """Whether workloads get cgroups."""
+
+    CGROUP2 = "cgroup2"
+    NONE = "none"
+
+
+class ContainmentError(Exception):
+    """A configured cgroup_root that cannot be used (the message says the path and why)."""
+
+
+class LimitUnavailable(Exception):
+    """A limit whose controller is not available (the message names the limit, the controller, how to get it)."""
+
+
+@dataclass(frozen=True)
+class Reclaimed:
+    """A workload cgroup of a dead instance whose processes were killed."""
+
+    instance: str
+    workload: str
+    killed: int
+
+
+def _check_name(kind: str, name: str) -> None:
+    if not _NAME.match(name) or name in (".", ".."):
+        raise ValueError(f"{kind} name must be letters, digits, '.', '_' or '-', got '{name}'")
+
+
+def _try_mkdir(directory: Path) -> bool:
+    try:
+        directory.mkdir(exist_ok=True)
+    except OSError as exc:
+        log.debug("cannot create cgroup %s: %s", directory, exc)
+        return False
+    return True
+
+
+def _enable(directory: Path) -> None:
+    # One controller per write: the kernel rejects a whole line when any of its controllers is unavailable.
+    for controller in LIMITED:
+        try:
+            (directory / "cgroup.subtree_control").write_text(f"+{controller}")
+        except OSError as exc:
+            log.debug("cannot enable %s in %s: %s", controller, directory, exc)
+
+
+class Containment:
+    """The cgroups of one executor instance (see the module docstring); blocking, for a worker thread."""
+
+    def __init__(self, instance: str, mode: Mode, why: str, path: Path | None = None) -> None:
+        self.instance = instance
+        self.mode = mode
+        self.why = why
+        """NONE: why there are no cgroups; CGROUP2: where they are."""
+        self.path = path
+        """The instance's cgroup2 directory."""
+        self.controllers: Mapping[str, str] = {}
+        """``memory``/``cpu``/``pids`` -> ``cgroup2`` or ``cgroup v1``; only those usable for limits."""
+        self._mount = Path("/")
+        self._mount_root = "/"
+        self._parent: Path | None = None
+        self._v1: dict[str, Path] = {}  # controller -> this instance's v1 directory
+        self._v1_parents: dict[str, Path] = {}  # controller -> where v1 instance directories are made
+
+    @classmethod
+    def open(
+        cls,
+        instance: str,
+        *,
+        root: str | None = None,
+        mountinfo: str = MOUNTINFO,
+        proc_cgroup: str = PROC_CGROUP,
+    ) -> Containment:
+        """This instance's cgroup directories, made (and their controllers enabled) if they can be.
+
+        :param instance: the instance's name (letters, digits, ``._-``)
+        :param root: a cgroup2 path to make the instance under, created if missing; else the own cgroup
+        :param mountinfo: where the mounts are listed
+        :param proc_cgroup: where this process's cgroups are listed
+        :returns: the containment; :attr:`Mode.NONE` with :attr:`why` when cgroups cannot be had
+        :raises ValueError: when ``instance`` is not a valid name
+        :raises ContainmentError: when ``root`` was given and cannot be used
+        """
+        _check_name("instance", instance)
+        mount = cgroup2_entry(mountinfo)
+        if mount is None:
+            if root:
+                raise ContainmentError(f"cgroup_root {root}: no cgroup2 mount in {mountinfo}")
+            return cls(instance, Mode.NONE, f"no cgroup2 mount in {mountinfo}")
+        own = own_cgroups(proc_cgroup)
+        chain: list[Path] = []
+        if root:
+            try:
+                parent, chain = make_root(mount.point, root)
+            except (ValueError, OSError) as exc:
+                detail = exc.strerror if isinstance(exc, OSError) else None
+                raise ContainmentError(f"cgroup_root {root}: {detail or exc}") from exc
+        elif "" in own:
+            parent = directory_of(mount.point, mount.root, own[""])
+        else:
+            return cls(instance, Mode.NONE, f"no cgroup2 line in {proc_cgroup}")
+        directory = parent / f"{PREFIX}{instance}"
+        try:
+            directory.mkdir(exist_ok=True)
+        except OSError as exc:
+            why = f"cannot create {directory}: {exc.strerror or exc}"
+            if root:
+                raise ContainmentError(f"cgroup_root {root}: {why}") from exc
+            return cls(instance, Mode.NONE, f"{why} ({_HINT})")
+        made = cls(instance, Mode.CGROUP2, str(directory), directory)
+        made._mount, made._mount_root, made._parent = mount.point, mount.root, parent
+        for each in [*(chain or [parent]), directory]:
+            _enable(each)
+        try:
+            text = (directory / "cgroup.subtree_control").read_text()
+        except OSError:
+            text = ""
+        controllers = {name: "cgroup2" for name in text.split() if name in LIMITED}
+        v1 = v1_mounts(mountinfo)
+        for name in LIMITED:
+            if name not in v1 or name not in own:
+                continue
+            v1_parent = directory_of(v1[name], mount_root(v1[name], mountinfo), own[name])
+            made._v1_parents[name] = v1_parent
+            if name not in controllers and _try_mkdir(v1_parent / f"{PREFIX}{instance}"):
+                controllers[name] = "cgroup v1"
+                made._v1[name] = v1_parent / f"{PREFIX}{instance}"
+        made.controllers = dict(sorted(controllers.items(), key=lambda item: LIMITED.index(item[0])))
+        return made
+
+    def describe(self) -> str:
+        """One line for the log: where the cgroups are and which limits they can enforce, or why none.
+
+        :returns: the line
+        """
+        if self.mode is Mode.NONE:
+            return f"none: {self.why}"
+        limits = ", ".join(f"{name} via {where}" for name, where in self.controllers.items())
+        return f"cgroup2 at {self.path} (limits: {limits or 'none available'})"
+
+    def create(self, name: str, limits: Limits = Limits()) -> WorkloadCgroup | None:  # noqa: B008 - frozen
+        """A new workload cgroup with ``limits`` written, before any process is in it.
+
+        :param name: the workload cgroup's name (letters, digits, ``._-``), unique in this instance
+        :param limits: what the workload may use
+        :returns: the cgroup; None when :attr:`mode` is NONE
+        :raises ValueError: when ``name`` is not a valid name
+        :raises LimitUnavailable: when a limit's controller is not available (nothing is made)
+        :raises OSError: when a directory or a limit cannot be written (what was made is removed)
+        """
+        if self.mode is Mode.NONE or self.path is None:
+            return None
+        _check_name("workload", name)
+        wanted = {"memory": limits.memory, "cpu": limits.cpu, "pids": limits.pids}
+        for controller, value in wanted.items():
+            if value is not None and controller not in self.controllers:
+                raise LimitUnavailable(
+                    f"{controller} limit needs the {controller} controller, which {self.path} does not have: "
+                    f"enable it for cgroup2 ({_HINT}) or mount the cgroup v1 {controller} hierarchy"
+                )
+        # v1 memory always when it is the only memory accounting; cpu and pids only to limit.
+        v1 = {
+            controller: parent / name
+            for controller, parent in self._v1.items()
+            if controller == "memory" or wanted[controller] is not None
+        }
+        made: list[Path] = []
+        try:
+            for directory in dict.fromkeys([self.path / name, *v1.values()]):
+                directory.mkdir()
+                made.append(directory)
+            self._write(self.path / name, v1, limits)
+        except OSError:
+            for directory in reversed(made):
+                remove_directory(directory)
+            raise
+        relative = cgroup_path(self._mount, self._mount_root, self.path / name)
+        return WorkloadCgroup(name, self.path / name, v1, limits, relative)
+
+    def _write(self, directory: Path, v1: Mapping[str, Path], limits: Limits) -> None:
+        for write in limit_writes(limits, self.controllers):
+            target = (v1[write.hierarchy] if write.hierarchy else directory) / write.file
+            if write.required or target.exists():
+                target.write_text(write.value)
+
+    def reclaim(self, is_live: Callable[[str], bool]) -> list[Reclaimed]:
+        """Kill and remove what dead instances under the same parents left; this instance is never touched.
+
+        :param is_live: whether the instance of that name still runs (then its cgroups are left alone)
+        :returns: one entry per workload cgroup that had processes
+        """
+        if self.mode is Mode.NONE or self._parent is None:
+            return []
+        found: list[Reclaimed] = []
+        parents = [self._parent, *dict.fromkeys(self._v1_parents.values())]
+        verdicts: dict[str, bool] = {}
+        for parent in parents:
+            for directory in subdirectories(parent):
+                instance = directory.name[len(PREFIX) :]
+                if not directory.name.startswith(PREFIX) or not _NAME.match(instance):
+                    continue
+                if instance == self.instance:
+                    continue
+                if instance not in verdicts:
+                    verdicts[instance] = _live(is_live, instance)
+                if verdicts[instance]:
+                    continue
+                try:
+                    found.extend(self._reclaim(instance, directory, v2=parent == self._parent))
+                except OSError as exc:
+                    log.warning("cannot reclaim cgroup %s: %s", directory, exc)
+        return found
+
+    def _reclaim(self, instance: str, top: Path, *, v2: bool) -> list[Reclaimed]:
+        found: list[Reclaimed] = []
+        for directory in subdirectories(top) if v2 else []:
+            relative = cgroup_path(self._mount, self._mount_root, directory)
+            # Only its cgroup2 side is killed: a process in the v1 directories is in these too.
+            cgroup = WorkloadCgroup(directory.name, directory, {}, Limits(), relative)
+            try:
+                if cgroup.populated():
+                    killed = cgroup.kill()
+                    if not cgroup.wait_empty(RECLAIM_GUARD):
+                        log.warning("processes of dead cgroup %s are still there after SIGKILL", directory)
+                    if killed:
+                        found.append(Reclaimed(instance, directory.name, killed))
+            except OSError as exc:
+                log.warning("cannot kill what is left in cgroup %s: %s", directory, exc)
+        remove_tree(top)
+        return found
+
+    def close(self) -> None:
+        """Remove the workload cgroups left empty, then the instance's own directories; never raises."""
+        if self.path is None:
+            return
+        try:
+            for top in dict.fromkeys([self.path, *self._v1.values()]):
+                for directory in subdirectories(top):
+                    remove_tree(directory)
+                remove_directory(top)
+        except Exception:
+            log.exception("cannot remove the cgroups of instance %s", self.instance)
+
+
+def _live(is_live: Callable[[str], bool], instance: str) -> bool:
+    try:
+        return is_live(instance)
+    except Exception:
+        log.exception("cannot tell whether instance %s runs; leaving its cgroups", instance)
+        return True
