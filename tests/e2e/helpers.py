@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -29,6 +32,37 @@ def cmdline(pid: int) -> list[str]:
         return list(psutil.Process(pid).cmdline())
     except psutil.Error:
         return []
+
+
+@contextmanager
+def stopped_outside_a_transaction(sandbox: AirflowSandbox, pid: int) -> Iterator[None]:
+    """SIGSTOP ``pid`` (a process of a SQLite sandbox) at a moment it holds no lock on the database.
+
+    A process stopped inside a write transaction locks every other writer out of a SQLite file: the
+    api-server's own writes then fail with "database is locked" (HTTP 500). After each stop the database
+    is probed with ``BEGIN EXCLUSIVE``, which succeeds only when nobody holds a lock; if the stopped
+    process held one, it is continued and stopped again.
+    """
+    assert sandbox.sql_alchemy_conn.startswith("sqlite:///"), "only a SQLite sandbox is probed"
+    database = sandbox.sql_alchemy_conn.removeprefix("sqlite:///")
+    deadline = time.monotonic() + GUARD
+    while True:
+        os.kill(pid, signal.SIGSTOP)
+        probe = sqlite3.connect(database, timeout=2.0, isolation_level=None)
+        try:
+            probe.execute("BEGIN EXCLUSIVE")
+            probe.execute("ROLLBACK")
+            break
+        except sqlite3.OperationalError:
+            os.kill(pid, signal.SIGCONT)
+            if time.monotonic() > deadline:
+                raise
+        finally:
+            probe.close()
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
 
 
 SWITCH_TASKS = 4  # the switch DAG's mapped tasks (dags/switch.py)

@@ -10,8 +10,6 @@ so the task instances stay ``restarting`` for as long as the test looks. Nothing
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,7 +19,13 @@ import pytest
 
 from harness.sandbox import AirflowSandbox
 from tests.core.helpers import alive
-from tests.e2e.helpers import SWITCH_TASKS, open_the_gate, poll, switch_sandbox
+from tests.e2e.helpers import (
+    SWITCH_TASKS,
+    open_the_gate,
+    poll,
+    stopped_outside_a_transaction,
+    switch_sandbox,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -58,9 +62,7 @@ def test_cleared_running_tasks_are_found_restarting_and_run_again(
     for path in tmp_path.glob("started.*"):
         path.unlink()
 
-    scheduler = sandbox.pids["scheduler"]
-    os.kill(scheduler, signal.SIGSTOP)
-    try:
+    with stopped_outside_a_transaction(sandbox, sandbox.pids["scheduler"]):
         sandbox.clear("switch", run_id, "hold", range(TASKS))
         # The api-server tells each supervisor to stop; nobody hands the exits to the scheduler yet.
         poll("the cleared tasks to end", lambda: not any(alive(pid) for pid in first))
@@ -74,8 +76,6 @@ def test_cleared_running_tasks_are_found_restarting_and_run_again(
             timeout=120,
         )
         assert json.loads(found.stdout.splitlines()[-1]) == list(range(TASKS))
-    finally:
-        os.kill(scheduler, signal.SIGCONT)
 
     poll(f"{TASKS} tasks at the gate again", lambda: len(list(tmp_path.glob("started.*"))) == TASKS)
     tries, log = open_the_gate(sandbox, tmp_path, run_id)
