@@ -15,6 +15,7 @@ import pytest
 from airflow.models.taskinstancekey import TaskInstanceKey
 from airflow.utils.state import TaskInstanceState
 
+from async_local_executor.adapter.cleared_exits import TI_GONE
 from async_local_executor.adapter.executor import AsyncLocalExecutor
 
 SUCCESS, FAILED = TaskInstanceState.SUCCESS, TaskInstanceState.FAILED
@@ -93,3 +94,46 @@ def test_a_failed_lookup_holds_nothing(caplog: pytest.LogCaptureFixture) -> None
     with caplog.at_level(logging.WARNING, logger="async_local_executor.adapter.cleared_exits"):
         assert _loops(executor) == [{0, 1, 2}]
     assert "go to the scheduler unpaced" in caplog.text
+
+
+def _gone(executor: AsyncLocalExecutor, i: int) -> None:
+    executor.event_buffer[_key(i)] = (SUCCESS, TI_GONE)
+
+
+def test_a_gone_workload_ends_a_restarting_task_instance() -> None:
+    lookup = Restarting(0)
+    executor = _executor(lookup)
+    _gone(executor, 0)
+
+    assert _loops(executor) == [{0}]
+    assert lookup.asked == [1]  # even alone: whether the event may go at all depends on it
+
+
+def test_a_gone_workload_sends_no_event_for_a_task_instance_that_is_not_restarting(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # 1 was queued again for the same try under a new id: the scheduler would fail it on any event.
+    executor = _executor(Restarting(0, 2))
+    _gone(executor, 0)
+    _gone(executor, 1)
+    executor.event_buffer[_key(2)] = (SUCCESS, None)
+    executor.event_buffer[_key(3)] = (FAILED, "exit 1")
+
+    with caplog.at_level(logging.INFO, logger="async_local_executor.adapter.cleared_exits"):
+        batches = _loops(executor)
+
+    assert set().union(*batches) == {0, 2, 3}
+    assert sorted(len(batch & {0, 2}) for batch in batches) == [1, 1]  # still one restarting exit per loop
+    dropped = [r.getMessage() for r in caplog.records if "no event is sent" in r.getMessage()]
+    assert dropped == [dropped[0]]
+    assert dropped[0].startswith(
+        "workload d.t[1] try 1: its task instance was cleared and is no longer restarting"
+    )
+
+
+def test_a_gone_workload_s_exit_goes_to_the_scheduler_when_the_lookup_fails() -> None:
+    executor = _executor(Restarting(fail=True))
+    _gone(executor, 0)
+    _gone(executor, 1)
+
+    assert _loops(executor) == [{0, 1}]

@@ -11,19 +11,29 @@ Staged here against a real Airflow on SQLite, nothing mocked: parallelism 2 with
 of the switch DAG's tasks queued inside the executor; the test itself makes the start call that a lost
 first attempt would have made (Airflow's own task SDK client, with the token the scheduler would mint),
 then clears that task instance, then opens the gate so the waiting workload starts with the old id.
+
+The second test stages what a slow clear does under the burst: having read the row before the scheduler
+queued it again, it writes only a new id onto a task instance that is ``queued`` for the same try. The
+test writes that id itself (an UPDATE of the one column, as the clear's would be), as the race's timing
+cannot be produced on demand; everything else is real. Any event would fail that task instance, so the
+executor sends none, and a later clear runs it.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from harness.sandbox import AirflowSandbox
 from tests.e2e.helpers import open_the_gate, poll, switch_sandbox
+
+QUEUED_WAITING = ["queued", "queued", "running", "running"]
 
 pytestmark = pytest.mark.e2e
 
@@ -50,26 +60,34 @@ def sandbox(tmp_path: Path) -> Iterator[AirflowSandbox]:
         yield sb
 
 
-def test_a_task_cleared_while_its_workload_waits_runs_again(sandbox: AirflowSandbox, tmp_path: Path) -> None:
+Row = tuple[int, str, str | None, int]
+
+
+def _rows(sandbox: AirflowSandbox, run_id: str) -> list[Row]:
+    found = sandbox.query(
+        "SELECT map_index, id, state, try_number FROM task_instance "
+        "WHERE dag_id = 'switch' AND run_id = :run_id ORDER BY map_index",
+        run_id=run_id,
+    )
+    return [(int(r[0]), str(r[1]), r[2], int(r[3])) for r in found]
+
+
+def _two_waiting(sandbox: AirflowSandbox, tmp_path: Path) -> tuple[str, Row]:
+    """Trigger the switch DAG; return its run and one of the two task instances waiting in the executor."""
     sandbox.wait_for_dag("switch", timeout=120)
     run_id = sandbox.trigger("switch")
-
-    def rows() -> list[tuple[int, str, str | None, int]]:
-        found = sandbox.query(
-            "SELECT map_index, id, state, try_number FROM task_instance "
-            "WHERE dag_id = 'switch' AND run_id = :run_id ORDER BY map_index",
-            run_id=run_id,
-        )
-        return [(int(r[0]), str(r[1]), r[2], int(r[3])) for r in found]
-
     poll(
         "two tasks running and two waiting inside the executor",
         lambda: (
-            sorted(str(r[2]) for r in rows()) == ["queued", "queued", "running", "running"]
+            sorted(str(r[2]) for r in _rows(sandbox, run_id)) == QUEUED_WAITING
             and len(list(tmp_path.glob("started.*"))) == 2
         ),
     )
-    index, old_id, _, _ = next(r for r in rows() if r[2] == "queued")
+    return run_id, next(r for r in _rows(sandbox, run_id) if r[2] == "queued")
+
+
+def test_a_task_cleared_while_its_workload_waits_runs_again(sandbox: AirflowSandbox, tmp_path: Path) -> None:
+    run_id, (index, old_id, _, _) = _two_waiting(sandbox, tmp_path)
     started = subprocess.run(
         [sys.executable, "-c", START, old_id],
         env=sandbox.env,
@@ -80,7 +98,7 @@ def test_a_task_cleared_while_its_workload_waits_runs_again(sandbox: AirflowSand
     )
     assert started.stdout.strip().endswith("started"), started.stderr
     sandbox.clear("switch", run_id, "hold", [index])
-    cleared = next(r for r in rows() if r[0] == index)
+    cleared = next(r for r in _rows(sandbox, run_id) if r[0] == index)
     assert cleared[1] != old_id, cleared
     assert cleared[2] == "restarting", cleared
 
@@ -90,3 +108,30 @@ def test_a_task_cleared_while_its_workload_waits_runs_again(sandbox: AirflowSand
     assert log.count("was cleared and successfully terminated") == 1
     assert "Marking task" not in log
     assert "state mismatch" not in log
+
+
+def test_a_queued_task_given_a_new_id_while_its_workload_waits_is_not_failed(
+    sandbox: AirflowSandbox, tmp_path: Path
+) -> None:
+    run_id, (index, old_id, _, tries) = _two_waiting(sandbox, tmp_path)
+    new_id = str(uuid.uuid4()) if "-" in old_id else uuid.uuid4().hex  # as the database stores it
+    with sandbox.engine.begin() as connection:
+        connection.execute(
+            sa.text("UPDATE task_instance SET id = :new WHERE id = :old"), {"new": new_id, "old": old_id}
+        )
+
+    (tmp_path / "gate").touch()
+    scheduler_log = sandbox.process_logs["scheduler"]
+    poll(
+        "the executor to decide on the gone workload", lambda: "no event is sent" in scheduler_log.read_text()
+    )
+    # The scheduler needs no event to leave it alone: it is still queued, for the same try, not failed.
+    row = next(r for r in _rows(sandbox, run_id) if r[0] == index)
+    assert row == (index, new_id, "queued", tries), row
+
+    sandbox.clear("switch", run_id, "hold", [index])
+    tries_after, log = open_the_gate(sandbox, tmp_path, run_id)
+    assert [state for state, _ in tries_after] == ["success"] * len(tries_after)
+    assert "Marking task" not in log
+    assert "state mismatch" not in log
+    assert "finished with state" not in log

@@ -15,6 +15,15 @@ task instances end together (every task of a large run cleared at once):
 With one such exit per batch, both go away: the only ``set_state`` of the batch is on a row the batch
 has locked, and the loop stays short. Every other event passes at once; the held ones follow, one per
 scheduler loop (a loop takes well under a second while the scheduler has events to process).
+
+The same read decides the fate of a workload whose task instance is *gone* (the api-server refused its
+start or finish with 404: the task instance was cleared and has a new id). If the task instance is
+``restarting``, the workload's end is what lets it run again, so the exit goes to the scheduler. If it is
+not (a clear that read a stale row wrote only a new id onto a task instance the scheduler had already
+queued again for the same try), any event for the key fails it: Airflow takes an event for a queued task
+instance of the same try as "killed externally". So no event is sent; the scheduler requeues the task
+instance after ``[scheduler] task_queued_timeout``, or a later clear runs it again. This is the one
+accepted workload that gets no final event: the event would go to a task instance it is not for.
 """
 
 from __future__ import annotations
@@ -23,10 +32,15 @@ import logging
 from collections.abc import Callable, Collection, Hashable, Iterable
 from typing import Any
 
+from async_local_executor.adapter.submissions import describe
+
 log = logging.getLogger(__name__)
 
 # Which of these keys name task instances that are ``restarting`` now (or raises: then nothing is held).
 Lookup = Callable[[Collection[Any]], Iterable[Hashable]]
+
+# The info of a gone workload's exit (see the module docstring).
+TI_GONE = "the api-server no longer has this task instance: it was cleared while the workload started or ran"
 
 
 class ClearedExitGate:
@@ -39,12 +53,14 @@ class ClearedExitGate:
         self._lookup_failed = False
 
     def hold_back(self, events: dict[Any, Any]) -> dict[Any, Any]:
-        """Remove from ``events`` all but one exit of a restarting task instance; return the removed ones."""
+        """Remove from ``events`` all but one exit of a restarting task instance, and every gone workload's
+        exit whose task instance is not restarting; return the held ones (the dropped ones are logged)."""
         candidates = [key for key, value in events.items() if self._is_candidate(key, value)]
+        gone = [key for key, value in events.items() if _is_gone(value)]
         held: dict[Any, Any] = {}
-        if len(candidates) > 1:
+        if len(candidates) > 1 or gone:
             try:
-                restarting = set(self._lookup(candidates))
+                restarting = set(self._lookup(set(candidates) | set(gone)))
             except Exception:  # the batch goes through as Airflow would get it
                 if not self._lookup_failed:
                     log.warning(
@@ -54,8 +70,20 @@ class ClearedExitGate:
                     )
                 self._lookup_failed = True
                 restarting = set()
+                gone = []  # unknown: each goes to the scheduler, which may fail it, as before this read
             else:
                 self._lookup_failed = False
+            for key in gone:
+                if key not in restarting:
+                    events.pop(key)
+                    candidates.remove(key)
+                    log.info(
+                        "workload %s: its task instance was cleared and is no longer restarting, under an id "
+                        "this workload does not have (queued again, or cleared again); no event is sent, as "
+                        "the scheduler would fail the task instance on any; it runs again when the scheduler "
+                        "requeues it after [scheduler] task_queued_timeout or when it is cleared again",
+                        describe(key),
+                    )
             # The first one stays in the batch: the scheduler gets one per loop.
             for key in [key for key in candidates if key in restarting][1:]:
                 held[key] = events.pop(key)
@@ -63,6 +91,7 @@ class ClearedExitGate:
         return held
 
     def _note(self, count: int) -> None:
+        # How many exits are held back now: logged when that starts and when it ends, not each loop.
         if count and not self._holding:
             log.info(
                 "%d more exits of cleared (restarting) task instances ended together: the scheduler "
@@ -72,3 +101,7 @@ class ClearedExitGate:
         elif self._holding and not count:
             log.info("every exit of a cleared task instance has gone to the scheduler")
         self._holding = count
+
+
+def _is_gone(event: Any) -> bool:
+    return isinstance(event, tuple) and len(event) == 2 and event[1] == TI_GONE

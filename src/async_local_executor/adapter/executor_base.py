@@ -20,6 +20,7 @@ from airflow.models.taskinstancekey import TaskInstanceKey
 
 from async_local_executor.adapter import child, tasklog
 from async_local_executor.adapter.child_output import ChildOutput
+from async_local_executor.adapter.cleared_exits import TI_GONE
 from async_local_executor.adapter.compat import AIRFLOW_V3, airflow2_audit, airflow2_log_path
 from async_local_executor.adapter.config import SECTION, ExecutorConfig
 from async_local_executor.adapter.metrics import Metrics
@@ -44,7 +45,6 @@ _EXIT_REASONS = {
     child.EXIT_ORPHANED: "workload process found the executor gone before it started",
 }
 _IGNORED_KEYS_WARNED = 100
-_TI_GONE = "the api-server no longer has this task instance: it was cleared while the workload started or ran"
 
 
 def _ti_gone(key: object, outcome: Outcome) -> bool:
@@ -151,9 +151,10 @@ class ExecutorBase(BaseExecutor):
             # Its task instance was cleared (it has a new id) while this workload started or ran. The
             # scheduler applies an event to whichever task instance holds the key now: a failure would
             # fail the cleared one, which waits in RESTARTING for the end of this try; an ended workload
-            # is what lets it run again, as for a running task a clear stops.
-            log.info("workload %s: %s; reported as ended, not failed", states.label, _TI_GONE)
-            self.change_state(key, states.success, info=_TI_GONE)
+            # is what lets it run again, as for a running task a clear stops. get_event_buffer() drops
+            # the event if the task instance is not restarting (see cleared_exits).
+            log.info("workload %s: %s; reported as ended, not failed", states.label, TI_GONE)
+            self.change_state(key, states.success, info=TI_GONE)
             return
         reason = outcome.reason
         if outcome.kind is OutcomeKind.EXITED:
