@@ -34,11 +34,32 @@ class Times:
 
 
 @dataclass(frozen=True)
+class Cleanup:
+    """What a contained workload's cgroup held and used, read when its main process had exited.
+
+    :param leftovers: processes still in the cgroup then (what the workload left behind)
+    :param killed: how many of those were killed
+    :param oom_kills: processes the kernel killed for exceeding the cgroup's memory limit
+    :param memory_peak: the most memory (bytes) the cgroup used; None where it is not accounted
+    :param cpu_seconds: CPU time the cgroup used; None where it is not accounted
+    :param memory_limit: the cgroup's memory limit (bytes), None for none
+    """
+
+    leftovers: int = 0
+    killed: int = 0
+    oom_kills: int = 0
+    memory_peak: int | None = None
+    cpu_seconds: float | None = None
+    memory_limit: int | None = None
+
+
+@dataclass(frozen=True)
 class Outcome:
     """The one final result of a workload.
 
     :param returncode: the exit status where a process ran (negative: killed by that signal)
     :param reason: a short human sentence; empty for a clean exit
+    :param cleanup: what its cgroup held and used, for a contained workload
     """
 
     key: Hashable
@@ -46,6 +67,7 @@ class Outcome:
     returncode: int | None = None
     reason: str = ""
     times: Times | None = None
+    cleanup: Cleanup | None = None
 
     @property
     def ok(self) -> bool:

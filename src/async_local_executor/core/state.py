@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from async_local_executor.core.admission import Admission
+from async_local_executor.core.cgroups.group import WorkloadCgroup
 from async_local_executor.core.outcome import Outcome, OutcomeKind
 
 # Launch failures kept for the health check and the status report.
@@ -19,6 +20,7 @@ class RunningWorkload:
     pid: int
     launched: float  # wall clock
     group: str
+    cgroup: WorkloadCgroup | None = None  # where its memory and CPU are accounted, when contained
 
 
 @dataclass(frozen=True)

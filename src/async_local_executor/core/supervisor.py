@@ -25,6 +25,7 @@ import anyio.abc
 
 from async_local_executor.core.admission import Admission, host_available_memory
 from async_local_executor.core.clock import SYSTEM, Clock
+from async_local_executor.core.contained import contained_outcome
 from async_local_executor.core.errors import LaunchError
 from async_local_executor.core.escalation import escalate
 from async_local_executor.core.launchers.base import Child, Launcher, LaunchRequest
@@ -119,7 +120,10 @@ class Supervisor:
         for tracked in self._tracked.values():
             child, launched = tracked.child, tracked.launched
             if child is not None and launched is not None:
-                running.append(RunningWorkload(tracked.label, child.pid, launched, tracked.request.group))
+                cgroup = getattr(child, "cgroup", None)
+                running.append(
+                    RunningWorkload(tracked.label, child.pid, launched, tracked.request.group, cgroup)
+                )
             elif not tracked.life.finished:
                 waiting += 1
                 oldest = tracked.accepted if oldest is None else min(oldest, tracked.accepted)
@@ -260,7 +264,9 @@ class Supervisor:
         )
 
     def _end(self, tracked: Tracked, status: ExitStatus, step: Step) -> None:
-        self._finish(tracked, classify(tracked.request.key, status, tracked.stop_reason), step)
+        outcome = classify(tracked.request.key, status, tracked.stop_reason)
+        # A contained child (core.contained) knows, once awaited, what its cgroup held and used.
+        self._finish(tracked, contained_outcome(outcome, getattr(tracked.child, "cleanup", None)), step)
 
     def _finish(self, tracked: Tracked, outcome: Outcome, step: Step) -> None:
         tracked.life.advance(step)

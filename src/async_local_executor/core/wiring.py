@@ -13,7 +13,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from async_local_executor.core.admission import MB
+from async_local_executor.core.cgroups import Containment, Limits
 from async_local_executor.core.clock import SYSTEM, Clock
+from async_local_executor.core.contained import ContainedLauncher
 from async_local_executor.core.health import Probe, Report, Thresholds
 from async_local_executor.core.launchers.base import Launcher, OutputSink
 from async_local_executor.core.launchers.forkserver import ForkServerLauncher
@@ -45,6 +47,8 @@ class Plan:
     :param event_loop: ``auto`` (uvloop when it is installed), ``asyncio`` or ``uvloop``
     :param max_lag: health: seconds the loop may wake late
     :param max_wait: health: seconds a workload may wait to launch
+    :param limits: every workload's memory, CPU and process limits (they need containment)
+    :param kill_leftovers: when a contained workload's main process exits, kill what is left in its cgroup
     """
 
     parallelism: int
@@ -60,6 +64,8 @@ class Plan:
     event_loop: str = "auto"
     max_lag: float = Thresholds.max_lag
     max_wait: float = Thresholds.max_wait
+    limits: Limits = Limits()  # noqa: RUF009 - frozen
+    kill_leftovers: bool = True
 
     def __post_init__(self) -> None:
         if self.launcher not in LAUNCHERS:
@@ -91,6 +97,7 @@ def wire(
     on_report: Callable[[Report], None] | None = None,
     write: Callable[[Report], None] | None = None,
     clock: Clock = SYSTEM,
+    containment: Containment | None = None,
 ) -> Wired:
     """Build the runtime (its supervisor, launcher and probe are made on its loop thread when it starts).
 
@@ -100,6 +107,7 @@ def wire(
     :param on_report: called on the loop with each health report; must not block
     :param write: called in a worker thread with a health report every few seconds (a status file)
     :param clock: the time every built component reads
+    :param containment: the instance's cgroups, opened by the caller; None: workloads are not contained
     """
     policy = TerminationPolicy(grace=plan.termination_grace)
     thresholds = Thresholds(max_lag=plan.max_lag, max_wait=plan.max_wait)
@@ -117,6 +125,10 @@ def wire(
                 env=env,
                 idle_timeout=plan.forkserver_idle_timeout or None,
                 clock=clock,
+            )
+        if containment is not None:
+            launcher = ContainedLauncher(
+                launcher, containment, limits=plan.limits, kill_leftovers=plan.kill_leftovers
             )
         return Supervisor(
             launcher,

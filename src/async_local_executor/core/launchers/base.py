@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Protocol
 
 from typing_extensions import Self
+
+from async_local_executor.core.cgroups.limits import Limits
+from async_local_executor.core.errors import LaunchError
 
 OutputSink = Callable[[Hashable, str], None]
 """Receives each line a child writes to stdout or stderr, with the key of the workload."""
@@ -25,6 +28,12 @@ class LaunchRequest:
     :param label: a short human name for logs
     :param timeout: seconds the process may run before it is terminated; ``None`` for no limit
     :param group: the admission group whose own limit (if the supervisor has one for it) also applies
+    :param limits: memory, CPU and process limits of this workload's own, over the executor's (they need
+        containment: a contained launcher enforces them, or refuses the launch)
+    :param before_start: awaited with the new process's pid before it gets ``stdin``, so before it runs
+        anything of the workload (a contained launcher moves it into its cgroup here); if it raises,
+        the process is killed and the launch fails with the error. A program started by the plain
+        launcher runs from its ``exec`` on: it must read its stdin before it starts anything
     """
 
     key: Hashable
@@ -34,6 +43,8 @@ class LaunchRequest:
     label: str = field(default="")
     timeout: float | None = None
     group: str = ""
+    limits: Limits = field(default_factory=Limits)
+    before_start: Callable[[int], Awaitable[None]] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.argv:
@@ -80,3 +91,16 @@ class Launcher(Protocol):
     def problem(self) -> str | None:
         """Why this launch path is degraded or down right now, in words; None when it is fine."""
         ...
+
+
+async def prepare(request: LaunchRequest, pid: int) -> None:
+    """Run ``request``'s :attr:`~LaunchRequest.before_start` for process ``pid``, if it has one.
+
+    :raises LaunchError: with the hook's error, for the launcher to kill the process and fail the launch
+    """
+    if request.before_start is None:
+        return
+    try:
+        await request.before_start(pid)
+    except Exception as exc:
+        raise LaunchError(f"cannot prepare the workload process: {exc}") from exc

@@ -13,7 +13,7 @@ import anyio
 import anyio.to_thread
 
 from async_local_executor.core.errors import ChildLost, LaunchError
-from async_local_executor.core.launchers.base import LaunchRequest, OutputSink
+from async_local_executor.core.launchers.base import LaunchRequest, OutputSink, prepare
 from async_local_executor.core.launchers.forkserver_protocol import GO
 from async_local_executor.core.launchers.output import LineSplitter, drain_after_exit
 from async_local_executor.core.launchers.tree import GroupSignaller
@@ -53,6 +53,16 @@ class ForkServerChild:
             os.close(read_fd)
             await anyio.to_thread.run_sync(os.waitpid, pid, 0)
             raise LaunchError(f"cannot watch the workload process: {exc.strerror}") from exc
+        try:
+            await prepare(request, pid)  # before GO: it runs nothing of the workload until then
+        except BaseException:
+            # Told nothing, it exits by itself (EXIT_ORPHANED) when the control socket closes.
+            with anyio.CancelScope(shield=True):
+                control.close()
+                os.close(read_fd)
+                await anyio.to_thread.run_sync(os.waitid, os.P_PIDFD, pidfd, os.WEXITED)
+                os.close(pidfd)
+            raise
         child = cls(pid, pidfd, read_fd, request, output)
         # Shielded: a child that got half its payload would run with a truncated workload.
         with anyio.CancelScope(shield=True):

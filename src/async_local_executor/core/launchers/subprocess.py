@@ -18,7 +18,7 @@ import anyio.abc
 from typing_extensions import Self
 
 from async_local_executor.core.errors import LaunchError
-from async_local_executor.core.launchers.base import LaunchRequest, OutputSink
+from async_local_executor.core.launchers.base import LaunchRequest, OutputSink, prepare
 from async_local_executor.core.launchers.output import LineSplitter, discard, drain_after_exit, drain_stream
 from async_local_executor.core.launchers.tree import GroupSignaller
 
@@ -81,6 +81,15 @@ class SubprocessLauncher:
             )
         except OSError as exc:
             raise LaunchError(f"cannot start {request.argv[0]!r}: {_why(request.argv[0], exc)}") from exc
+        try:
+            await prepare(request, process.pid)  # before its stdin, which wait() writes
+        except BaseException:
+            # Shielded: it has not read a byte of its workload yet, and must not live on unsupervised.
+            with anyio.CancelScope(shield=True):
+                GroupSignaller(process.pid).send(signal.SIGKILL)
+                await process.wait()
+                await process.aclose()
+            raise
         return SubprocessChild(process, request, self._output)
 
 

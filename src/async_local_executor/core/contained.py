@@ -1,0 +1,184 @@
+"""Each workload in a cgroup of its own: a launcher that wraps either launch path.
+
+The workload's process joins its cgroup before it gets its payload (see ``LaunchRequest.before_start``),
+so everything the task starts is born inside and stays there whatever it does (``setsid``, ``env -i``,
+a double fork, another uid). Stopping a workload signals the whole cgroup; when its main process has
+exited, what it left behind is killed (unless ``kill_leftovers`` is off) and the cgroup removed, and what
+the cgroup used and whether the kernel OOM-killed anything in it goes into the outcome.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import logging
+import signal
+from types import TracebackType
+
+import anyio
+import anyio.to_thread
+from typing_extensions import Self
+
+from async_local_executor.core.cgroups import (
+    Containment,
+    Limits,
+    LimitUnavailable,
+    WorkloadCgroup,
+    format_bytes,
+)
+from async_local_executor.core.errors import LaunchError
+from async_local_executor.core.launchers.base import Child, Launcher, LaunchRequest
+from async_local_executor.core.outcome import Cleanup, Outcome
+
+log = logging.getLogger(__name__)
+
+# Seconds the leftovers of an ended workload get to leave its cgroup after SIGKILL before it is left
+# for the executor's own removal at shutdown (or a successor's reclaim).
+SETTLE_GUARD = 5.0
+
+
+class ContainedLauncher:
+    """Launches through ``inner``, each workload in a new cgroup of ``containment``.
+
+    :param inner: the launch path that starts the process
+    :param containment: the executor instance's cgroups; in mode NONE every launch goes to ``inner`` as is
+    :param limits: every workload's limits; a request's own override them one by one
+    :param kill_leftovers: kill what a workload left in its cgroup once its main process has exited
+    """
+
+    def __init__(
+        self,
+        inner: Launcher,
+        containment: Containment,
+        *,
+        limits: Limits = Limits(),  # noqa: B008 - frozen
+        kill_leftovers: bool = True,
+    ) -> None:
+        self._inner = inner
+        self._containment = containment
+        self._limits = limits
+        self._kill_leftovers = kill_leftovers
+        self._names = itertools.count(1)
+
+    async def __aenter__(self) -> Self:
+        await self._inner.__aenter__()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        return await self._inner.__aexit__(exc_type, exc, tb)
+
+    @property
+    def problem(self) -> str | None:
+        return self._inner.problem
+
+    async def launch(self, request: LaunchRequest) -> Child:
+        limits = self._limits.merged(request.limits)
+        name = f"w{next(self._names)}"
+        try:
+            cgroup = await anyio.to_thread.run_sync(self._containment.create, name, limits)
+        except LimitUnavailable as exc:
+            raise LaunchError(f"cannot apply its limits ({limits.describe()}): {exc}") from exc
+        except OSError as exc:
+            why = f"cannot create its cgroup: {exc.strerror or exc}"
+            if not limits.empty:
+                raise LaunchError(f"{why}, and it has limits ({limits.describe()})") from exc
+            # One task run uncontained hurts less than one task not run at all.
+            log.warning("workload %s runs without a cgroup of its own: %s", request.label or request.key, why)
+            return await self._inner.launch(request)
+        if cgroup is None:
+            return await self._inner.launch(request)
+        earlier = request.before_start
+
+        async def join(pid: int) -> None:
+            # One that already exited (a zombie cannot join) started nothing; its status tells why.
+            with contextlib.suppress(ProcessLookupError):
+                await anyio.to_thread.run_sync(cgroup.join, pid)
+            if earlier is not None:
+                await earlier(pid)
+
+        try:
+            child = await self._inner.launch(dataclasses.replace(request, before_start=join))
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(cgroup.remove)
+            raise
+        return ContainedChild(child, cgroup, kill_leftovers=self._kill_leftovers)
+
+
+class ContainedChild:
+    """A launched workload in its cgroup; the same contract as the child it wraps.
+
+    :attr cleanup: what the cgroup held and used, once :meth:`wait` has returned
+    """
+
+    def __init__(self, child: Child, cgroup: WorkloadCgroup, *, kill_leftovers: bool) -> None:
+        self._child = child
+        self.cgroup = cgroup
+        self._kill_leftovers = kill_leftovers
+        self.cleanup: Cleanup | None = None
+
+    @property
+    def pid(self) -> int:
+        return self._child.pid
+
+    def signal(self, sig: int) -> None:
+        # The whole cgroup, whatever session or group its members put themselves in. cgroupfs files are
+        # kernel memory: reading cgroup.procs does not block the loop the way disk I/O would.
+        try:
+            if sig == signal.SIGKILL:
+                self.cgroup.kill()
+            else:
+                self.cgroup.signal(sig)
+        except OSError:
+            self._child.signal(sig)  # the cgroup refused: its process group still gets it
+
+    async def wait(self) -> int:
+        try:
+            return await self._child.wait()
+        finally:
+            # Shielded: a cancelled wait must still not leave the workload's processes behind.
+            with anyio.CancelScope(shield=True):
+                self.cleanup = await anyio.to_thread.run_sync(self._settle)
+
+    def _settle(self) -> Cleanup:
+        """Worker thread: read what the cgroup used, kill what is left in it, remove it."""
+        cgroup = self.cgroup
+        try:
+            oom_kills = cgroup.oom_kills()
+            usage = cgroup.usage()
+            leftovers = len(cgroup.members())
+            killed = 0
+            if leftovers and self._kill_leftovers:
+                killed = cgroup.kill()
+                if not cgroup.wait_empty(SETTLE_GUARD):
+                    log.warning("processes of cgroup %s are still there after SIGKILL", cgroup.path)
+            if not cgroup.populated():
+                cgroup.remove()
+        except OSError as exc:
+            log.warning("cannot settle cgroup %s: %s", cgroup.path, exc)
+            return Cleanup(memory_limit=cgroup.limits.memory)
+        return Cleanup(
+            leftovers=leftovers,
+            killed=killed,
+            oom_kills=oom_kills,
+            memory_peak=usage.memory_peak,
+            cpu_seconds=usage.cpu_seconds,
+            memory_limit=cgroup.limits.memory,
+        )
+
+
+def contained_outcome(outcome: Outcome, cleanup: Cleanup | None) -> Outcome:
+    """``outcome`` with what its cgroup says: an OOM kill's reason, the leftovers killed."""
+    if cleanup is None:
+        return outcome
+    reason = outcome.reason
+    if cleanup.oom_kills:
+        limit = cleanup.memory_limit
+        what = f"memory limit {format_bytes(limit)} exceeded" if limit is not None else "out of memory"
+        reason = f"killed by the kernel: {what}" + (f" ({reason})" if reason else "")
+    if cleanup.killed and not outcome.ok:
+        reason += f"; {cleanup.killed} leftover processes killed"
+    return dataclasses.replace(outcome, reason=reason, cleanup=cleanup)

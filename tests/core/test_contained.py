@@ -1,0 +1,192 @@
+"""Workloads in cgroups of their own, through both launch paths, with real cgroups and plain children.
+
+Each test runs under a scratch cgroup root of its own (tests/core/cgroup_helpers.py), removed with
+everything in it whatever the test did.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from async_local_executor.core.cgroups import Containment, Limits, cgroup_of
+from async_local_executor.core.contained import ContainedLauncher
+from async_local_executor.core.launchers.base import LaunchRequest
+from async_local_executor.core.outcome import OutcomeKind
+from tests.core import cgroup_helpers
+from tests.core.cgroup_helpers import MiB, Scratch, gone
+from tests.core.helpers import Recorder
+from tests.core.helpers import py as plain_py
+from tests.core.test_supervisor import make_launcher, serving
+
+pytestmark = [
+    pytest.mark.asyncio,
+    pytest.mark.skipif(bool(cgroup_helpers.unusable()), reason=cgroup_helpers.unusable()),
+]
+
+# Leaves a sleeper behind that no process group, session or environment marker ties to the workload:
+# a new session, an empty environment, its parent exited (a double fork).
+ESCAPER = """
+import os, subprocess, sys
+first = os.fork()
+if first == 0:
+    os.setsid()
+    proc = subprocess.Popen(
+        ["sleep", "600"], env={}, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    print("escaped", proc.pid, flush=True)
+    os._exit(0)
+os.waitpid(first, 0)
+cgroup2 = [line for line in open("/proc/self/cgroup").read().splitlines() if line.startswith("0::")]
+print("cgroup", cgroup2[0][3:], flush=True)
+"""
+
+
+def py(code: str) -> list[str]:
+    # As the real workload entry does, it reads its stdin (its payload) before it runs anything: what it
+    # does before that would run outside its cgroup on the plain launch path.
+    return plain_py("import sys\nsys.stdin.read()\n" + code)
+
+
+@pytest.fixture(params=["subprocess", "forkserver"])
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def box() -> Iterator[Scratch]:
+    with cgroup_helpers.scratch() as made:
+        yield made
+
+
+def _said(recorder: Recorder, word: str) -> list[str]:
+    return [line.split(" ", 1)[1] for _, line in recorder.lines if line.startswith(word + " ")]
+
+
+async def test_nothing_a_workload_starts_outlives_it(box: Scratch, kind: str) -> None:
+    recorder = Recorder()
+    containment = box.open()
+    launcher = ContainedLauncher(make_launcher(kind, recorder), containment)
+    async with serving(recorder, launcher) as supervisor:
+        supervisor.submit(LaunchRequest(key="w", argv=py(ESCAPER)))
+        await recorder.until(lambda: recorder.outcomes)
+    outcome = recorder.outcome("w")
+    assert outcome.ok, outcome
+    [escaped] = [int(pid) for pid in _said(recorder, "escaped")]
+    assert gone(escaped)
+    # It was inside before it ran a line of the workload, so its descendants were born there.
+    [where] = _said(recorder, "cgroup")
+    assert containment.path is not None
+    assert where.startswith(f"/{box.root.strip('/')}/ale-{containment.instance}/w")
+    assert outcome.cleanup is not None
+    assert (outcome.cleanup.leftovers, outcome.cleanup.killed) == (1, 1)
+    assert outcome.cleanup.cpu_seconds is not None
+    assert outcome.cleanup.cpu_seconds > 0
+    assert [path.name for path in containment.path.iterdir() if path.is_dir()] == []  # removed
+
+
+async def test_leftovers_stay_when_asked_to(box: Scratch, kind: str) -> None:
+    recorder = Recorder()
+    containment = box.open()
+    launcher = ContainedLauncher(make_launcher(kind, recorder), containment, kill_leftovers=False)
+    async with serving(recorder, launcher) as supervisor:
+        supervisor.submit(LaunchRequest(key="w", argv=py(ESCAPER)))
+        await recorder.until(lambda: recorder.outcomes)
+    outcome = recorder.outcome("w")
+    [escaped] = [int(pid) for pid in _said(recorder, "escaped")]
+    assert not gone(escaped)
+    assert outcome.cleanup is not None
+    assert (outcome.cleanup.leftovers, outcome.cleanup.killed) == (1, 0)
+X
+
+
+async def test_a_stopped_workload_takes_its_escaped_processes_with_it(box: Scratch, kind: str) -> None:
+    # Both ignore SIGTERM, so only the cgroup's SIGKILL after the grace period ends them; leftovers are
+    # not killed at exit here, so the escaped one can only have gone with the stop.
+    recorder = Recorder()
+    stubborn = ESCAPER.replace('["sleep", "600"]', '["sh", "-c", "trap \'\' TERM; sleep 600"]')
+    code = "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n" + stubborn
+    code += "import time\ntime.sleep(600)\n"
+    launcher = ContainedLauncher(make_launcher(kind, recorder), box.open(), kill_leftovers=False)
+    async with serving(recorder, launcher, grace=0.5) as supervisor:
+        supervisor.submit(LaunchRequest(key="w", argv=py(code)))
+        await recorder.until(lambda: _said(recorder, "cgroup"))
+        assert supervisor.stop("w", "revoked") == 1
+        await recorder.until(lambda: recorder.outcomes)
+    outcome = recorder.outcome("w")
+    assert outcome.kind is OutcomeKind.TERMINATED, outcome
+    assert outcome.returncode == -signal.SIGKILL
+    [escaped] = [int(pid) for pid in _said(recorder, "escaped")]
+    assert gone(escaped)
+
+
+async def test_the_kernel_s_oom_kill_is_the_reason(box: Scratch, kind: str) -> None:
+    containment = box.open()
+    if "memory" not in containment.controllers:
+        pytest.skip(f"no memory controller here ({containment.describe()})")
+    recorder = Recorder()
+    hog = "blocks = []\nwhile True:\n    blocks.append(bytearray(16 * 1024 * 1024))\n"
+    launcher = ContainedLauncher(make_launcher(kind, recorder), containment)
+    async with serving(recorder, launcher) as supervisor:
+        supervisor.submit(LaunchRequest(key="hog", argv=py(hog), limits=Limits(memory=64 * MiB)))
+        supervisor.submit(LaunchRequest(key="fine", argv=py("print('fine')")))
+        await recorder.until(lambda: len(recorder.outcomes) == 2)
+    outcome = recorder.outcome("hog")
+    assert not outcome.ok
+    assert outcome.reason.startswith("killed by the kernel: memory limit 64 MiB exceeded"), outcome
+    assert outcome.cleanup is not None
+    assert outcome.cleanup.oom_kills >= 1
+    assert outcome.cleanup.memory_peak is not None
+    assert outcome.cleanup.memory_peak <= 64 * MiB
+    assert recorder.outcome("fine").ok
+
+
+async def test_a_limit_its_controller_cannot_enforce_fails_that_launch_only(
+    box: Scratch, kind: str, tmp_path: Path
+) -> None:
+    # Only the cgroup2 mount is listed: the cgroup v1 controllers of a hybrid host are out of sight.
+    lines = Path("/proc/self/mountinfo").read_text().splitlines()  # noqa: ASYNC240 - a test's setup
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text("\n".join(line for line in lines if " - cgroup2 " in line) + "\n")
+    containment: Containment = box.open(mountinfo=str(mountinfo))
+    if "pids" in containment.controllers:
+        pytest.skip("cgroup2 gives the pids controller here")
+    recorder = Recorder()
+    launcher = ContainedLauncher(make_launcher(kind, recorder), containment)
+    async with serving(recorder, launcher) as supervisor:
+        supervisor.submit(LaunchRequest(key="limited", argv=py("print(1)"), limits=Limits(pids=10)))
+        supervisor.submit(LaunchRequest(key="plain", argv=py("print(1)")))
+        await recorder.until(lambda: len(recorder.outcomes) == 2)
+    failed = recorder.outcome("limited")
+    assert failed.kind is OutcomeKind.LAUNCH_FAILED
+    assert "cannot apply its limits (pids 10): pids limit needs the pids controller" in failed.reason
+    assert "limited" not in recorder.pids
+    assert recorder.outcome("plain").ok
+
+
+async def test_a_process_that_cannot_join_is_killed_before_it_runs(
+    box: Scratch, kind: str, tmp_path: Path
+) -> None:
+    recorder = Recorder()
+    containment = box.open()
+    launcher = ContainedLauncher(make_launcher(kind, recorder), containment)
+    marker = tmp_path / "ran"  # what the workload would create if it ran
+
+    async def refuse(pid: int) -> None:
+        refuse.pid = pid  # type: ignore[attr-defined]
+        raise OSError("refused by the test")
+
+    code = f"open({str(marker)!r}, 'w').close()"
+    async with serving(recorder, launcher) as supervisor:
+        supervisor.submit(LaunchRequest(key="w", argv=py(code), before_start=refuse))
+        await recorder.until(lambda: recorder.outcomes)
+    outcome = recorder.outcome("w")
+    assert outcome.kind is OutcomeKind.LAUNCH_FAILED
+    assert "cannot prepare the workload process: refused by the test" in outcome.reason
+    assert gone(refuse.pid)  # type: ignore[attr-defined]
+    assert not marker.exists()
+    assert containment.path is not None
+    assert [path for path in containment.path.iterdir() if path.is_dir()] == []
