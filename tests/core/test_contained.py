@@ -100,7 +100,7 @@ async def test_leftovers_stay_when_asked_to(box: Scratch, kind: str) -> None:
     assert not gone(escaped)
     assert outcome.cleanup is not None
     assert (outcome.cleanup.leftovers, outcome.cleanup.killed) == (1, 0)
-X
+    assert str(cgroup_of(escaped)).endswith("/w1")  # still contained: the box's cleanup kills it there
 
 
 async def test_a_stopped_workload_takes_its_escaped_processes_with_it(box: Scratch, kind: str) -> None:
