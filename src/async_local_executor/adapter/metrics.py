@@ -13,8 +13,9 @@ from datetime import timedelta
 from airflow.utils.helpers import prune_dict
 
 from async_local_executor.adapter.compat import AIRFLOW_V3, stats
+from async_local_executor.core.admission import MB
 from async_local_executor.core.health import Report, Verdict
-from async_local_executor.core.outcome import Outcome, OutcomeKind
+from async_local_executor.core.outcome import Cleanup, Outcome, OutcomeKind
 
 # Metric name suffixes of final events that are not a success.
 _OUTCOME_NAMES = {OutcomeKind.EXITED: "failed", OutcomeKind.SIGNALLED: "killed"}
@@ -51,6 +52,20 @@ class Metrics:
     def final_event(self, outcome: Outcome) -> None:
         kind = "success" if outcome.ok else _OUTCOME_NAMES.get(outcome.kind, outcome.kind.value)
         stats.incr(self.name(f"final_events.{kind}"), tags=self._tags)
+        if outcome.cleanup is not None:
+            self._cleanup(outcome.cleanup)
+
+    def _cleanup(self, cleanup: Cleanup) -> None:
+        """What a contained workload's cgroup used and held once its main process had exited."""
+        tags = self._tags
+        if cleanup.memory_peak is not None:
+            stats.gauge(self.name("workload.memory_peak_mb"), round(cleanup.memory_peak / MB, 1), tags=tags)
+        if cleanup.cpu_seconds is not None:
+            stats.timing(self.name("workload.cpu_time"), timedelta(seconds=cleanup.cpu_seconds), tags=tags)
+        if cleanup.leftovers:
+            stats.incr(self.name("workload.leftover_processes"), count=cleanup.leftovers, tags=tags)
+        if cleanup.oom_kills:
+            stats.incr(self.name("workload.oom_kills"), count=cleanup.oom_kills, tags=tags)
 
     def report(self, report: Report) -> None:
         """Gauges from one health probe; on the loop thread, every probe."""

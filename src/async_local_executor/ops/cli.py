@@ -69,6 +69,14 @@ def _check(found: list[Found]) -> int:
     return 0 if all(f.healthy for f in found) else 1
 
 
+COLUMNS = ("key", "pid", "queue", "age (s)", "memory (MB)", "peak (MB)", "CPU (s)")
+
+
+def _number(value: object, form: str = "{}") -> str:
+    # bool is an int too, but never a number in a status file
+    return form.format(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
+
+
 def render(found: list[Found], directory: Path) -> Group | Text:
     if not found:
         return Text(f"no executor status in {directory} (is a scheduler with AsyncLocalExecutor running?)")
@@ -93,17 +101,22 @@ def render(found: list[Found], directory: Path) -> Group | Text:
         parts.append(head)
         if health.get("reason"):
             parts.append(Text(f"  {health['reason']}", style=style))
+        containment = data.get("containment")
+        if isinstance(containment, dict) and containment.get("detail"):
+            parts.append(Text(f"  containment: {containment['detail']}"))
         table = Table(box=None, pad_edge=False)
-        for column in ("key", "pid", "queue", "age (s)", "RSS (MB)"):
+        for column in COLUMNS:
             table.add_column(column, justify="right" if column != "key" else "left")
         for w in running:
-            age = w.get("age_s")
             table.add_row(
                 str(w.get("key")),
                 str(w.get("pid")),
                 str(w.get("queue") or "-"),
-                f"{age:.0f}" if isinstance(age, (int, float)) else "-",
-                str(w.get("rss_mb") or "-"),
+                _number(w.get("age_s"), "{:.0f}"),
+                # memory_mb: absent from an older version's file, which has rss_mb only.
+                _number(w.get("memory_mb", w.get("rss_mb"))),
+                _number(w.get("peak_mb")),
+                _number(w.get("cpu_s")),
             )
         parts.append(table)
     return Group(*parts)

@@ -3,8 +3,8 @@
 One JSON file per executor instance, ``status.<instance>.json`` in the state directory, 0600, replaced
 atomically (write a fresh temporary file, then rename) so a reader never sees half of one. It is written in a
 worker thread of the event loop, never on the scheduler's thread, and it is where the per-workload
-memory is read (``/proc`` reads for every running workload do not belong on the loop either). Nothing
-here knows Airflow.
+memory and CPU are read (a contained workload's from its cgroup, any other's from ``/proc``: file reads
+for every running workload do not belong on the loop either). Nothing here knows Airflow.
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ from typing import Any
 import psutil
 
 from async_local_executor.core.admission import MB
+from async_local_executor.core.cgroups.group import Usage, WorkloadCgroup
 from async_local_executor.core.health import Report
+from async_local_executor.core.state import RunningWorkload
 from async_local_executor.ops.files import replace_atomically
 from async_local_executor.ops.journal_file import start_time
 from async_local_executor.ops.status_read import PREFIX, STALE_AFTER, START_KEY, SUFFIX, Found, read_all
@@ -77,23 +79,51 @@ def tree_rss(pids: Iterable[int]) -> dict[int, int | None]:
     return totals
 
 
+def _mb(amount: int | None) -> float | None:
+    return None if amount is None else round(amount / MB, 1)
+
+
+def _usage(cgroup: WorkloadCgroup) -> dict[str, Any]:
+    try:
+        usage = cgroup.usage()
+    except OSError:  # a cgroup removed under the read: no numbers, and the status file is still written
+        usage = Usage(None, None, None)
+    cpu = usage.cpu_seconds
+    return {
+        "memory_mb": _mb(usage.memory_current),
+        "peak_mb": _mb(usage.memory_peak),
+        "cpu_s": None if cpu is None else round(cpu, 1),
+        "memory_from": "cgroup",
+    }
+
+
+def _numbers(workload: RunningWorkload, rss: Mapping[int, int | None]) -> dict[str, Any]:
+    if workload.cgroup is not None:
+        numbers = _usage(workload.cgroup)
+    else:
+        numbers = {"memory_mb": _mb(rss[workload.pid]), "peak_mb": None, "cpu_s": None, "memory_from": "proc"}
+    # rss_mb: the key earlier versions wrote, kept for their readers.
+    return {"rss_mb": numbers["memory_mb"], **numbers}
+
+
 def document(report: Report, meta: Mapping[str, Any], now: float | None = None) -> dict[str, Any]:
     """What the status file holds, from one health report plus who wrote it."""
     now = time.time() if now is None else now
     state = report.state
-    running = []
-    memory = tree_rss(w.pid for w in state.running)
-    for workload in sorted(state.running, key=lambda w: w.launched):
-        rss = memory[workload.pid]
-        running.append(
-            {
-                "key": workload.label,
-                "pid": workload.pid,
-                "queue": workload.group,
-                "age_s": round(now - workload.launched, 1),
-                "rss_mb": None if rss is None else round(rss / MB, 1),
-            }
-        )
+    # A cgroup counts the memory of everything the workload started (page cache included), even what left
+    # its process tree; the /proc scan, the fallback, sees only live descendants, so it runs only for the
+    # workloads without a cgroup.
+    rss = tree_rss(w.pid for w in state.running if w.cgroup is None)
+    running = [
+        {
+            "key": workload.label,
+            "pid": workload.pid,
+            "queue": workload.group,
+            "age_s": round(now - workload.launched, 1),
+            **_numbers(workload, rss),
+        }
+        for workload in sorted(state.running, key=lambda w: w.launched)
+    ]
     oldest = state.oldest_waiting_since
     return {
         **meta,
