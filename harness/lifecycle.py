@@ -19,7 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 
-from harness import waits
+from harness import cgroups, waits
 from harness.environment import (
     DEFAULT_DAGS_FOLDER,
     DEMO_CALLBACK_DIR_ENV,
@@ -184,6 +184,7 @@ class SandboxLifecycle:
             log_server_port=self.log_server_port,
             execution_api_timeout=self.execution_api_timeout,
         )
+        env.update(cgroups.sandbox_env())
         env.update(self._extra_config)
         return env
 
@@ -244,6 +245,7 @@ class SandboxLifecycle:
             with self._step("stopping airflow processes"):
                 self._processes.terminate_all()
         self._processes.kill_leftovers()
+        cgroups.remove_from(self._env)
         self._processes.close_logs()
         self._db.dispose()
         if self._postgres is not None:

@@ -6,7 +6,15 @@ from pathlib import Path
 import pytest
 
 from async_local_executor.adapter import config, validation
-from async_local_executor.adapter.config import OPTIONS, SECTION, EventLoop, ExecutorConfig, LauncherKind
+from async_local_executor.adapter.config import (
+    OPTIONS,
+    SECTION,
+    ContainmentKind,
+    EventLoop,
+    ExecutorConfig,
+    LauncherKind,
+)
+from async_local_executor.core.cgroups import Limits
 from async_local_executor.ops import state_dir
 from tests.adapter import workloads
 from tests.adapter.driver import RecordingExecutor, Scheduler, loop_threads
@@ -86,6 +94,12 @@ def test_values_are_read() -> None:
         ),
         ("workload_cpu_priority", "20", "from 1 to 19, got '20'"),
         ("workload_cpu_priority", "0", "got '0'"),
+        ("containment", "always", "containment must be one of auto, off, got 'always'"),
+        ("task_memory_limit", "lots", "task_memory_limit: memory limit must be a size such as 512M"),
+        ("task_memory_limit", "1.5", "got '1.5'"),
+        ("task_cpu_limit", "0", "task_cpu_limit: cpu limit must be a number of CPUs above 0"),
+        ("task_pids_limit", "-3", "task_pids_limit: "),
+        ("kill_leftover_processes", "maybe", "kill_leftover_processes must be True or False"),
     ],
 )
 def test_invalid_values_name_the_option(key: str, value: str, message: str) -> None:
@@ -102,6 +116,12 @@ def test_environment_variables_reach_the_executor(monkeypatch: pytest.MonkeyPatc
 
 def test_every_option_is_documented() -> None:
     assert {o.name for o in OPTIONS} == {
+        "containment",
+        "cgroup_root",
+        "task_memory_limit",
+        "task_cpu_limit",
+        "task_pids_limit",
+        "kill_leftover_processes",
         "shutdown_timeout",
         "termination_grace_period",
         "event_loop",
@@ -242,3 +262,57 @@ def test_a_task_timeout_entry_is_read_from_our_section_only() -> None:
     assert validation.task_options(["async_local_executor"], 7.0) == (7.0, ())  # not ours to judge
     with pytest.raises(ValueError, match=r'\["async_local_executor"\] must be a dict'):
         validation.task_options({"async_local_executor": ["task_timeout", 5]}, 0.0)
+
+
+def test_containment_options() -> None:
+    config = ExecutorConfig.from_conf(
+        DictConf(
+            {
+                "containment": "OFF",
+                "cgroup_root": " /airflow-tasks ",
+                "task_memory_limit": "512MiB",
+                "task_cpu_limit": "1.5",
+                "task_pids_limit": "100",
+                "kill_leftover_processes": "false",
+            }
+        )
+    )
+    assert config.containment is ContainmentKind.OFF
+    assert config.cgroup_root == "/airflow-tasks"
+    assert config.limits == Limits(memory=512 * 1024 * 1024, cpu=1.5, pids=100)
+    assert config.kill_leftover_processes is False
+    defaults = ExecutorConfig.from_conf(DictConf({}))
+    assert (defaults.containment, defaults.limits, defaults.kill_leftover_processes) == (
+        ContainmentKind.AUTO,
+        Limits(),
+        True,
+    )
+
+
+@pytest.mark.parametrize(
+    ("ours", "expected"),
+    [
+        ({}, Limits()),
+        ({"task_memory_limit": "1G", "task_pids_limit": 50}, Limits(memory=1024**3, pids=50)),
+        ({"task_cpu_limit": 0.5, "task_memory_limit": ""}, Limits(cpu=0.5)),
+    ],
+)
+def test_a_task_s_own_limits(ours: dict[str, object], expected: Limits) -> None:
+    assert validation.task_limits({"async_local_executor": ours}) == expected
+    assert validation.task_limits({"other_executor": ours}) == Limits()
+
+
+@pytest.mark.parametrize(
+    ("ours", "message"),
+    [
+        (
+            {"task_memory_limit": "huge"},
+            'executor_config\\["async_local_executor"\\] task_memory_limit: memory limit',
+        ),
+        ({"task_cpu_limit": True}, "task_cpu_limit must be a string or a number, got a bool"),
+        ({"task_pids_limit": [5]}, "task_pids_limit must be a string or a number, got a list"),
+    ],
+)
+def test_an_invalid_limit_of_a_task_names_it(ours: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        validation.task_limits({"async_local_executor": ours})

@@ -15,11 +15,13 @@ from typing import Protocol, TypeVar
 
 from async_local_executor.adapter.options import OPTIONS, SECTION, OptionDoc
 from async_local_executor.core import cpu_priority
+from async_local_executor.core.cgroups import Limits, parse_cpu, parse_memory, parse_pids
 
 __all__ = [
     "OPTIONS",
     "SECTION",
     "ConfSource",
+    "ContainmentKind",
     "EventLoop",
     "ExecutorConfig",
     "LauncherKind",
@@ -36,6 +38,11 @@ class EventLoop(enum.Enum):
 class LauncherKind(enum.Enum):
     FORKSERVER = "forkserver"  # fork a preloaded helper: milliseconds per launch
     SUBPROCESS = "subprocess"  # a fresh interpreter per workload: about 2 s of CPU per launch
+
+
+class ContainmentKind(enum.Enum):
+    AUTO = "auto"  # a cgroup per workload where the host allows it, else process groups and markers
+    OFF = "off"
 
 
 class ConfSource(Protocol):
@@ -133,6 +140,49 @@ def _choice(conf: ConfSource, name: str, kind: type[_E]) -> _E:
         raise ValueError(f"[{SECTION}] {name} must be one of {choices}, got {raw!r}") from None
 
 
+_LIMIT_PARSERS = {
+    "task_memory_limit": parse_memory,
+    "task_cpu_limit": parse_cpu,
+    "task_pids_limit": parse_pids,
+}
+
+
+def limits_from(values: dict[str, object], where: str) -> Limits:
+    """The limits named by ``task_memory_limit``, ``task_cpu_limit`` and ``task_pids_limit`` in ``values``.
+
+    :param where: names the source in an error (``[async_local_executor]`` or a task's executor_config)
+    :raises ValueError: naming the key and the value when one is no such limit
+    """
+    parsed: dict[str, float | int | None] = {}
+    for name, parse in _LIMIT_PARSERS.items():
+        raw = values.get(name)
+        if raw is None or (isinstance(raw, str) and not raw.strip()):
+            parsed[name] = None
+            continue
+        if isinstance(raw, bool) or not isinstance(raw, (str, int, float)):
+            # ValueError like every other invalid value here; the type, as a repr could raise or be huge.
+            raise ValueError(f"{where} {name} must be a string or a number, got a {type(raw).__name__}")  # noqa: TRY004
+        try:
+            parsed[name] = parse(str(raw))
+        except ValueError as exc:
+            raise ValueError(f"{where} {name}: {exc}") from None
+    memory, pids = parsed["task_memory_limit"], parsed["task_pids_limit"]
+    return Limits(
+        memory=None if memory is None else int(memory),
+        cpu=parsed["task_cpu_limit"],
+        pids=None if pids is None else int(pids),
+    )
+
+
+def _boolean(conf: ConfSource, name: str) -> bool:
+    raw = (conf.get(SECTION, name, fallback=_DEFAULTS[name]) or _DEFAULTS[name]).strip().lower()
+    if raw in ("true", "1", "yes", "on"):
+        return True
+    if raw in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(f"[{SECTION}] {name} must be True or False, got {raw!r}")
+
+
 @dataclass(frozen=True)
 class ExecutorConfig:
     shutdown_timeout: float = float(_DEFAULTS["shutdown_timeout"])
@@ -149,6 +199,10 @@ class ExecutorConfig:
     health_loop_lag_limit: float = float(_DEFAULTS["health_loop_lag_limit"])
     health_wait_limit: float = float(_DEFAULTS["health_wait_limit"])
     workload_cpu_priority: str = _DEFAULTS["workload_cpu_priority"]
+    containment: ContainmentKind = ContainmentKind.AUTO
+    cgroup_root: str = ""
+    limits: Limits = Limits()  # noqa: RUF009 - frozen
+    kill_leftover_processes: bool = True
 
     def __post_init__(self) -> None:
         for name in _FLOATS:
@@ -192,4 +246,10 @@ class ExecutorConfig:
             health_loop_lag_limit=_float(conf, "health_loop_lag_limit"),
             health_wait_limit=_float(conf, "health_wait_limit"),
             workload_cpu_priority=_priority(conf),
+            containment=_choice(conf, "containment", ContainmentKind),
+            cgroup_root=(conf.get(SECTION, "cgroup_root", fallback="") or "").strip(),
+            limits=limits_from(
+                {name: conf.get(SECTION, name, fallback="") for name in _LIMIT_PARSERS}, f"[{SECTION}]"
+            ),
+            kill_leftover_processes=_boolean(conf, "kill_leftover_processes"),
         )

@@ -33,7 +33,7 @@ from async_local_executor.adapter.compat import (
     executor_conf,
     restarting_task_instances,
 )
-from async_local_executor.adapter.config import SHUTDOWN_MARGIN, ExecutorConfig
+from async_local_executor.adapter.config import SHUTDOWN_MARGIN, ContainmentKind, ExecutorConfig
 from async_local_executor.adapter.health import ExecutorHealth
 from async_local_executor.adapter.metrics import Metrics
 from async_local_executor.adapter.prefetching import Prefetching
@@ -43,6 +43,7 @@ from async_local_executor.core.health import Report
 from async_local_executor.core.outcome import Outcome
 from async_local_executor.core.wiring import wire
 from async_local_executor.ops import journal, recovery, state_dir, status
+from async_local_executor.ops.containment import open_containment, status_of
 
 if TYPE_CHECKING:
     from airflow.cli.cli_config import GroupCommand
@@ -95,6 +96,12 @@ class AsyncLocalExecutor(Airflow2Commands, Airflow3Workloads, Prefetching, Execu
         self._journal = launches = recovery.reclaim_then_open(
             state_dir.resolve(config.state_dir), owner=owner
         )
+        self._containment = containment = open_containment(
+            launches.instance,
+            enabled=config.containment is ContainmentKind.AUTO,
+            root=config.cgroup_root,
+            limits=config.limits,
+        )
         client_env = child_client_env(os.environ)
         if client_env:
             log.info(
@@ -112,6 +119,7 @@ class AsyncLocalExecutor(Airflow2Commands, Airflow3Workloads, Prefetching, Execu
                 "executor": type(self).__name__,
                 "parallelism": self.parallelism,
                 "launcher": config.launcher.value,
+                "containment": status_of(containment),
             },
         )
         self._metrics = Metrics(
@@ -127,6 +135,7 @@ class AsyncLocalExecutor(Airflow2Commands, Airflow3Workloads, Prefetching, Execu
             on_report=self._on_report,
             write=writer.write,
             clock=self.clock,
+            containment=containment,
         )
         self._budget, self._thresholds = wired.budget, wired.thresholds
         self._prefetch_logged = self._budget.maximum
@@ -257,3 +266,6 @@ class AsyncLocalExecutor(Airflow2Commands, Airflow3Workloads, Prefetching, Execu
         if launches is not None and not runtime.alive and runtime.failure is None:
             # Every workload has its final event and its process is gone: nothing left to reclaim.
             launches.close()
+        containment, self._containment = self._containment, None
+        if containment is not None:
+            containment.close()  # what is still populated (kill_leftover_processes off) stays for a reclaim

@@ -26,6 +26,7 @@ from async_local_executor.adapter.config import SECTION, ExecutorConfig
 from async_local_executor.adapter.metrics import Metrics
 from async_local_executor.adapter.submissions import Mailbox, States, Ticket, describe
 from async_local_executor.adapter.validation import KNOWN_KEYS, Checked, shown
+from async_local_executor.core.cgroups import Containment
 from async_local_executor.core.clock import SYSTEM, Clock
 from async_local_executor.core.health import Thresholds
 from async_local_executor.core.launchers.base import LaunchRequest
@@ -55,29 +56,31 @@ def _ti_gone(key: object, outcome: Outcome) -> bool:
     )
 
 
-def _tell_the_task(folder: str, relative: str | None, key: Any, reason: str) -> None:
+def _tell_the_task(folder: str, relative: str | None, key: Any, message: str, audit: str = "") -> None:
     """Runs in a worker thread of the loop: on Airflow 2 this reads and writes the database.
 
     Never raises: an exception here would end the loop's task group, and every workload with it.
+
+    :param audit: the event of Airflow 2's audit log to record ``message`` as; none when empty
     """
     try:
-        _write_the_reason(folder, relative, key, reason)
+        _write_the_message(folder, relative, key, message, audit)
     except Exception:
-        log.exception("cannot write the launch failure of %s to its task log", describe(key))
+        log.exception("cannot write to the task log of %s: %s", describe(key), message)
 
 
-def _write_the_reason(folder: str, relative: str | None, key: Any, reason: str) -> None:
+def _write_the_message(folder: str, relative: str | None, key: Any, message: str, audit: str) -> None:
     if not AIRFLOW_V3:
-        try:
-            airflow2_audit(key, "executor launch failed", reason)
-        except Exception:  # the scheduler log still has the reason
-            log.exception("cannot record the launch failure of %s in the audit log", describe(key))
+        if audit:
+            try:
+                airflow2_audit(key, audit, message)
+            except Exception:  # the scheduler log still has it
+                log.exception("cannot record %r of %s in the audit log", audit, describe(key))
         try:
             relative = airflow2_log_path(key)
         except Exception:
             log.exception("cannot find the log file of %s", describe(key))
     if relative:
-        message = f"The executor could not run this task: {reason}"
         tasklog.append_line(folder, relative, message, text=not AIRFLOW_V3)
 
 
@@ -108,6 +111,7 @@ class ExecutorBase(BaseExecutor):
         self._task_log_folder = ""
         self._journal: journal.LaunchJournal | None = None
         self._status: status.StatusWriter | None = None
+        self._containment: Containment | None = None
         self._thresholds = Thresholds()
         self._metrics = Metrics()
         self._ignored_keys: set[str] = set()  # unknown executor_config keys already warned about
@@ -135,6 +139,7 @@ class ExecutorBase(BaseExecutor):
             label=label,
             timeout=checked.timeout,
             group=checked.group,
+            limits=checked.limits,
         )
 
     def _submit(self, requests: list[LaunchRequest]) -> None:
@@ -144,8 +149,19 @@ class ExecutorBase(BaseExecutor):
             self._runtime.submit(requests)
 
     def _finish(self, key: WorkloadKey, states: States, outcome: Outcome, tail: Sequence[str]) -> None:
+        cleanup = outcome.cleanup
+        if cleanup is not None and cleanup.oom_kills:
+            # The task's own log is where its author looks; the kernel's kill leaves no line there.
+            self._tell(key, f"The executor saw this task's process killed: {outcome.reason}", states.log_path)
         if outcome.ok:
-            self.change_state(key, states.success)
+            info = None
+            if outcome.reason:  # the task process was OOM-killed, its supervisor exited cleanly
+                log.error("workload %s: %s", states.label, outcome.reason)
+                info = outcome.reason
+            elif cleanup is not None and cleanup.killed:
+                info = f"{cleanup.killed} process(es) the task left running were killed"
+                log.info("workload %s ended; %s", states.label, info)
+            self.change_state(key, states.success, info=info)
             return
         if _ti_gone(key, outcome):
             # Its task instance was cleared (it has a new id) while this workload started or ran. The
@@ -183,15 +199,26 @@ class ExecutorBase(BaseExecutor):
         if isinstance(key, TaskInstanceKey):
             if AIRFLOW_V3:
                 self.log_task_event(event="executor launch failed", extra=reason, ti_key=key)
-            if self._task_log_folder and (log_path or not AIRFLOW_V3):
-                write = functools.partial(_tell_the_task, self._task_log_folder, log_path, key, reason)
-                runtime = self._runtime
-                if runtime is not None and runtime.alive:
-                    runtime.run_blocking(write)  # file I/O: never on the scheduler's thread
-                else:
-                    write()  # shutting down: end() already waits, and nothing else needs the thread
+            self._tell(
+                key, f"The executor could not run this task: {reason}", log_path, "executor launch failed"
+            )
         self.log.error("workload %s failed: %s", label, reason)
         self.change_state(key, failure, info=reason)
+
+    def _tell(self, key: WorkloadKey, message: str, log_path: str | None, audit: str = "") -> None:
+        """Append ``message`` to the task's own log (and Airflow 2's audit log as ``audit``), off this thread."""
+        if (
+            not isinstance(key, TaskInstanceKey)
+            or not self._task_log_folder
+            or not (log_path or not AIRFLOW_V3)
+        ):
+            return
+        write = functools.partial(_tell_the_task, self._task_log_folder, log_path, key, message, audit)
+        runtime = self._runtime
+        if runtime is not None and runtime.alive:
+            runtime.run_blocking(write)  # file I/O: never on the scheduler's thread
+        else:
+            write()  # shutting down: end() already waits, and nothing else needs the thread
 
     def _checked(
         self,

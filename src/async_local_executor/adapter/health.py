@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import cast
 
@@ -25,7 +26,10 @@ class ExecutorHealth(ExecutorBase):
         if not runtime.alive:
             return Health(Verdict.UNHEALTHY, (f"event loop thread is dead: {runtime.failure!r}",))
         report = runtime.report
-        return stale(report, self._thresholds, self.clock.monotonic()) or cast("Report", report).health
+        health = stale(report, self._thresholds, self.clock.monotonic()) or cast("Report", report).health
+        if self._containment is None:
+            return health
+        return dataclasses.replace(health, details=(("containment", self._containment.describe()),))
 
     def debug_dump(self) -> None:
         """SIGUSR2 to the scheduler: Airflow's queues, then this executor's health and workloads."""

@@ -149,4 +149,64 @@ OPTIONS: tuple[OptionDoc, ...] = (
         "your DAGs use, so every task shares them instead of importing them again. A module that "
         "fails to import is logged and skipped.",
     ),
+    OptionDoc(
+        "containment",
+        "string",
+        "auto",
+        "off",
+        "auto: each workload runs in a cgroup of its own where the host allows it (cgroup2 mounted, "
+        "and the scheduler's cgroup delegated to it, for example systemd Delegate=yes, or cgroup_root "
+        "set), so nothing a task starts can escape its end, a stop or a restart's reclaim, and the "
+        "limits below can be enforced; elsewhere the executor says once at start why not and tracks "
+        "processes by group and environment marker as before. off: never create cgroups.",
+    ),
+    OptionDoc(
+        "cgroup_root",
+        "string",
+        "",
+        "/airflow-tasks",
+        "A cgroup2 path (relative to the cgroup2 mount) to create the executor's cgroups under, made if "
+        "missing, instead of the scheduler's own cgroup. Use it where the scheduler's cgroup is not "
+        "delegated but another one is. A root that cannot be used stops the executor at start.",
+    ),
+    OptionDoc(
+        "task_memory_limit",
+        "string",
+        "",
+        "2GiB",
+        "Memory each task's cgroup may use: bytes, or with a K, M, G or T suffix (powers of 1024; "
+        "512M, 512MiB and 512MB are the same), "
+        "swap included where the host accounts it. The kernel kills a task over it; the task fails "
+        "with the reason (killed by the kernel: memory limit ... exceeded), and nothing else is "
+        "touched. Empty: no limit. A task sets its own with "
+        'executor_config={"async_local_executor": {"task_memory_limit": "512MiB"}}. Needs the memory '
+        "controller: without it the executor refuses to start (this option) or fails the task, "
+        "unlaunched (a task's own).",
+    ),
+    OptionDoc(
+        "task_cpu_limit",
+        "string",
+        "",
+        "1.5",
+        "CPUs each task's cgroup may use (a number, e.g. 0.5 or 2). Empty: no limit. Per task and "
+        "without the cpu controller: as task_memory_limit.",
+    ),
+    OptionDoc(
+        "task_pids_limit",
+        "string",
+        "",
+        "512",
+        "Processes and threads each task's cgroup may hold at once (stops a fork bomb). Empty: no "
+        "limit. Per task and without the pids controller: as task_memory_limit.",
+    ),
+    OptionDoc(
+        "kill_leftover_processes",
+        "boolean",
+        "True",
+        "False",
+        "When a task's main process exits, kill whatever is left in its cgroup (processes it started "
+        "and did not wait for, as systemd's KillMode=control-group does) and say how many in the "
+        "scheduler log. False leaves them running until the scheduler stops; a scheduler that starts "
+        "after a crash kills them either way. Only with containment.",
+    ),
 )

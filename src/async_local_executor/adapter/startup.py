@@ -46,4 +46,6 @@ def plan(config: ExecutorConfig, *, parallelism: int, queued_timeout: float, for
         event_loop=config.event_loop.value,
         max_lag=config.health_loop_lag_limit,
         max_wait=config.health_wait_limit,
+        limits=config.limits,
+        kill_leftovers=config.kill_leftover_processes,
     )

@@ -23,9 +23,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from async_local_executor.adapter import child, child_cli
-from async_local_executor.adapter.config import SECTION
+from async_local_executor.adapter.config import SECTION, limits_from
+from async_local_executor.core.cgroups import Limits
 
-KNOWN_KEYS = ("task_timeout",)
+LIMIT_KEYS = ("task_memory_limit", "task_cpu_limit", "task_pids_limit")
+KNOWN_KEYS = ("task_timeout", *LIMIT_KEYS)
 _SHOWN_MAX = 200  # characters of a rejected value a reason quotes
 
 
@@ -41,12 +43,14 @@ class Checked:
     :param group: the admission group (its queue for a task, ``""`` for anything else)
     :param payload: what its process reads on stdin
     :param ignored: keys of our ``executor_config`` section this version does not know, as :func:`shown`
+    :param limits: its own memory, CPU and process limits (over the executor's)
     """
 
     timeout: float | None
     group: str
     payload: bytes
     ignored: tuple[str, ...] = ()
+    limits: Limits = Limits()  # noqa: RUF009 - frozen
 
 
 def shown(value: object) -> str:
@@ -106,6 +110,27 @@ def _task_options(executor_config: object, default_timeout: float) -> tuple[floa
     return seconds or None, ignored
 
 
+def task_limits(executor_config: object) -> Limits:
+    """The task's own limits (none: ``Limits()``).
+
+    :raises ValueError: naming the entry when one is invalid
+    """
+    try:
+        return _task_limits(executor_config)
+    except _Rejected as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _task_limits(executor_config: object) -> Limits:
+    ours = executor_config.get(SECTION) if isinstance(executor_config, dict) else None
+    if not isinstance(ours, dict):  # a section that is no dict is rejected by _task_options
+        return Limits()
+    try:
+        return limits_from({key: ours.get(key) for key in LIMIT_KEYS}, f'executor_config["{SECTION}"]')
+    except ValueError as exc:
+        raise _Rejected(str(exc)) from None
+
+
 def _queue(queue: object) -> str:
     if queue is None:
         return "default"
@@ -133,14 +158,16 @@ def airflow3(
 
     def build() -> Checked:
         ti = getattr(workload, "ti", None) if is_task else None
-        timeout, ignored = _task_options(getattr(ti, "executor_config", None), default_timeout)
+        executor_config = getattr(ti, "executor_config", None)
+        timeout, ignored = _task_options(executor_config, default_timeout)
+        limits = _task_limits(executor_config)
         group = _queue(getattr(ti, "queue", None)) if is_task else ""
         try:
             title = f"{prefix} {workload.display_name}"
             payload = child.encode_payload(workload.model_dump_json(), server, title)
         except Exception as exc:  # noqa: BLE001 - whatever cannot be written cannot reach its process
             raise _Rejected(f"cannot write the workload for its process: {shown(exc)}") from None
-        return Checked(timeout, group, payload, ignored)
+        return Checked(timeout, group, payload, ignored, limits)
 
     return _checked(build)
 
@@ -158,6 +185,7 @@ def airflow2(
         except ValueError:
             raise _Rejected(f"not an `airflow tasks run` command: {shown(command)}") from None
         timeout, ignored = _task_options(executor_config, default_timeout)
-        return Checked(timeout, _queue(queue), child_cli.encode_payload(command, title), ignored)
+        limits = _task_limits(executor_config)
+        return Checked(timeout, _queue(queue), child_cli.encode_payload(command, title), ignored, limits)
 
     return _checked(build)

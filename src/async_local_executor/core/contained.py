@@ -89,6 +89,11 @@ class ContainedLauncher:
             log.warning("workload %s runs without a cgroup of its own: %s", request.label or request.key, why)
             return await self._inner.launch(request)
         if cgroup is None:
+            if not limits.empty:  # never silently ignored
+                raise LaunchError(
+                    f"cannot apply its limits ({limits.describe()}): no cgroups here "
+                    f"({self._containment.describe()})"
+                )
             return await self._inner.launch(request)
         earlier = request.before_start
 

@@ -39,8 +39,11 @@ class Verdict(enum.Enum):
 
 @dataclass(frozen=True)
 class Health:
+    """:param details: facts beside the verdict, as (name, value) pairs (the containment in effect)"""
+
     verdict: Verdict
     reasons: tuple[str, ...] = ()
+    details: tuple[tuple[str, str], ...] = field(default=(), compare=False)  # not part of the verdict
 
     @property
     def reason(self) -> str | None:

@@ -1,0 +1,83 @@
+"""A sandbox's cgroups: its executors make theirs under a root of its own, removed when it stops.
+
+The executor (``containment = auto``) would otherwise make them under the scheduler's own cgroup, and a
+scheduler a test kills with SIGKILL leaves them for a successor that a throwaway sandbox never starts.
+On a hybrid host the cgroup v1 directories sit beside the scheduler's own v1 cgroups instead; those of
+instances whose scheduler is gone are removed too (the same rule the executor's reclaim applies).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+from uuid import uuid4
+
+from async_local_executor.core.cgroups import cgroup2_mount
+from async_local_executor.core.cgroups.containment import PREFIX
+from async_local_executor.core.cgroups.discovery import directory_of, mount_root, own_cgroups, v1_mounts
+from async_local_executor.ops.containment import owner_lives
+
+ROOT_ENV = "AIRFLOW__ASYNC_LOCAL_EXECUTOR__CGROUP_ROOT"
+# Killed processes leave their cgroup at once, but not synchronously: a guard, never a wait for work.
+EMPTY_GUARD = 10.0
+
+
+def usable() -> bool:
+    """Whether this host lets the sandbox make cgroups (a cgroup2 mount we can write to)."""
+    mount = cgroup2_mount()
+    return mount is not None and os.access(mount, os.W_OK)
+
+
+def sandbox_root() -> str:
+    """A fresh cgroup2 path for one sandbox's executors."""
+    return f"/ale-sandbox-{uuid4().hex[:8]}"
+
+
+def sandbox_env() -> dict[str, str]:
+    """The environment that gives a new sandbox's executors a cgroup root of their own, where usable."""
+    return {ROOT_ENV: sandbox_root()} if usable() else {}
+
+
+def remove_from(env: dict[str, str]) -> None:
+    """:func:`remove` the root ``env`` gave the sandbox's executors, if it gave one."""
+    if env.get(ROOT_ENV):
+        remove(env[ROOT_ENV])
+
+
+def remove(root: str) -> None:
+    """Kill every process under ``root`` and remove it, and the v1 directories of dead instances."""
+    mount = cgroup2_mount()
+    if mount is not None:
+        _remove_tree(mount / root.strip("/"))
+    own = own_cgroups()
+    for controller, point in v1_mounts().items():
+        if controller not in own:
+            continue
+        parent = directory_of(point, mount_root(point), own[controller])
+        with contextlib.suppress(OSError):
+            for directory in parent.iterdir():
+                if directory.name.startswith(PREFIX) and not owner_lives(directory.name[len(PREFIX) :]):
+                    _remove_tree(directory)
+
+
+def _remove_tree(top: Path) -> None:
+    if not top.is_dir():
+        return
+    with contextlib.suppress(OSError):
+        (top / "cgroup.kill").write_text("1")
+    for directory, _, _ in sorted(os.walk(top), key=lambda entry: -len(entry[0])):
+        path = Path(directory)
+        with contextlib.suppress(OSError):
+            for pid in (path / "cgroup.procs").read_text().split():
+                with contextlib.suppress(OSError):
+                    os.kill(int(pid), 9)
+        deadline = time.monotonic() + EMPTY_GUARD
+        while path.exists() and time.monotonic() < deadline:
+            try:
+                path.rmdir()
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.01)
