@@ -114,6 +114,8 @@ def test_a_gone_workload_sends_no_event_for_a_task_instance_that_is_not_restarti
 ) -> None:
     # 1 was queued again for the same try under a new id: the scheduler would fail it on any event.
     executor = _executor(Restarting(0, 2))
+    unreachable: list[list[Any]] = []
+    executor._cleared_exits._on_unreachable = unreachable.append  # the database write, replaced
     _gone(executor, 0)
     _gone(executor, 1)
     executor.event_buffer[_key(2)] = (SUCCESS, None)
@@ -129,6 +131,7 @@ def test_a_gone_workload_sends_no_event_for_a_task_instance_that_is_not_restarti
     assert dropped[0].startswith(
         "workload d.t[1] try 1: its task instance was cleared and is no longer restarting"
     )
+    assert unreachable == [[_key(1)]]
 
 
 def test_a_gone_workload_s_exit_goes_to_the_scheduler_when_the_lookup_fails() -> None:

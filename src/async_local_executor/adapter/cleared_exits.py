@@ -21,9 +21,10 @@ start or finish with 404: the task instance was cleared and has a new id). If th
 ``restarting``, the workload's end is what lets it run again, so the exit goes to the scheduler. If it is
 not (a clear that read a stale row wrote only a new id onto a task instance the scheduler had already
 queued again for the same try), any event for the key fails it: Airflow takes an event for a queued task
-instance of the same try as "killed externally". So no event is sent; the scheduler requeues the task
-instance after ``[scheduler] task_queued_timeout``, or a later clear runs it again. This is the one
-accepted workload that gets no final event: the event would go to a task instance it is not for.
+instance of the same try as "killed externally". So no event is sent (the one accepted workload that
+gets no final event: it would go to a task instance it is not for), and the task instance, queued under
+an id no workload has, is handed to ``on_unreachable``: the executor puts it back to ``scheduled`` as
+the scheduler itself would after ``[scheduler] task_queued_timeout``, without the wait.
 """
 
 from __future__ import annotations
@@ -46,9 +47,16 @@ TI_GONE = "the api-server no longer has this task instance: it was cleared while
 class ClearedExitGate:
     """Splits each batch of events into what the scheduler gets now and what waits for its next loop."""
 
-    def __init__(self, lookup: Lookup, *, is_candidate: Callable[[Hashable, Any], bool]) -> None:
+    def __init__(
+        self,
+        lookup: Lookup,
+        *,
+        is_candidate: Callable[[Hashable, Any], bool],
+        on_unreachable: Callable[[list[Any]], None] | None = None,
+    ) -> None:
         self._lookup = lookup
         self._is_candidate = is_candidate  # an event the scheduler could handle with set_state(None)
+        self._on_unreachable = on_unreachable  # gone workloads' keys whose event was dropped
         self._holding = 0  # how many the last batch held back: what the log lines report on
         self._lookup_failed = False
 
@@ -73,17 +81,18 @@ class ClearedExitGate:
                 gone = []  # unknown: each goes to the scheduler, which may fail it, as before this read
             else:
                 self._lookup_failed = False
-            for key in gone:
-                if key not in restarting:
-                    events.pop(key)
-                    candidates.remove(key)
-                    log.info(
-                        "workload %s: its task instance was cleared and is no longer restarting, under an id "
-                        "this workload does not have (queued again, or cleared again); no event is sent, as "
-                        "the scheduler would fail the task instance on any; it runs again when the scheduler "
-                        "requeues it after [scheduler] task_queued_timeout or when it is cleared again",
-                        describe(key),
-                    )
+            dropped = [key for key in gone if key not in restarting]
+            for key in dropped:
+                events.pop(key)
+                candidates.remove(key)
+                log.info(
+                    "workload %s: its task instance was cleared and is no longer restarting, under an id "
+                    "this workload does not have (queued again, or cleared again); no event is sent, as "
+                    "the scheduler would fail the task instance on any",
+                    describe(key),
+                )
+            if dropped and self._on_unreachable is not None:
+                self._on_unreachable(dropped)
             # The first one stays in the batch: the scheduler gets one per loop.
             for key in [key for key in candidates if key in restarting][1:]:
                 held[key] = events.pop(key)

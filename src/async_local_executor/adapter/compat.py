@@ -45,6 +45,7 @@ __all__ = [
     "child_client_env",
     "execution_api_url",
     "executor_conf",
+    "requeue_unreachable",
     "restarting_task_instances",
     "stats",
 ]
@@ -149,3 +150,49 @@ def restarting_task_instances(keys: Collection[Any]) -> set[Any]:
     with settings.engine.connect() as connection:
         rows = {tuple(row) for row in connection.execute(query)}
     return {key for key in keys if (key.dag_id, key.task_id, key.run_id, key.map_index) in rows}
+
+
+def requeue_unreachable(keys: Collection[Any], job_id: int | str) -> set[Any]:
+    """Put back to ``scheduled`` those of ``keys`` still ``queued`` for that try by job ``job_id`` (Airflow 3).
+
+    What the scheduler does to a task instance stuck in queued past ``[scheduler] task_queued_timeout``
+    (``_reschedule_stuck_task``), for task instances whose queued id no workload has. Each row is
+    updated only while it is still queued for the same try by the same job, in a transaction of its own
+    on a connection of its own. Blocking (it may wait on a row lock the scheduler holds): never call it
+    on the scheduler's thread.
+
+    :returns: the keys whose task instance was put back
+    """
+    from datetime import datetime, timezone
+
+    from airflow import settings
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.state import TaskInstanceState
+    from sqlalchemy import update
+
+    if not keys or settings.engine is None:
+        return set()
+    done: set[Any] = set()
+    for key in keys:
+        query = (
+            update(TaskInstance.__table__)
+            .where(
+                TaskInstance.__table__.c.dag_id == key.dag_id,
+                TaskInstance.__table__.c.task_id == key.task_id,
+                TaskInstance.__table__.c.run_id == key.run_id,
+                TaskInstance.__table__.c.map_index == key.map_index,
+                TaskInstance.__table__.c.try_number == key.try_number,
+                TaskInstance.__table__.c.state == TaskInstanceState.QUEUED.value,
+                TaskInstance.__table__.c.queued_by_job_id == job_id,
+            )
+            .values(
+                state=TaskInstanceState.SCHEDULED.value,
+                queued_dttm=None,
+                queued_by_job_id=None,
+                scheduled_dttm=datetime.now(timezone.utc),
+            )
+        )
+        with settings.engine.begin() as connection:
+            if connection.execute(query).rowcount:
+                done.add(key)
+    return done

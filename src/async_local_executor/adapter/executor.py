@@ -13,6 +13,7 @@ reads, after :mod:`~async_local_executor.ops.recovery` has cleaned up after a cr
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -31,6 +32,7 @@ from async_local_executor.adapter.compat import (
     child_client_env,
     execution_api_url,
     executor_conf,
+    requeue_unreachable,
     restarting_task_instances,
 )
 from async_local_executor.adapter.config import SHUTDOWN_MARGIN, ContainmentKind, ExecutorConfig
@@ -51,6 +53,16 @@ if TYPE_CHECKING:
     from airflow.models.taskinstance import TaskInstance
 
 log = logging.getLogger(__name__)
+
+
+def _requeue_in_thread(keys: list[Any], job_id: int | str) -> None:
+    """A worker thread of the loop: the update may wait on a row lock the scheduler's session holds."""
+    for key in requeue_unreachable(keys, job_id):
+        log.info(
+            "task instance %s: queued under an id no workload has, put back to scheduled, as the "
+            "scheduler does with a task stuck in queued",
+            describe(key),
+        )
 
 
 def _may_be_cleared_exit(key: object, event: Any) -> bool:
@@ -74,7 +86,9 @@ class AsyncLocalExecutor(Airflow2Commands, Airflow3Workloads, Prefetching, Execu
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._cleared_exits = ClearedExitGate(restarting_task_instances, is_candidate=_may_be_cleared_exit)
+        self._cleared_exits = ClearedExitGate(
+            restarting_task_instances, is_candidate=_may_be_cleared_exit, on_unreachable=self._requeue
+        )
 
     def start(self) -> None:
         conf = executor_conf(self)
@@ -212,6 +226,18 @@ class AsyncLocalExecutor(Airflow2Commands, Airflow3Workloads, Prefetching, Execu
             # Held ones go back to the buffer, so the scheduler's next loop reads them (see cleared_exits).
             self.event_buffer.update(self._cleared_exits.hold_back(events))
         return events
+
+    def _requeue(self, keys: list[Any]) -> None:
+        """Put back to scheduled the task instances of these gone workloads that no workload can run.
+
+        Each is queued (if it still is) under an id no workload has; unless the scheduler has handed this
+        executor a workload for the key since, nothing would run it before [scheduler] task_queued_timeout.
+        """
+        runtime, job_id = self._runtime, self.job_id
+        orphans = [key for key in keys if key not in self._states and key not in self.queued_tasks]
+        if not orphans or runtime is None or job_id is None:
+            return
+        runtime.run_blocking(functools.partial(_requeue_in_thread, orphans, job_id))
 
     def _on_report(self, report: Report) -> None:
         """Every health report, on the loop thread: must not block."""
