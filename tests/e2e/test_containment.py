@@ -1,0 +1,114 @@
+"""Nothing a task starts escapes: each workload runs in a cgroup of its own, on a real Airflow.
+
+The escapers DAG's tasks leave a ``sleep 600`` behind in a session of their own, one with an empty
+environment and one from a BashOperator with ``env={...}``: no process group, session or environment
+marker ties them to their task. With containment they are killed when their task ends, and after a
+``kill -9`` of the scheduler, by the restarted scheduler before it launches anything.
+
+Runs where this host lets the sandbox make cgroups (root, a writable cgroup2 mount; the sandbox gives the
+executor a cgroup root of its own and removes it, see harness/cgroups.py); skipped elsewhere, saying why.
+Nothing is mocked: a real Airflow on SQLite, the default fork-server launcher, real task processes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness import cgroups
+from harness.demo import EXECUTOR
+from harness.sandbox import AirflowSandbox
+from tests.core.helpers import alive
+from tests.e2e.helpers import poll
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(not cgroups.usable(), reason="this host does not let the sandbox make cgroups"),
+]
+
+DAGS = Path(__file__).with_name("dags")
+ORPHAN_DEADLINE = 10.0
+
+
+def _sandbox(folder: Path, hold: bool) -> AirflowSandbox:
+    return AirflowSandbox(
+        executor=EXECUTOR,
+        dags_folder=DAGS,
+        parallelism=4,
+        extra_config={
+            "ALE_ESCAPERS_DIR": str(folder),
+            "ALE_ESCAPERS_HOLD": "1" if hold else "0",
+            # Notice the dead scheduler and its orphaned tasks in seconds, not minutes.
+            "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "10",
+            "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "5",
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",
+        },
+    )
+
+
+def _sleepers(folder: Path, try_number: int) -> dict[str, int]:
+    found = {}
+    for path in folder.iterdir():
+        task, _, rest = path.name.partition(".")
+        tried, _, pid = rest.partition(".")
+        if task in ("detach", "shell") and tried == str(try_number):
+            found[task] = int(pid)
+    return found
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[AirflowSandbox]:
+    with _sandbox(tmp_path, hold=bool(getattr(request, "param", False))) as sb:
+        yield sb
+
+
+def test_what_a_task_leaves_behind_ends_with_it(sandbox: AirflowSandbox, tmp_path: Path) -> None:
+    sandbox.wait_for_dag("escapers", timeout=120)
+    run_id = sandbox.trigger("escapers")
+    poll("the run to finish", lambda: sandbox.run_state("escapers", run_id) in ("success", "failed"))
+    rows = sandbox.task_instances("escapers", run_id)
+    assert sandbox.run_state("escapers", run_id) == "success", rows
+    assert [row.try_number for row in rows] == [1, 1]
+    sleepers = _sleepers(tmp_path, 1)
+    assert sorted(sleepers) == ["detach", "shell"]
+    # The run succeeds when the tasks report success; their workloads end (and the executor kills what
+    # they left) a moment later, when Airflow's supervisor in each has finished.
+    killed = "process(es) the task left running were killed"
+    poll("both workloads to end", lambda: _scheduler_log(sandbox).count(killed) == 2)
+    assert {task: pid for task, pid in sleepers.items() if alive(pid)} == {}
+    assert "containment: cgroup2 at " in _scheduler_log(sandbox)
+
+
+def _scheduler_log(sandbox: AirflowSandbox) -> str:
+    return sandbox.process_logs["scheduler"].read_text(errors="replace")
+
+
+@pytest.mark.parametrize("sandbox", [True], indirect=True)
+def test_a_restarted_scheduler_kills_what_tasks_left_before_it_launches(
+    sandbox: AirflowSandbox, tmp_path: Path
+) -> None:
+    sandbox.wait_for_dag("escapers", timeout=120)
+    run_id = sandbox.trigger("escapers")
+    poll("both tasks to leave a sleeper behind", lambda: len(_sleepers(tmp_path, 1)) == 2)
+    escaped = _sleepers(tmp_path, 1)
+
+    sandbox.kill("scheduler")
+    # Nothing of the dead scheduler reaches these: its task processes die with it (the parent-death
+    # chain), the sleepers are in no group or session of theirs.
+    deadline = time.monotonic() + ORPHAN_DEADLINE
+    while any(not alive(pid) for pid in escaped.values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(alive(pid) for pid in escaped.values()), escaped
+
+    (tmp_path / "gate").touch()  # the retries do not wait
+    sandbox.restart("scheduler")
+    poll("the run to finish", lambda: sandbox.run_state("escapers", run_id) in ("success", "failed"))
+    rows = sandbox.task_instances("escapers", run_id)
+    assert sandbox.run_state("escapers", run_id) == "success", rows
+    assert {task: pid for task, pid in escaped.items() if alive(pid)} == {}
+    log = sandbox.process_logs["scheduler"].read_text(errors="replace")
+    assert "process(es) left in cgroup" in log
+    assert "of a stopped executor" in log
