@@ -191,3 +191,13 @@ def gone(pid: int) -> bool:
             return f.read().rpartition(")")[2].split()[0] in ("Z", "X")
     except OSError:
         return True
+
+
+def wait_gone(pid: int, guard: float = EMPTY_GUARD) -> bool:
+    """Whether ``pid`` is gone within ``guard`` seconds (a killed process exits soon, not at once)."""
+    deadline = time.monotonic() + guard
+    while not gone(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import signal
 import subprocess
 import sys
@@ -264,3 +265,23 @@ def test_close_removes_what_is_empty_and_never_raises(box: Scratch) -> None:
     containment.close()
     assert not containment.path.exists()
     assert not any(directory.exists() for directory in [*busy.v1.values(), *containment._v1.values()])
+
+
+def test_no_controller_is_enabled_in_a_parent_that_holds_processes(
+    box: Scratch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # As a scheduler under systemd's Delegate=yes alone, sitting in the service's cgroup itself: enabling
+    # cpu or pids there would make it a threaded domain, and no workload could join a cgroup below it.
+    parent = box.directory / "service"
+    parent.mkdir(parents=True)
+    scheduler = box.start("print('ready', flush=True)\nimport time\ntime.sleep(600)\n")
+    (parent / "cgroup.procs").write_text(str(scheduler.pid))
+    with caplog.at_level(logging.DEBUG, logger="async_local_executor.core.cgroups.discovery"):
+        containment = box.open(root=f"{box.root}/service")
+    assert f"not enabling controllers in {parent}: it holds processes" in caplog.text
+    assert (parent / "cgroup.subtree_control").read_text().split() == []
+    assert (parent / "cgroup.type").read_text().strip() == "domain"
+    workload = containment.create("w")
+    assert workload is not None
+    joined = box.start("print(open('/proc/self/cgroup').read().splitlines()[-1], flush=True)\n", workload)
+    assert read_line(joined).endswith(f"/service/ale-{containment.instance}/w")

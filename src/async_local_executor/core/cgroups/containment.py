@@ -22,6 +22,7 @@ from async_local_executor.core.cgroups.discovery import (
     cgroup2_entry,
     cgroup_path,
     directory_of,
+    enable_controllers,
     make_root,
     mount_root,
     own_cgroups,
@@ -81,15 +82,6 @@ def _try_mkdir(directory: Path) -> bool:
         log.debug("cannot create cgroup %s: %s", directory, exc)
         return False
     return True
-
-
-def _enable(directory: Path) -> None:
-    # One controller per write: the kernel rejects a whole line when any of its controllers is unavailable.
-    for controller in LIMITED:
-        try:
-            (directory / "cgroup.subtree_control").write_text(f"+{controller}")
-        except OSError as exc:
-            log.debug("cannot enable %s in %s: %s", controller, directory, exc)
 
 
 class Containment:
@@ -158,7 +150,7 @@ class Containment:
         made = cls(instance, Mode.CGROUP2, str(directory), directory)
         made._mount, made._mount_root, made._parent = mount.point, mount.root, parent
         for each in [*(chain or [parent]), directory]:
-            _enable(each)
+            enable_controllers(each, LIMITED)
         try:
             text = (directory / "cgroup.subtree_control").read_text()
         except OSError:

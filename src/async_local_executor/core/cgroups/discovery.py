@@ -8,8 +8,12 @@ runtime chose. The kernel's own tables say which.
 from __future__ import annotations
 
 import errno
+import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+
+log = logging.getLogger(__name__)
 
 MOUNTINFO = "/proc/self/mountinfo"
 PROC_CGROUP = "/proc/self/cgroup"
@@ -213,3 +217,29 @@ def cgroup_of(pid: int) -> str | None:
         if line.startswith("0::"):
             return line[3:]
     return None
+
+
+def enable_controllers(directory: Path, controllers: Sequence[str]) -> None:
+    """Enable ``controllers`` for ``directory``'s children, each where the kernel allows it; never raises."""
+    if _holds_processes(directory):
+        # In a non-root cgroup that holds processes, the kernel refuses memory and accepts cpu and pids
+        # by turning the cgroup into a threaded domain, whose children then refuse every process
+        # (EOPNOTSUPP): no workload could join its cgroup. Such a parent gets containment, not limits.
+        log.debug("not enabling controllers in %s: it holds processes", directory)
+        return
+    # One controller per write: the kernel rejects a whole line when any of its controllers is unavailable.
+    for controller in controllers:
+        try:
+            (directory / "cgroup.subtree_control").write_text(f"+{controller}")
+        except OSError as exc:
+            log.debug("cannot enable %s in %s: %s", controller, directory, exc)
+
+
+def _holds_processes(directory: Path) -> bool:
+    """A non-root cgroup with processes of its own (the root cgroup has no ``cgroup.type``)."""
+    if not (directory / "cgroup.type").exists():
+        return False
+    try:
+        return bool((directory / "cgroup.procs").read_text().split())
+    except OSError:
+        return True  # unreadable: leave it as it is
