@@ -94,8 +94,8 @@ def _check(containment: Containment, limits: Limits) -> None:
             )
         raise LimitsUnavailable(
             f"{option} needs the {controller} controller, which {containment.describe()} does not have: "
-            "delegate it to the scheduler's cgroup (systemd Delegate=yes) or mount the cgroup v1 "
-            f"{controller} hierarchy"
+            "delegate it (systemd Delegate=yes with DelegateSubgroup=main and cgroup_root set to the "
+            f"service's cgroup, see docs/operations.md) or mount the cgroup v1 {controller} hierarchy"
         )
 
 

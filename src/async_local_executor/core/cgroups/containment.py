@@ -44,6 +44,10 @@ LIMITED = ("memory", "cpu", "pids")
 # How long a dead instance's killed workloads get to leave their cgroup before it is left for later.
 RECLAIM_GUARD = 5.0
 _HINT = "delegate the scheduler's cgroup, for example systemd Delegate=yes, or set cgroup_root"
+# Controllers need a delegated cgroup that holds no process: the scheduler's own cannot enable them.
+_CONTROLLER_HINT = (
+    "systemd Delegate=yes with DelegateSubgroup=main and cgroup_root set to the service's cgroup"
+)
 
 
 class Mode(enum.Enum):
@@ -196,7 +200,7 @@ class Containment:
             if value is not None and controller not in self.controllers:
                 raise LimitUnavailable(
                     f"{controller} limit needs the {controller} controller, which {self.path} does not have: "
-                    f"enable it for cgroup2 ({_HINT}) or mount the cgroup v1 {controller} hierarchy"
+                    f"enable it for cgroup2 ({_CONTROLLER_HINT}) or mount the cgroup v1 {controller} hierarchy"
                 )
         # v1 memory always when it is the only memory accounting; cpu and pids only to limit.
         v1 = {
