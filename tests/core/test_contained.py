@@ -6,6 +6,7 @@ everything in it whatever the test did.
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,12 +16,13 @@ import pytest
 from async_local_executor.core.cgroups import Containment, Limits, cgroup_of
 from async_local_executor.core.contained import ContainedLauncher
 from async_local_executor.core.launchers.base import LaunchRequest
+from async_local_executor.core.launchers.forkserver import ForkServerLauncher
 from async_local_executor.core.outcome import OutcomeKind
 from tests.core import cgroup_helpers
 from tests.core.cgroup_helpers import MiB, Scratch, gone
 from tests.core.helpers import Recorder
 from tests.core.helpers import py as plain_py
-from tests.core.test_supervisor import make_launcher, serving
+from tests.core.test_supervisor import TARGET, make_launcher, serving, until_dead
 
 pytestmark = [
     pytest.mark.asyncio,
@@ -191,3 +193,43 @@ async def test_a_process_that_cannot_join_is_killed_before_it_runs(
     assert not marker.exists()
     assert containment.path is not None
     assert [path for path in containment.path.iterdir() if path.is_dir()] == []
+
+
+async def test_a_timed_out_workload_takes_its_escaped_processes_with_it(box: Scratch, kind: str) -> None:
+    recorder = Recorder()
+    launcher = ContainedLauncher(make_launcher(kind, recorder), box.open(), kill_leftovers=False)
+    async with serving(recorder, launcher, grace=0.5) as supervisor:
+        supervisor.submit(
+            LaunchRequest(key="w", argv=py(ESCAPER + "import time\ntime.sleep(600)\n"), timeout=1.0)
+        )
+        await recorder.until(lambda: recorder.outcomes)
+    outcome = recorder.outcome("w")
+    assert outcome.kind is OutcomeKind.TERMINATED, outcome
+    [escaped] = [int(pid) for pid in _said(recorder, "escaped")]
+    # SIGTERM to every member of the cgroup, the escaped one in its own session included.
+    assert cgroup_helpers.wait_gone(escaped)
+
+
+async def test_the_fork_server_s_death_costs_a_contained_workload_nothing(
+    box: Scratch, tmp_path: Path
+) -> None:
+    recorder = Recorder()
+    forkserver = ForkServerLauncher(target=TARGET, output=recorder.output)
+    launcher = ContainedLauncher(forkserver, box.open())
+    done = tmp_path / "done"
+    code = ESCAPER + f"import os, time\nwhile not os.path.exists({str(done)!r}):\n    time.sleep(0.01)\n"
+    async with serving(recorder, launcher) as supervisor:
+        supervisor.submit(LaunchRequest(key="w", argv=py(code)))
+        await recorder.until(lambda: _said(recorder, "cgroup"))
+        helper = forkserver.helper_pid
+        assert helper is not None
+        os.kill(helper, signal.SIGKILL)
+        await until_dead(helper)
+        done.touch()
+        await recorder.until(lambda: recorder.outcomes)
+    outcome = recorder.outcome("w")
+    assert outcome.ok, outcome  # it ran on, and its own exit status was reported
+    [escaped] = [int(pid) for pid in _said(recorder, "escaped")]
+    assert gone(escaped)  # what it left was killed when it ended
+    assert outcome.cleanup is not None
+    assert outcome.cleanup.killed == 1
