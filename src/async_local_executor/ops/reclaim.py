@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psutil
 
+from async_local_executor.core.launchers.tree import held_by_another
 from async_local_executor.ops.files import open_regular
 from async_local_executor.ops.journal_file import (
     CREATING,
@@ -29,7 +30,6 @@ from async_local_executor.ops.journal_file import (
     TMP_SUFFIX,
     Records,
     read,
-    start_time,
 )
 
 # The logger its lines had before it left the journal module, so logging set-ups that name it still apply.
@@ -49,6 +49,7 @@ class Survivor:
     owner: str  # who held the journal, as it said when it opened it
     command: str
     recorded: bool = False  # the journal names it: a workload's own process, leading its group
+    start: float | None = None  # its start time when it was found: a later process under its pid is not it
 
 
 def reclaim(directory: Path, *, timeout: float = 10.0) -> list[Survivor]:
@@ -174,7 +175,18 @@ def _survivors(instance: str, owner: str, records: Records) -> list[Survivor]:
                 label = ""
             else:
                 continue
-        found.append(Survivor(proc.pid, label, instance, owner, _command(proc), recorded))
+        start = proc.info["create_time"]
+        found.append(
+            Survivor(
+                proc.pid,
+                label,
+                instance,
+                owner,
+                _command(proc),
+                recorded,
+                None if start is None else float(start),
+            )
+        )
     return found
 
 
@@ -186,13 +198,18 @@ def _command(proc: psutil.Process) -> str:
 
 
 def _kill(survivors: list[Survivor], timeout: float) -> None:
-    starts = {s.pid: start_time(s.pid) for s in survivors}
+    starts = {s.pid: s.start for s in survivors}
     for survivor in survivors:
+        start = survivor.start
+        if start is None or held_by_another(survivor.pid, start):
+            continue  # gone since it was found, or a later process under its pid
+        if survivor.recorded:
+            # A recorded workload leads its group: catch what it forked after we looked. Its group
+            # before itself: once it is reaped, its id may become a later process's group.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(survivor.pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError):
             os.kill(survivor.pid, signal.SIGKILL)
-            if survivor.recorded:
-                # A recorded workload leads its group: catch what it forked after we looked.
-                os.killpg(survivor.pid, signal.SIGKILL)
     deadline = time.monotonic() + timeout
     while pending := [pid for pid, start in starts.items() if _running(pid, start)]:
         if time.monotonic() > deadline:

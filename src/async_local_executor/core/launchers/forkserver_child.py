@@ -6,6 +6,7 @@ child: its output is drained to EOF, its exit status is its own, and signals rea
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 
@@ -81,9 +82,12 @@ class ForkServerChild:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._drain)
                 status = await self._reap()
+                # Still a zombie (see _reap): its pid, and so its group's id, cannot be anyone else's.
                 await drain_after_exit(self.signal, self._drained)
                 tg.cancel_scope.cancel()
         finally:
+            with contextlib.suppress(ChildProcessError):
+                os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOHANG)  # noqa: ASYNC222 - exited
             os.close(self._read_fd)
             os.close(self._pidfd)
         return status
@@ -92,7 +96,9 @@ class ForkServerChild:
         while True:
             try:
                 # WNOHANG: returns at once; the pidfd being readable is what says the exit happened.
-                result = os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOHANG)  # noqa: ASYNC222
+                # WNOWAIT: left a zombie until wait() has signalled what it left in its group.
+                flags = os.WEXITED | os.WNOHANG | os.WNOWAIT
+                result = os.waitid(os.P_PIDFD, self._pidfd, flags)  # noqa: ASYNC222
             except ChildProcessError as exc:
                 raise ChildLost(f"its exit status was taken by another waiter ({exc})") from exc
             if result is not None:

@@ -2,6 +2,14 @@
 
 A workload leads its own process group, but what it forks may start groups of their own (the task SDK
 puts each task process in one), which a signal to the workload's group never reaches.
+
+A group id is a pid: once a group's leader has been reaped, the kernel may give that number to another
+process, which may then lead a group of its own under it. So each group is remembered with the start
+time of the process that held its id when it was seen (none if its leader was already gone), and a
+group whose id a *later* process holds now is never signalled: it is no longer ours. While the id is
+free, or held by the same process (a zombie included), the group can only be ours: a number stays
+reserved while any process uses it as its group id. The leader's own tree is walked only while the
+leader is the process it was, so a later process under its pid is never taken for it.
 """
 
 from __future__ import annotations
@@ -11,23 +19,46 @@ import os
 
 import psutil
 
+# Start times of one process read twice differ by less than this (psutil rounds /proc's ticks).
+SAME_START = 0.05
 
-def descendant_groups(pid: int) -> set[int]:
-    """The process groups of ``pid``'s live descendants, other than ``pid``'s own."""
+
+def start_time(pid: int) -> float | None:
+    """When the process ``pid`` started; None when there is none."""
     try:
-        descendants = psutil.Process(pid).children(recursive=True)
+        return float(psutil.Process(pid).create_time())
+    except psutil.Error:
+        return None
+
+
+def held_by_another(pid: int, start: float | None) -> bool:
+    """Whether a process other than the one seen with ``start`` (None: none was) holds ``pid`` now."""
+    now = start_time(pid)
+    return now is not None and (start is None or abs(now - start) >= SAME_START)
+
+
+def descendant_groups(pid: int, start: float | None = None) -> set[int]:
+    """The process groups of ``pid``'s live descendants, other than ``pid``'s own.
+
+    :param start: the start time ``pid`` had; a later process under that pid has none of its descendants
+    """
+    try:
+        proc = psutil.Process(pid)
+        if start is not None and abs(proc.create_time() - start) >= SAME_START:
+            return set()
+        descendants = proc.children(recursive=True)
     except psutil.Error:
         return set()
     groups: set[int] = set()
-    for proc in descendants:
+    for child in descendants:
         with contextlib.suppress(OSError):
-            groups.add(os.getpgid(proc.pid))
+            groups.add(os.getpgid(child.pid))
     groups.discard(pid)
     return groups
 
 
 class GroupSignaller:
-    """Signals a leader's group and every group its descendants were seen in.
+    """Signals a leader's group and every group its descendants were seen in, each while it is still ours.
 
     Groups are remembered across calls: once the leader dies its descendants are reparented and can no
     longer be found from it, but a group id stays reserved while any member lives.
@@ -35,10 +66,16 @@ class GroupSignaller:
 
     def __init__(self, leader: int) -> None:
         self._leader = leader
-        self._groups: set[int] = set()
+        # Not reaped yet when this is made (its launcher waits for it only later): this is the leader.
+        self._groups: dict[int, float | None] = {leader: start_time(leader)}
 
     def send(self, sig: int) -> None:
-        self._groups |= descendant_groups(self._leader)
-        for group in (self._leader, *self._groups):
+        leader_start = self._groups[self._leader]
+        found = descendant_groups(self._leader, leader_start) if leader_start is not None else set()
+        for group in found - self._groups.keys():
+            self._groups[group] = start_time(group)
+        for group, start in self._groups.items():
+            if held_by_another(group, start):
+                continue  # its leader was reaped and a later process has the number: not ours
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(group, sig)
