@@ -150,7 +150,7 @@ def test_the_status_table_shows_memory_peak_cpu_and_the_containment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     usages = {4001: Usage(300 * MB, 512 * MB, 12.34), 4002: Usage(None, None, None)}
-    monkeypatch.setattr(status, "tree_rss", lambda pids: dict.fromkeys(pids, 5 * MiB))
+    monkeypatch.setattr(status, "walk_trees", lambda pids: status.Trees(dict.fromkeys(pids, 5 * MiB), {}))
 
     class Fixed(WorkloadCgroup):
         def __init__(self, pid: int) -> None:

@@ -135,6 +135,8 @@ class AsyncLocalExecutor(Airflow2Commands, Airflow3Workloads, Prefetching, Execu
                 "launcher": config.launcher.value,
                 "containment": status_of(containment),
             },
+            # Descendants the status walk sees (workloads without a cgroup) are journalled for a reclaim.
+            on_seen=launches.seen,
         )
         self._metrics = Metrics(
             executor_class=type(self).__name__,

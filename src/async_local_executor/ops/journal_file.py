@@ -2,8 +2,9 @@
 
 One file per executor instance, ``<instance>.launches`` in the state directory, 0600, held under an
 exclusive ``flock`` by its writer for the writer's whole life. It is JSON lines: a header naming the
-instance and its owner, then ``{"+": pid, "start": ..., "key": ...}`` per launch and ``{"-": pid}`` per
-exit. Written by :class:`~async_local_executor.ops.journal.LaunchJournal`, read by
+instance and its owner, then ``{"+": pid, "start": ..., "key": ...}`` per launch, ``{"-": pid}`` per
+exit, and ``{"seen": pid, "start": ..., "of": pid}`` per descendant a launch was seen with (an exit
+ends those too). Written by :class:`~async_local_executor.ops.journal.LaunchJournal`, read by
 :func:`~async_local_executor.ops.reclaim.reclaim`.
 
 A journal only ever appears under its name already locked: it is written under a fresh name
@@ -41,6 +42,8 @@ SAME_START = 0.05
 _ATTEMPTS = 5
 
 Records = dict[int, tuple[float, str]]  # the launches not ended: pid -> (process start time, key)
+# The descendants seen of the launches not ended: launch pid -> {descendant pid: its start time}.
+Seen = dict[int, dict[int, float]]
 
 
 def start_time(pid: int) -> float | None:
@@ -123,7 +126,13 @@ def encode(entry: Mapping[str, object]) -> bytes:
 
 
 def read(fd: int, path: Path | None = None) -> tuple[dict[str, object], Records]:
-    """The header and the launches still open, from a journal's whole content.
+    """The header and the launches still open, from a journal's whole content (see :func:`read_all`)."""
+    header, live, _ = read_all(fd, path)
+    return header, live
+
+
+def read_all(fd: int, path: Path | None = None) -> tuple[dict[str, object], Records, Seen]:
+    """The header, the launches still open and the descendants they were seen with.
 
     Lines that are not this format's (a line cut short by a crash, another version's, garbage) are
     skipped; if any but a cut-short last line was, one warning names ``path``.
@@ -131,6 +140,7 @@ def read(fd: int, path: Path | None = None) -> tuple[dict[str, object], Records]
     lines = read_fd(fd).splitlines()
     header: dict[str, object] = {}
     live: Records = {}
+    seen: Seen = {}
     foreign = 0
     for number, raw in enumerate(lines):
         try:
@@ -146,7 +156,13 @@ def read(fd: int, path: Path | None = None) -> tuple[dict[str, object], Records]
             elif "+" in entry:
                 live[_pid(entry["+"])] = (float(entry["start"]), str(entry["key"]))
             elif "-" in entry:
-                live.pop(_pid(entry["-"]), None)
+                ended = _pid(entry["-"])
+                live.pop(ended, None)
+                seen.pop(ended, None)
+            elif "seen" in entry:
+                of = _pid(entry["of"])
+                if of in live:  # one of a launch that ended is not reclaimed, as the launch is not
+                    seen.setdefault(of, {})[_pid(entry["seen"])] = float(entry["start"])
             else:
                 raise KeyError("+")
         except (ValueError, TypeError, KeyError):
@@ -157,7 +173,7 @@ def read(fd: int, path: Path | None = None) -> tuple[dict[str, object], Records]
             foreign,
             path or f"fd {fd}",
         )
-    return header, live
+    return header, live, seen
 
 
 def _pid(value: object) -> int:

@@ -2,8 +2,12 @@
 
 Every journal whose lock is free belonged to a dead instance (the kernel drops a ``flock`` when its
 holder dies, however it dies), and every process still carrying that instance's mark, or still running
-under a recorded pid with the recorded start time, is killed. See :mod:`async_local_executor.ops.journal`
-for why survivors are killed rather than adopted.
+under a recorded pid (a launch's, or a descendant a running launch was seen with) with the recorded start
+time, is killed. See :mod:`async_local_executor.ops.journal` for why survivors are killed rather than
+adopted.
+
+Each is killed through a handle that checks its identity (pid and start time) when it signals: between
+the listing and the kill, a process may exit and its pid go to another.
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ from pathlib import Path
 
 import psutil
 
-from async_local_executor.core.launchers.tree import held_by_another
 from async_local_executor.ops.files import open_regular
 from async_local_executor.ops.journal_file import (
     CREATING,
@@ -29,7 +32,8 @@ from async_local_executor.ops.journal_file import (
     SUFFIX,
     TMP_SUFFIX,
     Records,
-    read,
+    Seen,
+    read_all,
 )
 
 # The logger its lines had before it left the journal module, so logging set-ups that name it still apply.
@@ -44,12 +48,11 @@ class Survivor:
     """A process a dead executor instance left behind, and what :func:`reclaim` did about it."""
 
     pid: int
-    label: str  # the workload's key as recorded, or "" for an unrecorded descendant
+    label: str  # the workload's key as recorded, or "" for a descendant found by its mark alone
     instance: str
     owner: str  # who held the journal, as it said when it opened it
     command: str
     recorded: bool = False  # the journal names it: a workload's own process, leading its group
-    start: float | None = None  # its start time when it was found: a later process under its pid is not it
 
 
 def reclaim(directory: Path, *, timeout: float = 10.0) -> list[Survivor]:
@@ -84,13 +87,13 @@ def _reclaim_one(path: Path, timeout: float) -> list[Survivor]:
     with _dead_owner(path) as fd:
         if fd is None:
             return []
-        header, records = read(fd, path)
+        header, records, seen = read_all(fd, path)
         # Its own name, not what it says inside: the mark of no other instance's processes.
         instance = path.name.removesuffix(SUFFIX)
-        found = _survivors(instance, str(header.get("owner", "?")), records)
+        found = _survivors(instance, str(header.get("owner", "?")), records, seen)
         _kill(found, timeout)
         path.unlink()
-        return found
+        return [each.survivor for each in found]
 
 
 @contextlib.contextmanager
@@ -145,48 +148,53 @@ def _still_named(fd: int, path: Path) -> bool:
     return (mine.st_dev, mine.st_ino) == (named.st_dev, named.st_ino)
 
 
-def _survivors(instance: str, owner: str, records: Records) -> list[Survivor]:
+@dataclass(frozen=True)
+class _Found:
+    survivor: Survivor
+    proc: psutil.Process  # the handle it is killed through, which checks its identity
+    leads: bool  # it leads a process group that is its own: a recorded workload, or a seen one
+
+
+def _survivors(instance: str, owner: str, records: Records, seen: Seen) -> list[_Found]:
     me = os.getpid()
     uid = os.getuid()
     ours: list[psutil.Process] = []
     leaders: dict[int, str] = {}  # recorded pids still running as the process that was recorded
+    descendants: dict[int, str] = {}  # the same for the descendants seen: pid -> key of their launch
+    seen_starts = {pid: (start, of) for of, found in seen.items() for pid, start in found.items()}
     for proc in psutil.process_iter(["pid", "uids", "create_time"]):
         uids = proc.info["uids"]
         if proc.pid == me or uids is None or uids.real != uid:
             continue  # another user's processes are not ours, nor is their environment readable
         ours.append(proc)
+        started = float(proc.info["create_time"])
         record = records.get(proc.pid)
-        if record is not None and abs(record[0] - float(proc.info["create_time"])) < SAME_START:
+        descendant = seen_starts.get(proc.pid)
+        if record is not None and abs(record[0] - started) < SAME_START:
             leaders[proc.pid] = record[1]
-    found: list[Survivor] = []
+        elif descendant is not None and abs(descendant[0] - started) < SAME_START:
+            descendants[proc.pid] = records[descendant[1]][1]
+    found: list[_Found] = []
     for proc in ours:
         label = leaders.get(proc.pid)
-        recorded = label is not None
-        if label is None:
-            try:
-                group = os.getpgid(proc.pid)
+        leads = label is not None
+        try:
+            group = os.getpgid(proc.pid)
+            if label is None and proc.pid in descendants:
+                label = f"started by {descendants[proc.pid]}"
+                leads = group == proc.pid  # it left the workload's group for one of its own
+            elif label is None:
                 marked = proc.environ().get(INSTANCE_ENV) == instance
-            except (OSError, psutil.Error):
-                continue
-            if group in leaders and group != proc.pid:
-                # A workload leads its own group; what stays in it is its own, marked or not.
-                label = f"in the process group of {leaders[group]}"
-            elif marked:
-                label = ""
-            else:
-                continue
-        start = proc.info["create_time"]
-        found.append(
-            Survivor(
-                proc.pid,
-                label,
-                instance,
-                owner,
-                _command(proc),
-                recorded,
-                None if start is None else float(start),
-            )
-        )
+                if group in leaders and group != proc.pid:
+                    # A workload leads its own group; what stays in it is its own, marked or not.
+                    label = f"in the process group of {leaders[group]}"
+                elif marked:
+                    label = ""
+        except (OSError, psutil.Error):
+            continue  # gone since the listing
+        if label is not None:
+            survivor = Survivor(proc.pid, label, instance, owner, _command(proc), proc.pid in leaders)
+            found.append(_Found(survivor, proc, leads))
     return found
 
 
@@ -197,31 +205,27 @@ def _command(proc: psutil.Process) -> str:
         return "?"
 
 
-def _kill(survivors: list[Survivor], timeout: float) -> None:
-    starts = {s.pid: s.start for s in survivors}
-    for survivor in survivors:
-        start = survivor.start
-        if start is None or held_by_another(survivor.pid, start):
-            continue  # gone since it was found, or a later process under its pid
-        if survivor.recorded:
-            # A recorded workload leads its group: catch what it forked after we looked. Its group
-            # before itself: once it is reaped, its id may become a later process's group.
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(survivor.pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(survivor.pid, signal.SIGKILL)
+def _kill(found: list[_Found], timeout: float) -> None:
+    for each in found:
+        # What a group leader forked after we looked is caught by its group. The group first, while
+        # its leader surely lives: once killed, the leader may be reaped at once by its new parent and
+        # its pid, the group's id, go to another process.
+        if each.leads and each.proc.is_running():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(each.survivor.pid, signal.SIGKILL)
+        with contextlib.suppress(psutil.Error):
+            each.proc.send_signal(signal.SIGKILL)  # refuses a later process under the same pid
     deadline = time.monotonic() + timeout
-    while pending := [pid for pid, start in starts.items() if _running(pid, start)]:
+    while pending := [each.survivor.pid for each in found if _running(each.proc)]:
         if time.monotonic() > deadline:
             log.error("processes still running %.0fs after SIGKILL: %s", timeout, pending)
             return
         time.sleep(0.05)
 
 
-def _running(pid: int, start: float | None) -> bool:
+def _running(proc: psutil.Process) -> bool:
     # A killed orphan stays a zombie until its new parent reaps it; it runs nothing any more.
     try:
-        proc = psutil.Process(pid)
-        return proc.status() != psutil.STATUS_ZOMBIE and start is not None and proc.create_time() == start
+        return bool(proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE)
     except psutil.Error:
         return False

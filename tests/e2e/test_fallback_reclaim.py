@@ -1,0 +1,88 @@
+"""Without cgroups, what the status walk saw under a task is still killed by the next scheduler.
+
+With ``containment = off`` (as on a host without usable cgroups), the escapers DAG's sleepers, in a
+session of their own and without the environment marker, escape every group- and marker-based search.
+The status file's walk of each workload's process tree, every 2 s, journals the descendants it sees (pid
+and start time); after a ``kill -9`` of the scheduler, the restarted one kills them from those records
+before it launches anything.
+
+Nothing is mocked: a real Airflow on SQLite, the default fork-server launcher, real task processes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.demo import EXECUTOR
+from harness.sandbox import AirflowSandbox
+from tests.core.helpers import alive
+from tests.e2e.helpers import poll
+from tests.e2e.test_containment import ORPHAN_DEADLINE, _sleepers
+
+pytestmark = pytest.mark.e2e
+
+DAGS = Path(__file__).with_name("dags")
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path) -> Iterator[AirflowSandbox]:
+    sb = AirflowSandbox(
+        executor=EXECUTOR,
+        dags_folder=DAGS,
+        parallelism=4,
+        extra_config={
+            "ALE_ESCAPERS_DIR": str(tmp_path),
+            "ALE_ESCAPERS_HOLD": "1",
+            "AIRFLOW__ASYNC_LOCAL_EXECUTOR__CONTAINMENT": "off",
+            "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "10",
+            "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "5",
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",
+        },
+    )
+    with sb:
+        yield sb
+
+
+def _journalled(sandbox: AirflowSandbox) -> set[int]:
+    seen: set[int] = set()
+    for path in (sandbox.home / "async_local_executor").glob("*.launches"):
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue  # a line being written
+            if isinstance(record, dict) and "seen" in record:
+                seen.add(int(record["seen"]))
+    return seen
+
+
+def test_a_restarted_scheduler_kills_the_descendants_the_status_walk_saw(
+    sandbox: AirflowSandbox, tmp_path: Path
+) -> None:
+    sandbox.wait_for_dag("escapers", timeout=120)
+    run_id = sandbox.trigger("escapers")
+    poll("both tasks to leave a sleeper behind", lambda: len(_sleepers(tmp_path, 1)) == 2)
+    escaped = _sleepers(tmp_path, 1)
+    poll("the status walk to journal both", lambda: set(escaped.values()) <= _journalled(sandbox))
+    assert "containment: none (containment = off)" in sandbox.process_logs["scheduler"].read_text()
+
+    sandbox.kill("scheduler")
+    deadline = time.monotonic() + ORPHAN_DEADLINE
+    while any(not alive(pid) for pid in escaped.values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(alive(pid) for pid in escaped.values()), escaped  # out of reach of the dead scheduler
+
+    (tmp_path / "gate").touch()  # the retries do not wait
+    sandbox.restart("scheduler")
+    poll("the run to finish", lambda: sandbox.run_state("escapers", run_id) in ("success", "failed"))
+    rows = sandbox.task_instances("escapers", run_id)
+    assert sandbox.run_state("escapers", run_id) == "success", rows
+    assert {task: pid for task, pid in escaped.items() if alive(pid)} == {}
+    log = sandbox.process_logs["scheduler"].read_text(errors="replace")
+    for pid in escaped.values():
+        assert f"killed pid {pid} (started by " in log
