@@ -95,20 +95,27 @@ def test_a_restarted_scheduler_kills_what_tasks_left_before_it_launches(
     poll("both tasks to leave a sleeper behind", lambda: len(_sleepers(tmp_path, 1)) == 2)
     escaped = _sleepers(tmp_path, 1)
 
+    log = kill_and_restart(sandbox, tmp_path, run_id, escaped)
+    assert "process(es) left in cgroup" in log
+    assert "of a stopped executor" in log
+
+
+def kill_and_restart(sandbox: AirflowSandbox, folder: Path, run_id: str, escaped: dict[str, int]) -> str:
+    """``kill -9`` the scheduler while ``escaped`` run, restart it, let the run finish; its log after.
+
+    Asserts that the escaped processes outlive the dead scheduler (nothing of it reaches them: its task
+    processes die with it, by the parent-death chain) and that none is alive once the run succeeded.
+    """
     sandbox.kill("scheduler")
-    # Nothing of the dead scheduler reaches these: its task processes die with it (the parent-death
-    # chain), the sleepers are in no group or session of theirs.
     deadline = time.monotonic() + ORPHAN_DEADLINE
     while any(not alive(pid) for pid in escaped.values()) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert all(alive(pid) for pid in escaped.values()), escaped
 
-    (tmp_path / "gate").touch()  # the retries do not wait
+    (folder / "gate").touch()  # the retries do not wait
     sandbox.restart("scheduler")
     poll("the run to finish", lambda: sandbox.run_state("escapers", run_id) in ("success", "failed"))
     rows = sandbox.task_instances("escapers", run_id)
     assert sandbox.run_state("escapers", run_id) == "success", rows
     assert {task: pid for task, pid in escaped.items() if alive(pid)} == {}
-    log = sandbox.process_logs["scheduler"].read_text(errors="replace")
-    assert "process(es) left in cgroup" in log
-    assert "of a stopped executor" in log
+    return _scheduler_log(sandbox)

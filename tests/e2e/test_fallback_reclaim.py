@@ -12,7 +12,6 @@ Nothing is mocked: a real Airflow on SQLite, the default fork-server launcher, r
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,9 +19,8 @@ import pytest
 
 from harness.demo import EXECUTOR
 from harness.sandbox import AirflowSandbox
-from tests.core.helpers import alive
 from tests.e2e.helpers import poll
-from tests.e2e.test_containment import ORPHAN_DEADLINE, _sleepers
+from tests.e2e.test_containment import _sleepers, kill_and_restart
 
 pytestmark = pytest.mark.e2e
 
@@ -71,18 +69,6 @@ def test_a_restarted_scheduler_kills_the_descendants_the_status_walk_saw(
     poll("the status walk to journal both", lambda: set(escaped.values()) <= _journalled(sandbox))
     assert "containment: none (containment = off)" in sandbox.process_logs["scheduler"].read_text()
 
-    sandbox.kill("scheduler")
-    deadline = time.monotonic() + ORPHAN_DEADLINE
-    while any(not alive(pid) for pid in escaped.values()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert all(alive(pid) for pid in escaped.values()), escaped  # out of reach of the dead scheduler
-
-    (tmp_path / "gate").touch()  # the retries do not wait
-    sandbox.restart("scheduler")
-    poll("the run to finish", lambda: sandbox.run_state("escapers", run_id) in ("success", "failed"))
-    rows = sandbox.task_instances("escapers", run_id)
-    assert sandbox.run_state("escapers", run_id) == "success", rows
-    assert {task: pid for task, pid in escaped.items() if alive(pid)} == {}
-    log = sandbox.process_logs["scheduler"].read_text(errors="replace")
+    log = kill_and_restart(sandbox, tmp_path, run_id, escaped)
     for pid in escaped.values():
         assert f"killed pid {pid} (started by " in log
