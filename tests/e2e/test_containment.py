@@ -90,14 +90,18 @@ def _scheduler_log(sandbox: AirflowSandbox) -> str:
 def test_a_restarted_scheduler_kills_what_tasks_left_before_it_launches(
     sandbox: AirflowSandbox, tmp_path: Path
 ) -> None:
-    sandbox.wait_for_dag("escapers", timeout=120)
-    run_id = sandbox.trigger("escapers")
-    poll("both tasks to leave a sleeper behind", lambda: len(_sleepers(tmp_path, 1)) == 2)
-    escaped = _sleepers(tmp_path, 1)
-
+    run_id, escaped = run_to_the_sleepers(sandbox, tmp_path)
     log = kill_and_restart(sandbox, tmp_path, run_id, escaped)
     assert "process(es) left in cgroup" in log
     assert "of a stopped executor" in log
+
+
+def run_to_the_sleepers(sandbox: AirflowSandbox, folder: Path) -> tuple[str, dict[str, int]]:
+    """Trigger the escapers DAG; its run and the sleepers its tasks' first tries left, once both did."""
+    sandbox.wait_for_dag("escapers", timeout=120)
+    run_id = sandbox.trigger("escapers")
+    poll("both tasks to leave a sleeper behind", lambda: len(_sleepers(folder, 1)) == 2)
+    return run_id, _sleepers(folder, 1)
 
 
 def kill_and_restart(sandbox: AirflowSandbox, folder: Path, run_id: str, escaped: dict[str, int]) -> str:

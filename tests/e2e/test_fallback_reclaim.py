@@ -20,7 +20,7 @@ import pytest
 from harness.demo import EXECUTOR
 from harness.sandbox import AirflowSandbox
 from tests.e2e.helpers import poll
-from tests.e2e.test_containment import _sleepers, kill_and_restart
+from tests.e2e.test_containment import kill_and_restart, run_to_the_sleepers
 
 pytestmark = pytest.mark.e2e
 
@@ -62,10 +62,7 @@ def _journalled(sandbox: AirflowSandbox) -> set[int]:
 def test_a_restarted_scheduler_kills_the_descendants_the_status_walk_saw(
     sandbox: AirflowSandbox, tmp_path: Path
 ) -> None:
-    sandbox.wait_for_dag("escapers", timeout=120)
-    run_id = sandbox.trigger("escapers")
-    poll("both tasks to leave a sleeper behind", lambda: len(_sleepers(tmp_path, 1)) == 2)
-    escaped = _sleepers(tmp_path, 1)
+    run_id, escaped = run_to_the_sleepers(sandbox, tmp_path)
     poll("the status walk to journal both", lambda: set(escaped.values()) <= _journalled(sandbox))
     assert "containment: none (containment = off)" in sandbox.process_logs["scheduler"].read_text()
 

@@ -13,7 +13,8 @@ import re
 
 from async_local_executor.core.cgroups import Containment, Limits, Mode
 from async_local_executor.core.cgroups.discovery import MOUNTINFO
-from async_local_executor.ops.journal_file import same_process, start_time
+from async_local_executor.core.launchers.tree import start_time
+from async_local_executor.ops.journal_file import same_process
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +84,8 @@ def open_containment(
 
 
 def _check(containment: Containment, limits: Limits) -> None:
-    wanted = {"memory": limits.memory, "cpu": limits.cpu, "pids": limits.pids}
-    for controller, value in wanted.items():
-        if value is None or controller in containment.controllers:
-            continue
+    if missing := containment.missing(limits):
+        controller = missing[0]
         option = _CONTROLLER_OF[controller]
         if containment.mode is Mode.NONE:
             raise LimitsUnavailable(

@@ -38,6 +38,7 @@ import weakref
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
 
+from async_local_executor.core.launchers.tree import start_time
 from async_local_executor.core.outcome import Outcome
 from async_local_executor.core.supervisor import Listener
 from async_local_executor.ops.files import write_all
@@ -47,7 +48,6 @@ from async_local_executor.ops.journal_file import (
     encode,
     install_locked,
     same_process,
-    start_time,
 )
 from async_local_executor.ops.reclaim import Survivor, reclaim
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import psutil
 
+from async_local_executor.core.launchers.tree import SAME_START
 from async_local_executor.ops.files import create_exclusive, fresh_name, open_regular, read_fd, write_all
 
 log = logging.getLogger("async_local_executor.ops.journal")
@@ -35,23 +36,12 @@ INSTANCE_ENV = "ASYNC_LOCAL_EXECUTOR_INSTANCE"
 SUFFIX = ".launches"
 TMP_SUFFIX = ".launches.tmp"  # a compaction cut short, as versions before 0.2 named it
 CREATING = ".tmp-"  # infix of a journal being written, before it is renamed into place, locked
-# /proc's start times have clock-tick resolution; two reads of the same process agree exactly, a
-# different process under a reused pid differs by far more than this.
-SAME_START = 0.05
 # A new journal whose fresh name a reclaimer removed meanwhile is written again under another.
 _ATTEMPTS = 5
 
 Records = dict[int, tuple[float, str]]  # the launches not ended: pid -> (process start time, key)
 # The descendants seen of the launches not ended: launch pid -> {descendant pid: its start time}.
 Seen = dict[int, dict[int, float]]
-
-
-def start_time(pid: int) -> float | None:
-    """The process's start time as /proc gives it, which tells it from a later one under the same pid."""
-    try:
-        return float(psutil.Process(pid).create_time())
-    except psutil.Error:
-        return None
 
 
 def same_process(pid: int, start: float) -> bool:

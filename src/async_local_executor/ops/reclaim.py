@@ -24,11 +24,11 @@ from pathlib import Path
 
 import psutil
 
+from async_local_executor.core.launchers.tree import SAME_START
 from async_local_executor.ops.files import open_regular
 from async_local_executor.ops.journal_file import (
     CREATING,
     INSTANCE_ENV,
-    SAME_START,
     SUFFIX,
     TMP_SUFFIX,
     Records,

@@ -23,9 +23,9 @@ import psutil
 from async_local_executor.core.admission import MB
 from async_local_executor.core.cgroups.group import Usage, WorkloadCgroup
 from async_local_executor.core.health import Report
+from async_local_executor.core.launchers.tree import start_time
 from async_local_executor.core.state import RunningWorkload
 from async_local_executor.ops.files import replace_atomically
-from async_local_executor.ops.journal_file import start_time
 from async_local_executor.ops.status_read import PREFIX, STALE_AFTER, START_KEY, SUFFIX, Found, read_all
 
 __all__ = [

@@ -182,6 +182,11 @@ class Containment:
         limits = ", ".join(f"{name} via {where}" for name, where in self.controllers.items())
         return f"cgroup2 at {self.path} (limits: {limits or 'none available'})"
 
+    def missing(self, limits: Limits) -> list[str]:
+        """The controllers ``limits`` need that this instance cannot use (all of them in mode NONE)."""
+        wanted = {"memory": limits.memory, "cpu": limits.cpu, "pids": limits.pids}
+        return [name for name, value in wanted.items() if value is not None and name not in self.controllers]
+
     def create(self, name: str, limits: Limits = Limits()) -> WorkloadCgroup | None:  # noqa: B008 - frozen
         """A new workload cgroup with ``limits`` written, before any process is in it.
 
@@ -195,13 +200,13 @@ class Containment:
         if self.mode is Mode.NONE or self.path is None:
             return None
         _check_name("workload", name)
+        if missing := self.missing(limits):
+            controller = missing[0]
+            raise LimitUnavailable(
+                f"{controller} limit needs the {controller} controller, which {self.path} does not have: "
+                f"enable it for cgroup2 ({_CONTROLLER_HINT}) or mount the cgroup v1 {controller} hierarchy"
+            )
         wanted = {"memory": limits.memory, "cpu": limits.cpu, "pids": limits.pids}
-        for controller, value in wanted.items():
-            if value is not None and controller not in self.controllers:
-                raise LimitUnavailable(
-                    f"{controller} limit needs the {controller} controller, which {self.path} does not have: "
-                    f"enable it for cgroup2 ({_CONTROLLER_HINT}) or mount the cgroup v1 {controller} hierarchy"
-                )
         # v1 memory always when it is the only memory accounting; cpu and pids only to limit.
         v1 = {
             controller: parent / name

@@ -19,12 +19,14 @@ import os
 
 import psutil
 
-# Start times of one process read twice differ by less than this (psutil rounds /proc's ticks).
+# /proc's start times have clock-tick resolution; two reads of the same process agree exactly, a
+# different process under a reused pid differs by far more than this.
 SAME_START = 0.05
 
 
 def start_time(pid: int) -> float | None:
-    """When the process ``pid`` started; None when there is none."""
+    """The process's start time as /proc gives it, which tells it from a later one under the same pid;
+    None when there is no such process."""
     try:
         return float(psutil.Process(pid).create_time())
     except psutil.Error:
