@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -114,7 +115,24 @@ async def test_several_causes_are_all_given_as_reasons() -> None:
     assert health.verdict is Verdict.UNHEALTHY
     assert len(health.reasons) == 3
     assert health.reason == "; ".join(health.reasons)
-    assert health.as_dict() == {"status": "unhealthy", "reason": health.reason}
+    assert health.as_dict() == {
+        "status": "unhealthy",
+        "reason": health.reason,
+        "reasons": list(health.reasons),
+        "public_reasons": list(health.reasons),  # none of these names a task or a pid
+    }
+
+
+async def test_public_reasons_name_no_task_and_no_pid() -> None:
+    failures = tuple(LaunchFailure(NOW - 3 + i, f"dag.secret_task try {i}", "boom") for i in range(3))
+    problem = "fork server (pid 4242) is not running; a new one is starting"
+    health = verdict(quiet(launcher_problem=problem, recent_failures=failures))
+    assert health.reasons == (problem, "3 launch failures in the last 300s (last: dag.secret_task try 2: boom)")
+    assert health.public_reasons == (
+        "fork server is not running; a new one is starting",
+        "3 launch failures in the last 300s",
+    )
+    assert health.as_dict()["public_reasons"] == list(health.public_reasons)
 
 
 async def test_supervisor_state_and_status_file_show_running_waiting_and_failures(tmp_path: Path) -> None:
@@ -148,16 +166,31 @@ async def test_supervisor_state_and_status_file_show_running_waiting_and_failure
         report = Report(time.monotonic(), 0.0, 0.0, Health(Verdict.HEALTHY), state)
         await anyio.to_thread.run_sync(writer.write, report)
         gate.unlink()
+        first = json.loads(writer.path.read_text())
         await recorder.until(lambda: len(recorder.outcomes) == 3)
+        after = supervisor.state()
+        await anyio.to_thread.run_sync(writer.write, dataclasses.replace(report, state=after))
         await supervisor.shutdown(wait=GUARD)
     assert stat.S_IMODE(writer.path.stat().st_mode) == 0o600
-    data = json.loads(writer.path.read_text())
+    data = first
     [row] = data["running"]
     assert (row["key"], row["pid"], row["queue"]) == ("held try 1", recorder.pids["held"], "reports")
     assert row["rss_mb"] > 0
     assert data["waiting"] == 1
-    assert data["health"] == {"status": "healthy", "reason": None}
+    assert data["health"] == {"status": "healthy", "reason": None, "reasons": [], "public_reasons": []}
     assert data["recent_launch_failures"][0]["key"] == "bad try 1"
+    assert data["launcher_state"] == "subprocess: every workload starts a fresh interpreter"
+    [failed] = data["recent_finished"]
+    assert (failed["key"], failed["outcome"], failed["ran_s"]) == ("bad try 1", "launch_failed", None)
+    assert "nonexistent" in failed["reason"]
+    # The latest first, each with how it ended and how long it ran; one history sample per write.
+    data = json.loads(writer.path.read_text())
+    finished = [(f["key"], f["outcome"], f["returncode"]) for f in data["recent_finished"]]
+    assert sorted(finished[:2]) == [("held try 1", "ok", 0), ("next try 1", "ok", 0)]
+    assert finished[2] == ("bad try 1", "launch_failed", None)
+    assert all(f["ran_s"] >= 0 for f in data["recent_finished"][:2])
+    assert [sample[1:] for sample in data["history"]] == [[1, 1], [0, 0]]
+    assert data["history"][0][0] <= data["history"][1][0] == round(data["written_at"], 1)
     # Its writer is gone: a reader calls it stale rather than trusting it.
     [found] = read_all(tmp_path)
     assert found.path == writer.path

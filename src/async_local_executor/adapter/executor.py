@@ -20,6 +20,7 @@ import sys
 from typing import TYPE_CHECKING, Any, cast
 
 from airflow.models.taskinstancekey import TaskInstanceKey
+from airflow.utils.net import get_hostname
 from airflow.utils.state import TaskInstanceState
 
 from async_local_executor.adapter import child, child_cli, child_entry, startup
@@ -128,6 +129,9 @@ class AsyncLocalExecutor(Airflow2Commands, Airflow3Workloads, Prefetching, Execu
             status.status_path(launches.directory, launches.instance),
             {
                 "instance": launches.instance,
+                # Airflow's own name for this host ([core] hostname_callable), which the dashboard
+                # compares with its own: a status file from another host cannot be judged from here.
+                "hostname": get_hostname(),
                 "pid": os.getpid(),
                 "team": self.team_name,
                 "executor": type(self).__name__,

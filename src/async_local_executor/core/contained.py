@@ -74,6 +74,10 @@ class ContainedLauncher:
     def problem(self) -> str | None:
         return self._inner.problem
 
+    @property
+    def state(self) -> str | None:
+        return getattr(self._inner, "state", None)
+
     async def launch(self, request: LaunchRequest) -> Child:
         limits = self._limits.merged(request.limits)
         name = f"w{next(self._names)}"

@@ -14,8 +14,10 @@ from __future__ import annotations
 import collections
 import enum
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -39,18 +41,30 @@ class Verdict(enum.Enum):
 
 @dataclass(frozen=True)
 class Health:
-    """:param details: facts beside the verdict, as (name, value) pairs (the containment in effect)"""
+    """:param details: facts beside the verdict, as (name, value) pairs (the containment in effect)
+    :param public_reasons: the reasons without task names or pids, for whoever may ask unauthenticated
+        (a load balancer's health check); empty: the reasons carry none
+    """
 
     verdict: Verdict
     reasons: tuple[str, ...] = ()
     details: tuple[tuple[str, str], ...] = field(default=(), compare=False)  # not part of the verdict
+    public_reasons: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def reason(self) -> str | None:
         return "; ".join(self.reasons) or None
 
-    def as_dict(self) -> dict[str, str | None]:
-        return {"status": self.verdict.value, "reason": self.reason}
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "status": self.verdict.value,
+            "reason": self.reason,
+            "reasons": list(self.reasons),
+            "public_reasons": list(self.public_reasons or self.reasons),
+        }
+
+
+_PID = re.compile(r" \(pid \d+\)")
 
 
 @dataclass(frozen=True)
@@ -85,35 +99,40 @@ class Report:
 
 def assess(state: SupervisorState, lag: float, thresholds: Thresholds, now: float) -> Health:
     """The verdict from one snapshot; ``now`` is the wall clock."""
-    reasons: list[str] = []
+    found: list[tuple[str, str]] = []  # each reason, then the same without a task's name or a pid
     if lag > thresholds.max_lag:
-        reasons.append(f"event loop lagging {lag:.1f}s (limit {thresholds.max_lag:g}s)")
+        said = f"event loop lagging {lag:.1f}s (limit {thresholds.max_lag:g}s)"
+        found.append((said, said))
     if state.launcher_problem:
-        reasons.append(state.launcher_problem)
+        found.append((state.launcher_problem, _PID.sub("", state.launcher_problem)))
     # A launch that worked since the failures shows the cause has passed (a burst of EMFILE, say);
     # an executor that keeps failing with nothing launching in between is what this is for.
     since = max(now - thresholds.failure_window, state.last_launched_at or 0.0)
     recent = [f for f in state.recent_failures if f.at >= since]
     if len(recent) >= thresholds.failures:
         last = recent[-1]
-        reasons.append(
-            f"{len(recent)} launch failures in the last {thresholds.failure_window:.0f}s "
-            f"(last: {last.label}: {last.reason})"
-        )
+        failures = f"{len(recent)} launch failures in the last {thresholds.failure_window:.0f}s"
+        found.append((f"{failures} (last: {last.label}: {last.reason})", failures))
     if state.memory_low:
         available = "?" if state.available_memory is None else f"{state.available_memory // MB}"
-        reasons.append(
+        said = (
             f"memory guard holding {state.waiting} workload(s): {available} MB available, "
             f"floor {state.memory_floor // MB} MB"
         )
+        found.append((said, said))
     if state.oldest_waiting_since is not None:
         waited = now - state.oldest_waiting_since
         if waited > thresholds.max_wait:
-            reasons.append(
+            said = (
                 f"{state.waiting} workload(s) waiting to launch, the oldest for {waited:.0f}s "
                 f"(limit {thresholds.max_wait:.0f}s)"
             )
-    return Health(Verdict.UNHEALTHY if reasons else Verdict.HEALTHY, tuple(reasons))
+            found.append((said, said))
+    return Health(
+        Verdict.UNHEALTHY if found else Verdict.HEALTHY,
+        tuple(full for full, _ in found),
+        public_reasons=tuple(public for _, public in found),
+    )
 
 
 def stale(report: Report | None, thresholds: Thresholds, now: float) -> Health | None:
@@ -131,8 +150,9 @@ class Probe:
 
     :param state: reads the supervisor's state (called on the loop)
     :param on_report: called on the loop with each new report; must not block
-    :param write: called in a worker thread with a report every ``write_every`` seconds (a status
-        file, say); a write still running when the next is due makes that one be skipped
+    :param write: called in a worker thread with a report every ``write_every`` seconds and whenever
+        the verdict changes (a status file, say); a write still running when the next is due makes that
+        one be skipped
     :param clock: every time the probe reads, and its sleep between probes
     """
 
@@ -173,13 +193,18 @@ class Probe:
     async def run(self) -> None:
         lag = 0.0
         next_write = 0.0
+        written: Verdict | None = None
         async with anyio.create_task_group() as tg:
             while True:
                 report = self.refresh(lag)
                 if self._on_report is not None:
                     self._on_report(report)
-                if self._write is not None and not self._writing and report.at >= next_write:
+                # A changed verdict is written at once: whoever watches the file (a monitor, the
+                # dashboard) learns of a fork server gone in half a second, not at the next period.
+                changed = report.health.verdict is not written
+                if self._write is not None and not self._writing and (changed or report.at >= next_write):
                     next_write = report.at + self._write_every
+                    written = report.health.verdict
                     self._writing = True
                     tg.start_soon(self._write_off_loop, report)
                 woke = self._clock.monotonic()

@@ -12,6 +12,8 @@ from async_local_executor.core.outcome import Outcome, OutcomeKind
 
 # Launch failures kept for the health check and the status report.
 RECENT_FAILURES = 20
+# Finished workloads kept for the status report (the dashboard's "last finished" table).
+RECENT_FINISHED = 20
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,18 @@ class LaunchFailure:
 
 
 @dataclass(frozen=True)
+class FinishedWorkload:
+    """One workload's end, as the status report lists it."""
+
+    at: float  # wall clock
+    label: str
+    outcome: str  # "ok" or an OutcomeKind value
+    returncode: int | None
+    reason: str
+    ran_s: float | None  # seconds from launch to exit; None when it never had a process
+
+
+@dataclass(frozen=True)
 class SupervisorState:
     """What the supervisor is doing, as of one moment; built on the loop thread, read anywhere."""
 
@@ -46,6 +60,8 @@ class SupervisorState:
     last_launched_at: float | None  # wall clock of the latest successful launch
     memory_waits_total: int  # workloads that had to wait for memory
     outcomes_total: Mapping[str, int]  # OutcomeKind value (or "ok") -> count
+    recent_finished: tuple[FinishedWorkload, ...] = ()  # the latest last
+    launcher_state: str | None = None  # the launch path in words (which fork server, say)
 
 
 class Tally:
@@ -53,6 +69,7 @@ class Tally:
 
     def __init__(self) -> None:
         self.failures: collections.deque[LaunchFailure] = collections.deque(maxlen=RECENT_FAILURES)
+        self.finished_recently: collections.deque[FinishedWorkload] = collections.deque(maxlen=RECENT_FINISHED)
         self.launched_total = 0
         self.last_launched_at: float | None = None  # wall clock
         self.outcomes_total: collections.Counter[str] = collections.Counter()
@@ -62,7 +79,13 @@ class Tally:
         self.last_launched_at = at
 
     def finished(self, outcome: Outcome, label: str, at: float) -> None:
-        self.outcomes_total["ok" if outcome.ok else outcome.kind.value] += 1
+        kind = "ok" if outcome.ok else outcome.kind.value
+        self.outcomes_total[kind] += 1
+        times = outcome.times
+        ran = None
+        if times is not None and times.launched is not None and times.ended is not None:
+            ran = round(times.ended - times.launched, 1)
+        self.finished_recently.append(FinishedWorkload(at, label, kind, outcome.returncode, outcome.reason, ran))
         if outcome.kind is OutcomeKind.LAUNCH_FAILED:
             self.failures.append(LaunchFailure(at, label, outcome.reason))
 
@@ -74,6 +97,7 @@ def snapshot(
     admission: Admission,
     tally: Tally,
     launcher_problem: str | None,
+    launcher_state: str | None = None,
 ) -> SupervisorState:
     return SupervisorState(
         running=running,
@@ -88,4 +112,6 @@ def snapshot(
         last_launched_at=tally.last_launched_at,
         memory_waits_total=admission.memory_waits_total,
         outcomes_total=dict(tally.outcomes_total),
+        recent_finished=tuple(tally.finished_recently),
+        launcher_state=launcher_state,
     )

@@ -127,8 +127,10 @@ class Supervisor:
             elif not tracked.life.finished:
                 waiting += 1
                 oldest = tracked.accepted if oldest is None else min(oldest, tracked.accepted)
-        problem = getattr(self._launcher, "problem", None)
-        return snapshot(tuple(running), waiting, oldest, self._admission, self._tally, problem)
+        launcher = self._launcher
+        problem = getattr(launcher, "problem", None)
+        described = getattr(launcher, "state", None)
+        return snapshot(tuple(running), waiting, oldest, self._admission, self._tally, problem, described)
 
     async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Run until :meth:`shutdown` has finished every workload."""
@@ -271,7 +273,6 @@ class Supervisor:
     def _finish(self, tracked: Tracked, outcome: Outcome, step: Step) -> None:
         tracked.life.advance(step)
         now = self._clock.time()
+        outcome = dataclasses.replace(outcome, times=Times(tracked.accepted, tracked.launched, now))
         self._tally.finished(outcome, tracked.label, now)
-        self._listener.finished(
-            dataclasses.replace(outcome, times=Times(tracked.accepted, tracked.launched, now))
-        )
+        self._listener.finished(outcome)

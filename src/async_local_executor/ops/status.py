@@ -9,6 +9,7 @@ for every running workload do not belong on the loop either). Nothing here knows
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -43,6 +44,9 @@ __all__ = [
 ]
 
 TMP_INFIX = ".tmp-"  # status.<instance>.json.tmp-<random>: a write not yet renamed into place
+# How far back the file's history of running and waiting workloads reaches, in seconds: enough for the
+# dashboard's chart of the last minutes, little enough to keep the file small (a sample per write).
+HISTORY_SPAN = 600.0
 
 
 def status_path(directory: Path, instance: str) -> Path:
@@ -137,10 +141,12 @@ def document(
     meta: Mapping[str, Any],
     now: float | None = None,
     on_seen: Callable[[Descendants], None] | None = None,
+    history: Sequence[Sequence[float]] = (),
 ) -> dict[str, Any]:
     """What the status file holds, from one health report plus who wrote it.
 
     :param on_seen: given the descendants the walk found under each workload it walked, if any
+    :param history: earlier ``[time, running, waiting]`` samples, oldest first (see :class:`StatusWriter`)
     """
     now = time.time() if now is None else now
     state = report.state
@@ -177,6 +183,19 @@ def document(
             "available_mb": None if state.available_memory is None else state.available_memory // MB,
         },
         "launcher_problem": state.launcher_problem,
+        "launcher_state": state.launcher_state,
+        "recent_finished": [
+            {
+                "at": f.at,
+                "key": f.label,
+                "outcome": f.outcome,
+                "returncode": f.returncode,
+                "reason": f.reason,
+                "ran_s": f.ran_s,
+            }
+            for f in reversed(state.recent_finished)  # the latest first
+        ],
+        "history": [list(sample) for sample in history],
         "recent_launch_failures": [
             {"at": f.at, "key": f.label, "reason": f.reason} for f in state.recent_failures[-5:]
         ],
@@ -195,7 +214,9 @@ class StatusWriter:
     by both whether the writer still runs (see :mod:`~async_local_executor.ops.status_read`).
     ``on_seen``, if given, is called from :meth:`write` (in its thread) with the descendants each
     workload's tree showed (see :func:`document`): the launch journal records them, so that a later
-    executor can find them even once they left the workload's tree.
+    executor can find them even once they left the workload's tree. Each write adds a ``[time,
+    running, waiting]`` sample to the file's ``history``, which keeps the last ``HISTORY_SPAN`` seconds
+    (in memory only: a new executor starts a new history).
     """
 
     def __init__(
@@ -209,9 +230,18 @@ class StatusWriter:
         self._meta = {"pid": os.getpid(), **meta}
         if self._meta.get(START_KEY) is None:
             self._meta[START_KEY] = start_time(int(self._meta["pid"]))
+        # Only write() touches it, and the probe never runs two writes at once.
+        self._history: collections.deque[tuple[float, int, int]] = collections.deque()
 
     def write(self, report: Report) -> None:
-        data = json.dumps(document(report, self._meta, on_seen=self._on_seen), indent=1).encode()
+        state, now = report.state, time.time()
+        history = self._history
+        history.append((round(now, 1), len(state.running), state.waiting))
+        while history[0][0] < now - HISTORY_SPAN:
+            history.popleft()
+        data = json.dumps(
+            document(report, self._meta, now=now, on_seen=self._on_seen, history=history), indent=1
+        ).encode()
         # A fresh name each time, created exclusively: nothing planted under a predictable name (a link
         # to another file, say) is followed or overwritten.
         replace_atomically(self.path, data, TMP_INFIX)

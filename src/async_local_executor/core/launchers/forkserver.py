@@ -151,6 +151,20 @@ class ForkServerLauncher:
             return f"fork server (pid {helper.pid}) is not running; a new one is starting"
         return None
 
+    @property
+    def state(self) -> str:
+        """The launch path in words, for the status report: which helper, and whether it takes launches."""
+        if self._disabled is not None:
+            return f"fork server unavailable ({self._disabled}); every workload starts a fresh interpreter"
+        helper = self._helper
+        if helper is None:
+            if self._idle_timeout is not None:
+                return "fork server stopped while idle; the next workload starts one"
+            return "fork server starting"
+        if helper.alive:
+            return f"fork server running (pid {helper.pid}, {self.helpers_started} started so far)"
+        return f"fork server (pid {helper.pid}) gone; a new one is starting"
+
     async def launch(self, request: LaunchRequest) -> Child:
         for _ in range(2):
             helper = await self._current()

@@ -69,6 +69,11 @@ class SubprocessLauncher:
     def problem(self) -> str | None:
         return None  # nothing lives between launches that could break
 
+    @property
+    def state(self) -> str:
+        """The launch path in words, for the status report."""
+        return "subprocess: every workload starts a fresh interpreter"
+
     async def launch(self, request: LaunchRequest) -> SubprocessChild:
         try:
             process = await anyio.open_process(
