@@ -26,6 +26,9 @@ define make_venv
 	$(PYTHON) -m venv $(1)
 	$(1)/bin/pip install --quiet --upgrade pip
 	$(1)/bin/pip install --quiet --constraint $(2) --editable $(3)
+	# The build leaves src/*.egg-info beside the package, on sys.path through the editable install: Airflow
+	# would then find the package's entry points twice ("Plugin 'async_local_executor' already registered").
+	rm -rf src/*.egg-info
 	touch $@
 endef
 

@@ -10,6 +10,7 @@ environment and in the 0600 ``sandbox.env`` file of the home, never on a command
 from __future__ import annotations
 
 import base64
+import json
 import os
 import secrets
 import socket
@@ -193,6 +194,22 @@ def airflow_env(
         # to running, a retried connection-test GET gets 409). Same setting for every executor.
         env["AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT"] = f"{execution_api_timeout:g}"
     return env
+
+
+def simple_auth_users(users: Mapping[str, str]) -> dict[str, str]:
+    """The configuration that makes the simple auth manager ask for a login, for these users (name -> role)."""
+    return {
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{name}:{role}" for name, role in users.items()),
+    }
+
+
+def write_passwords(env: Mapping[str, str], passwords: Mapping[str, str]) -> None:
+    """The simple auth manager's password file (0600), written before it starts: it keeps what it finds."""
+    path = Path(env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"])
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as file:
+        json.dump(dict(passwords), file)
 
 
 def prepare_home(home: HomeLayout, env: Mapping[str, str], callback_dir: Path) -> None:

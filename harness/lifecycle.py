@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -29,6 +30,8 @@ from harness.environment import (
     free_port,
     local_url,
     prepare_home,
+    simple_auth_users,
+    write_passwords,
 )
 from harness.metadata import MetadataDB
 from harness.processes import Processes
@@ -96,6 +99,7 @@ class SandboxLifecycle:
         startup_timeout: float = 180.0,
         stop_timeout: float = 30.0,
         execution_api_timeout: float | None = 60.0,
+        users: Mapping[str, str] | None = None,
         progress: Progress | None = _log,
     ) -> None:
         if parallelism < 1:
@@ -130,7 +134,12 @@ class SandboxLifecycle:
             if name in ("db-migrate", *PROCESS_NAMES) or not name or "/" in name:
                 raise ValueError(f"invalid extra process name: {name!r}")
         self._started = False
+        # Users of the simple auth manager (name -> role), each with a password of its own; without
+        # them, every request is an admin request and nobody logs in.
+        self.passwords = {name: secrets.token_urlsafe(16) for name in users or {}}
         self._env = self._build_env()
+        if users:
+            self._env.update(simple_auth_users(users))
         self._processes = Processes(
             env=self._env,
             home=self.home,
@@ -141,7 +150,10 @@ class SandboxLifecycle:
             stop_timeout=stop_timeout,
             say=self._say,
         )
-        self._rest = RestClient(self.api_url)
+        admin = next((name for name, role in (users or {}).items() if role.lower() == "admin"), None)
+        if users and admin is None:
+            raise ValueError("users need an admin, for the sandbox's own REST calls")
+        self._rest = RestClient(self.api_url, None if admin is None else (admin, self.passwords[admin]))
         self._db = MetadataDB(self.sql_alchemy_conn)
 
     # ------------------------------------------------------------------ configuration
@@ -221,6 +233,8 @@ class SandboxLifecycle:
         try:
             self._say(f"home {self.home}, executor {self.executor}, api {self.api_url}")
             prepare_home(self._layout, self._env, self.callback_dir)
+            if self.passwords:
+                write_passwords(self._env, self.passwords)
             if self._postgres is not None:
                 with self._step(f"creating postgresql database {self._postgres.name}"):
                     self._postgres.create()

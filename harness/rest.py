@@ -1,7 +1,8 @@
 """The sandbox's client of Airflow's public REST API (``/api/v2``) on its own api-server.
 
-No token handling: the sandbox configures the simple auth manager with every request an admin
-request, so a request carries no credentials.
+By default the sandbox configures the simple auth manager with every request an admin request, so a
+request carries no credentials. A sandbox with users of its own gives the client an admin's name and
+password: it then gets a token from ``POST /auth/token`` and sends it with every call.
 """
 
 from __future__ import annotations
@@ -21,18 +22,37 @@ __all__ = ["RestClient"]
 class RestClient:
     """Calls on the api-server at ``api_url`` (always the sandbox's own ``http://127.0.0.1:<port>``)."""
 
-    def __init__(self, api_url: str) -> None:
+    def __init__(self, api_url: str, credentials: tuple[str, str] | None = None) -> None:
         self.api_url = api_url
+        self._credentials = credentials
+        self._token: str | None = None
+
+    def token(self, username: str, password: str) -> str:
+        """A JWT for this user, from the auth manager's ``POST /auth/token``."""
+        # The URL is always our own http://127.0.0.1 api-server, never caller-supplied.
+        request = urllib.request.Request(  # noqa: S310
+            f"{self.api_url}/auth/token",
+            data=json.dumps({"username": username, "password": password}).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json", "Accept": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30.0) as response:  # noqa: S310
+                return str(json.loads(response.read())["access_token"])
+        except urllib.error.HTTPError as exc:
+            raise SandboxError(f"login as {username} failed with http {exc.code}") from exc
 
     def api(self, method: str, path: str, body: object | None = None, timeout: float = 30.0) -> Any:
         """Call the public REST API (``path`` relative to ``/api/v2``) and return decoded JSON."""
         data = None if body is None else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if self._credentials is not None:
+            if self._token is None:
+                self._token = self.token(*self._credentials)
+            headers["Authorization"] = f"Bearer {self._token}"
         # The URL is always our own http://127.0.0.1 api-server, never caller-supplied.
         request = urllib.request.Request(  # noqa: S310
-            f"{self.api_url}/api/v2/{path.lstrip('/')}",
-            data=data,
-            method=method,
-            headers={"Content-Type": "application/json", "Accept": "application/json"},
+            f"{self.api_url}/api/v2/{path.lstrip('/')}", data=data, method=method, headers=headers
         )
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
@@ -45,10 +65,24 @@ class RestClient:
     def health(self) -> dict[str, Any] | None:
         """The ``/api/v2/monitor/health`` document, or None while the api-server is not up."""
         try:
-            result = self.api("GET", "monitor/health", timeout=5.0)
+            result = self.anonymous("GET", "/api/v2/monitor/health", timeout=5.0)
         except (urllib.error.URLError, ConnectionError, TimeoutError, SandboxError):
             return None
         return result if isinstance(result, dict) else None
+
+    def anonymous(self, method: str, path: str, timeout: float = 30.0) -> Any:
+        """Call ``path`` (from the server's root) without credentials and return decoded JSON."""
+        # The URL is always our own http://127.0.0.1 api-server, never caller-supplied.
+        request = urllib.request.Request(  # noqa: S310
+            f"{self.api_url}{path}", method=method, headers={"Accept": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
+                payload = response.read()
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")[:2000]
+            raise SandboxError(f"{method} {path} failed with http {exc.code}: {detail}") from exc
+        return json.loads(payload) if payload else None
 
     def unpause(self, dag_id: str) -> None:
         self.api("PATCH", f"dags/{_q(dag_id)}", {"is_paused": False})

@@ -1,0 +1,174 @@
+"""What the health endpoint and the dashboard say about the executors of this host, from their status files.
+
+Two documents from one reading of the state directory (:func:`~async_local_executor.ops.status_read.read_all`):
+:func:`health`, for anyone (a load balancer, a monitor), in the shape of the entries of Airflow's
+``/api/v2/monitor/health``, with no task name and no pid in it; and :func:`status`, everything the
+``status`` command shows, for an authenticated user. Both judge each file the same way
+(:func:`judge`): a file is only as good as what the reader can tell about its writer, so a file from
+another host, or from a scheduler that stopped, is never taken for a running, healthy executor.
+Nothing here knows Airflow.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from async_local_executor.ops.status_read import Found
+
+HEALTHY, UNHEALTHY, UNKNOWN = "healthy", "unhealthy", "unknown"
+
+_TRY = re.compile(r"^(?P<task>.*) try (?P<try>\d+)$")
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One status file's verdict as this reader gives it.
+
+    :param reasons: why, in full (task names, pids), for an authenticated reader
+    :param public: why, without task names or pids
+    """
+
+    found: Found
+    verdict: str
+    reasons: tuple[str, ...]
+    public: tuple[str, ...]
+
+
+def judge(found: Found, hostname: str) -> Judged:
+    """The verdict on one status file, read on ``hostname``."""
+    data = found.data
+    written_on = data.get("hostname")
+    if isinstance(written_on, str) and written_on and written_on != hostname:
+        # The pid and the journal lock the file was checked with are this host's, not its writer's.
+        why = (
+            f"written on host {written_on}, and this api-server runs on {hostname}: it cannot tell whether "
+            "that scheduler still runs (run the api-server on the scheduler's host, or ask that host)"
+        )
+        return Judged(found, UNKNOWN, (why,), (why,))
+    if found.gone:
+        return Judged(found, UNKNOWN, (f"{found.stale}: stopped or killed",), ("its scheduler is not running",))
+    if found.stale is not None:
+        # Its scheduler runs, but its executor stopped reporting: a wedged loop or a dead writer.
+        why = f"its scheduler runs, but its status was {found.stale}"
+        return Judged(found, UNHEALTHY, (why,), (why,))
+    health = data.get("health", {})
+    verdict = health.get("status")
+    if verdict not in (HEALTHY, UNHEALTHY, UNKNOWN):
+        return Judged(found, UNKNOWN, (f"unknown verdict {verdict!r}",), ("unknown verdict",))
+    reasons = _strings(health.get("reasons"))
+    if not reasons and health.get("reason"):
+        reasons = (str(health["reason"]),)  # a file written before the reasons were listed
+    public = _strings(health.get("public_reasons"))
+    if reasons and not public:
+        public = (f"{verdict}: the reasons are in the authenticated status",)
+    return Judged(found, verdict, reasons, public)
+
+
+def overall(judged: Sequence[Judged]) -> str:
+    """Unhealthy when any executor is, healthy when one is and none is unhealthy, else unknown."""
+    verdicts = {j.verdict for j in judged}
+    if UNHEALTHY in verdicts:
+        return UNHEALTHY
+    return HEALTHY if HEALTHY in verdicts else UNKNOWN
+
+
+def no_status_reason(hostname: str) -> str:
+    return (
+        f"no executor status on host {hostname}: no scheduler with AsyncLocalExecutor has run here since it "
+        "last shut down (the status is read from the state directory of the api-server's own host)"
+    )
+
+
+def health(found: Sequence[Found], hostname: str, now: float) -> dict[str, Any]:
+    """The public health document: the overall status and one entry per executor, no tasks or pids."""
+    judged = [judge(f, hostname) for f in found]
+    document: dict[str, Any] = {
+        "status": overall(judged),
+        "instances": [
+            {
+                "hostname": _written_on(j.found, hostname),
+                "instance": str(j.found.data.get("instance", j.found.path.name)),
+                "verdict": j.verdict,
+                "reasons": list(j.public),
+                **_times(j.found, now),
+            }
+            for j in judged
+        ],
+    }
+    if not judged:
+        document["reason"] = no_status_reason(hostname)
+    return document
+
+
+def status(found: Sequence[Found], hostname: str, now: float, directory: Path) -> dict[str, Any]:
+    """Everything the ``status`` command shows, per executor, with the verdict :func:`judge` gives."""
+    judged = [judge(f, hostname) for f in found]
+    executors = []
+    for j in judged:
+        data = j.found.data
+        running = [_running_row(row) for row in data.get("running", [])]
+        parallelism = data.get("parallelism")
+        waiting = data.get("waiting", 0)
+        prefetched = None
+        if _int(parallelism) and _int(waiting):
+            # Accepted beyond the free slots: waiting inside the executor for a slot to free.
+            prefetched = max(0, len(running) + waiting - parallelism)
+        executors.append(
+            {
+                **data,
+                "hostname": _written_on(j.found, hostname),
+                "running": running,
+                "verdict": j.verdict,
+                "reasons": list(j.reasons),
+                "stale": j.found.stale,
+                "gone": j.found.gone,
+                "prefetched": prefetched,
+                **_times(j.found, now),
+            }
+        )
+    document: dict[str, Any] = {
+        "status": overall(judged),
+        "hostname": hostname,
+        "state_dir": str(directory),
+        "read_at": now,
+        "executors": executors,
+    }
+    if not judged:
+        document["reason"] = no_status_reason(hostname)
+    return document
+
+
+def _running_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A running workload with its task and try apart (the label says ``<task> try <n>``)."""
+    label = str(row.get("key", ""))
+    match = _TRY.match(label)
+    task, attempt = (match["task"], int(match["try"])) if match else (label, None)
+    return {**row, "task": task, "try": attempt}
+
+
+def _written_on(found: Found, hostname: str) -> str:
+    written_on = found.data.get("hostname")
+    # A file from before the hostname was recorded is in this host's own state directory.
+    return written_on if isinstance(written_on, str) and written_on else hostname
+
+
+def _times(found: Found, now: float) -> dict[str, Any]:
+    written = float(found.data["written_at"])  # read_all only returns files with a finite one
+    try:
+        updated = datetime.fromtimestamp(written, timezone.utc).isoformat()
+    except (OverflowError, ValueError, OSError):
+        updated = None
+    return {"updated_at": updated, "age_s": round(now - written, 1)}
+
+
+def _strings(value: object) -> tuple[str, ...]:
+    return tuple(str(v) for v in value) if isinstance(value, list) else ()
+
+
+def _int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
