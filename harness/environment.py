@@ -200,7 +200,9 @@ def simple_auth_users(users: Mapping[str, str]) -> dict[str, str]:
     """The configuration that makes the simple auth manager ask for a login, for these users (name -> role)."""
     return {
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{name}:{role}" for name, role in users.items()),
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(
+            f"{name}:{role}" for name, role in users.items()
+        ),
     }
 
 

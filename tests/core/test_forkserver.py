@@ -228,9 +228,11 @@ async def test_an_idle_helper_that_dies_is_replaced_without_waiting_for_a_worklo
         await until_dead(first)
         await _waiting_to_restart(launcher, clock)
         assert launcher.problem == f"fork server (pid {first}) is not running; a new one is starting"
+        assert launcher.state == launcher.problem  # what the status report and the dashboard show
         clock.advance(0.5)
         second = await _helper_replaced(launcher, first)  # no workload asked for it
         assert launcher.problem is None
+        assert launcher.state == f"fork server running (pid {second}, 2 started so far)"
         os.kill(second, signal.SIGKILL)
         await _waiting_to_restart(launcher, clock)
         clock.advance(0.75)

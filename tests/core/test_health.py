@@ -127,7 +127,10 @@ async def test_public_reasons_name_no_task_and_no_pid() -> None:
     failures = tuple(LaunchFailure(NOW - 3 + i, f"dag.secret_task try {i}", "boom") for i in range(3))
     problem = "fork server (pid 4242) is not running; a new one is starting"
     health = verdict(quiet(launcher_problem=problem, recent_failures=failures))
-    assert health.reasons == (problem, "3 launch failures in the last 300s (last: dag.secret_task try 2: boom)")
+    assert health.reasons == (
+        problem,
+        "3 launch failures in the last 300s (last: dag.secret_task try 2: boom)",
+    )
     assert health.public_reasons == (
         "fork server is not running; a new one is starting",
         "3 launch failures in the last 300s",

@@ -20,7 +20,6 @@ import sys
 from typing import TYPE_CHECKING, Any, cast
 
 from airflow.models.taskinstancekey import TaskInstanceKey
-from airflow.utils.net import get_hostname
 from airflow.utils.state import TaskInstanceState
 
 from async_local_executor.adapter import child, child_cli, child_entry, startup
@@ -46,7 +45,7 @@ from async_local_executor.core.health import Report
 from async_local_executor.core.outcome import Outcome
 from async_local_executor.core.wiring import wire
 from async_local_executor.ops import journal, recovery, state_dir, status
-from async_local_executor.ops.containment import open_containment, status_of
+from async_local_executor.ops.containment import open_containment
 
 if TYPE_CHECKING:
     from airflow.cli.cli_config import GroupCommand
@@ -127,18 +126,7 @@ class AsyncLocalExecutor(Airflow2Commands, Airflow3Workloads, Prefetching, Execu
             )
         self._status = writer = status.StatusWriter(
             status.status_path(launches.directory, launches.instance),
-            {
-                "instance": launches.instance,
-                # Airflow's own name for this host ([core] hostname_callable), which the dashboard
-                # compares with its own: a status file from another host cannot be judged from here.
-                "hostname": get_hostname(),
-                "pid": os.getpid(),
-                "team": self.team_name,
-                "executor": type(self).__name__,
-                "parallelism": self.parallelism,
-                "launcher": config.launcher.value,
-                "containment": status_of(containment),
-            },
+            self._status_meta(launches.instance),
             # Descendants the status walk sees (workloads without a cgroup) are journalled for a reclaim.
             on_seen=launches.seen,
         )

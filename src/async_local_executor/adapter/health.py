@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import cast
+import os
+from typing import Any, cast
+
+from airflow.utils.net import get_hostname
 
 from async_local_executor.adapter.executor_base import ExecutorBase
 from async_local_executor.core.health import Health, Report, Verdict, stale
+from async_local_executor.ops.containment import status_of
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +34,20 @@ class ExecutorHealth(ExecutorBase):
         if self._containment is None:
             return health
         return dataclasses.replace(health, details=(("containment", self._containment.describe()),))
+
+    def _status_meta(self, instance: str) -> dict[str, Any]:
+        """Who writes the status file, beside what each report says."""
+        return {
+            "instance": instance,
+            # The dashboard compares it with its own: it cannot judge another host's scheduler.
+            "hostname": get_hostname(),  # type: ignore[no-untyped-call]
+            "pid": os.getpid(),
+            "team": self.team_name,
+            "executor": type(self).__name__,
+            "parallelism": self.parallelism,
+            "launcher": self._config.launcher.value,
+            "containment": None if self._containment is None else status_of(self._containment),
+        }
 
     def debug_dump(self) -> None:
         """SIGUSR2 to the scheduler: Airflow's queues, then this executor's health and workloads."""

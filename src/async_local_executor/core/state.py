@@ -69,7 +69,9 @@ class Tally:
 
     def __init__(self) -> None:
         self.failures: collections.deque[LaunchFailure] = collections.deque(maxlen=RECENT_FAILURES)
-        self.finished_recently: collections.deque[FinishedWorkload] = collections.deque(maxlen=RECENT_FINISHED)
+        self.finished_recently: collections.deque[FinishedWorkload] = collections.deque(
+            maxlen=RECENT_FINISHED
+        )
         self.launched_total = 0
         self.last_launched_at: float | None = None  # wall clock
         self.outcomes_total: collections.Counter[str] = collections.Counter()
@@ -85,7 +87,9 @@ class Tally:
         ran = None
         if times is not None and times.launched is not None and times.ended is not None:
             ran = round(times.ended - times.launched, 1)
-        self.finished_recently.append(FinishedWorkload(at, label, kind, outcome.returncode, outcome.reason, ran))
+        self.finished_recently.append(
+            FinishedWorkload(at, label, kind, outcome.returncode, outcome.reason, ran)
+        )
         if outcome.kind is OutcomeKind.LAUNCH_FAILED:
             self.failures.append(LaunchFailure(at, label, outcome.reason))
 

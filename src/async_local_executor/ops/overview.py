@@ -51,7 +51,9 @@ def judge(found: Found, hostname: str) -> Judged:
         )
         return Judged(found, UNKNOWN, (why,), (why,))
     if found.gone:
-        return Judged(found, UNKNOWN, (f"{found.stale}: stopped or killed",), ("its scheduler is not running",))
+        return Judged(
+            found, UNKNOWN, (f"{found.stale}: stopped or killed",), ("its scheduler is not running",)
+        )
     if found.stale is not None:
         # Its scheduler runs, but its executor stopped reporting: a wedged loop or a dead writer.
         why = f"its scheduler runs, but its status was {found.stale}"

@@ -36,7 +36,7 @@ NO_STORE = {"Cache-Control": "no-store"}
 def _hostname() -> str:
     from airflow.utils.net import get_hostname  # Airflow's name for this host, as the executor records it
 
-    return str(get_hostname())
+    return str(get_hostname())  # type: ignore[no-untyped-call]
 
 
 def _viewer() -> Any:

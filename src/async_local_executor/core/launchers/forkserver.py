@@ -11,8 +11,7 @@ launch goes to the fallback launcher instead. One helper as the loop sees it (it
 and watchdog) is :mod:`~async_local_executor.core.launchers.forkserver_process`. A helper that dies,
 hangs or is replaced costs no running workload: requests it had not started are retried on a fresh
 helper. If a helper cannot start at all, or must not fork (a preload started threads), launches go to
-the fallback launcher from then on, with one warning. A request too large for the channel goes to the
-fallback alone: it says nothing about the helper.
+the fallback launcher from then on, with one warning; a request too large for the channel goes alone.
 """
 
 from __future__ import annotations
@@ -46,8 +45,7 @@ __all__ = ["HELPER_KEY", "RESTART_DELAY_MAX", "ForkServerLauncher"]
 
 log = logging.getLogger(__name__)
 
-# Longest wait before a dead helper is replaced (kept-warm mode); a helper that lived longer than this
-# is replaced after restart_delay.
+# Longest wait before a dead helper is replaced (kept warm); one that lived longer waits restart_delay.
 RESTART_DELAY_MAX = 60.0
 
 
@@ -153,17 +151,13 @@ class ForkServerLauncher:
 
     @property
     def state(self) -> str:
-        """The launch path in words, for the status report: which helper, and whether it takes launches."""
-        if self._disabled is not None:
-            return f"fork server unavailable ({self._disabled}); every workload starts a fresh interpreter"
+        """The launch path in words, for the status report."""
         helper = self._helper
-        if helper is None:
-            if self._idle_timeout is not None:
-                return "fork server stopped while idle; the next workload starts one"
-            return "fork server starting"
-        if helper.alive:
+        if helper is not None and helper.alive:
             return f"fork server running (pid {helper.pid}, {self.helpers_started} started so far)"
-        return f"fork server (pid {helper.pid}) gone; a new one is starting"
+        if helper is None and self._idle_timeout is not None and self._disabled is None:
+            return "fork server stopped while idle, until the next workload"
+        return self.problem or "fork server starting"
 
     async def launch(self, request: LaunchRequest) -> Child:
         for _ in range(2):

@@ -1,0 +1,156 @@
+"""What the health endpoint and the dashboard make of this host's status files (ops/overview.py).
+
+Real status files, written by the executor's own StatusWriter and read back by read_all, so the
+liveness checks (the writer's pid and start time) are the real ones: a file of this test process is
+a running executor's, one of a process that exited is a stopped scheduler's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from async_local_executor.core.health import Health, Report, Thresholds, Verdict, assess
+from async_local_executor.core.state import LaunchFailure, RunningWorkload
+from async_local_executor.ops import overview
+from async_local_executor.ops.status import StatusWriter, status_path
+from async_local_executor.ops.status_read import STALE_AFTER, read_all
+from tests.core.helpers import py
+from tests.core.test_health import quiet
+
+HOST = "scheduler-host"
+
+
+def write(directory: Path, instance: str, health: Health, *, pid: int | None = None, **meta: object) -> None:
+    state = quiet(running=(RunningWorkload("etl.load[3] try 2", os.getpid(), time.time() - 5, "default"),))
+    writer = StatusWriter(
+        status_path(directory, instance),
+        {"instance": instance, "pid": pid or os.getpid(), "parallelism": 4, "hostname": HOST, **meta},
+    )
+    writer.write(Report(time.monotonic(), 0.0, 0.0, health, state))
+
+
+def exited_pid() -> int:
+    gone = subprocess.Popen(py("pass"))
+    gone.wait()
+    return gone.pid
+
+
+def test_a_running_healthy_executor_is_healthy_and_its_workloads_are_listed(tmp_path: Path) -> None:
+    write(tmp_path, "a", Health(Verdict.HEALTHY))
+    found = read_all(tmp_path)
+    health = overview.health(found, HOST, time.time())
+    assert health["status"] == "healthy"
+    [instance] = health["instances"]
+    assert set(instance) == {"hostname", "instance", "verdict", "reasons", "updated_at", "age_s"}
+    assert (instance["hostname"], instance["instance"], instance["verdict"]) == (HOST, "a", "healthy")
+    assert instance["reasons"] == []
+    assert 0 <= instance["age_s"] < STALE_AFTER
+    status = overview.status(found, HOST, time.time(), tmp_path)
+    [executor] = status["executors"]
+    [row] = executor["running"]
+    assert (row["task"], row["try"], row["pid"]) == ("etl.load[3]", 2, os.getpid())
+    assert (executor["verdict"], executor["parallelism"], executor["prefetched"]) == ("healthy", 4, 0)
+    assert status["state_dir"] == str(tmp_path)
+
+
+def test_the_public_document_names_no_task_and_no_pid(tmp_path: Path) -> None:
+    failures = tuple(LaunchFailure(time.time(), "etl.secret_task try 1", "boom") for _ in range(3))
+    problem = f"fork server (pid {os.getpid()}) is not running; a new one is starting"
+    health = assess(quiet(launcher_problem=problem, recent_failures=failures), 0.0, Thresholds(), time.time())
+    write(tmp_path, "a", health)
+    found = read_all(tmp_path)
+    public = overview.health(found, HOST, time.time())
+    assert public["status"] == "unhealthy"
+    assert public["instances"][0]["reasons"] == [
+        "fork server is not running; a new one is starting",
+        "3 launch failures in the last 300s",
+    ]
+    text = json.dumps(public)
+    assert "secret_task" not in text
+    assert "etl.load" not in text
+    assert str(os.getpid()) not in text
+    # The authenticated document has them all.
+    [executor] = overview.status(found, HOST, time.time(), tmp_path)["executors"]
+    assert executor["reasons"] == list(health.reasons)
+
+
+def test_a_stopped_scheduler_is_unknown_and_does_not_hide_a_running_one(tmp_path: Path) -> None:
+    write(tmp_path, "old", Health(Verdict.HEALTHY), pid=exited_pid())
+    found = read_all(tmp_path)
+    alone = overview.health(found, HOST, time.time())
+    assert alone["status"] == "unknown"
+    assert alone["instances"][0]["verdict"] == "unknown"
+    assert alone["instances"][0]["reasons"] == ["its scheduler is not running"]
+    [executor] = overview.status(found, HOST, time.time(), tmp_path)["executors"]
+    assert executor["gone"]
+    assert "is not running: stopped or killed" in executor["reasons"][0]
+
+    write(tmp_path, "new", Health(Verdict.HEALTHY))
+    both = overview.health(read_all(tmp_path), HOST, time.time())
+    assert both["status"] == "healthy"
+    assert {i["instance"]: i["verdict"] for i in both["instances"]} == {"old": "unknown", "new": "healthy"}
+
+
+def test_a_running_scheduler_whose_status_stopped_is_unhealthy(tmp_path: Path) -> None:
+    write(tmp_path, "a", Health(Verdict.HEALTHY))
+    later = time.time() + STALE_AFTER + 30
+    health = overview.health(read_all(tmp_path, now=later), HOST, later)
+    assert health["status"] == "unhealthy"
+    [reason] = health["instances"][0]["reasons"]
+    assert reason.startswith("its scheduler runs, but its status was not updated for ")
+
+
+def test_a_status_from_another_host_is_never_healthy(tmp_path: Path) -> None:
+    # Its pid happens to run here (it is this test's own): that says nothing about the other host.
+    write(tmp_path, "a", Health(Verdict.HEALTHY), hostname="other-host")
+    health = overview.health(read_all(tmp_path), HOST, time.time())
+    assert health["status"] == "unknown"
+    [instance] = health["instances"]
+    assert (instance["hostname"], instance["verdict"]) == ("other-host", "unknown")
+    assert "written on host other-host, and this api-server runs on scheduler-host" in instance["reasons"][0]
+
+
+def test_no_status_at_all_is_unknown_and_says_why(tmp_path: Path) -> None:
+    health = overview.health([], HOST, time.time())
+    assert health["status"] == "unknown"
+    assert health["instances"] == []
+    assert "no executor status on host scheduler-host" in health["reason"]
+    assert overview.status([], HOST, time.time(), tmp_path)["reason"] == health["reason"]
+
+
+def test_an_unhealthy_executor_makes_the_host_unhealthy(tmp_path: Path) -> None:
+    write(tmp_path, "a", Health(Verdict.HEALTHY))
+    write(tmp_path, "b", Health(Verdict.UNHEALTHY, ("event loop lagging 3.0s (limit 1s)",)))
+    health = overview.health(read_all(tmp_path), HOST, time.time())
+    assert health["status"] == "unhealthy"
+    assert {i["instance"]: i["reasons"] for i in health["instances"]} == {
+        "a": [],
+        "b": ["event loop lagging 3.0s (limit 1s)"],
+    }
+
+
+def test_a_file_of_an_older_version_gives_no_reason_away(tmp_path: Path) -> None:
+    # Before the reasons were listed, the file held one joined reason, which may name a task; its
+    # writer (a running process other than this one) is told alive by its pid alone.
+    writer = subprocess.Popen(py("import sys; sys.stdin.read()"), stdin=subprocess.PIPE)
+    data = {
+        "instance": "v0",
+        "pid": writer.pid,
+        "written_at": time.time(),
+        "health": {"status": "unhealthy", "reason": "3 launch failures (last: etl.secret try 1: boom)"},
+        "running": [],
+    }
+    status_path(tmp_path, "v0").write_text(json.dumps(data))
+    try:
+        found = read_all(tmp_path)
+    finally:
+        writer.communicate(b"")
+    [instance] = overview.health(found, HOST, time.time())["instances"]
+    assert instance["reasons"] == ["unhealthy: the reasons are in the authenticated status"]
+    [executor] = overview.status(found, HOST, time.time(), tmp_path)["executors"]
+    assert executor["reasons"] == ["3 launch failures (last: etl.secret try 1: boom)"]
+    assert executor["hostname"] == HOST  # no hostname recorded: it is in this host's state directory
