@@ -17,8 +17,8 @@ PYTEST_ARGS ?=
 BENCH_VARIANTS ?= stock,ours
 BENCH_ARGS ?=
 
-.PHONY: install install-airflow2 install-airflow210 test test-airflow3 test-airflow2 test-airflow210 test-core \
-	lint demo docs lock lock-airflow2 lock-airflow210 \
+.PHONY: install install-airflow2 install-airflow210 install-browser test test-airflow3 test-airflow2 test-airflow210 \
+	test-core lint demo docs screenshots lock lock-airflow2 lock-airflow210 \
 	clean bench bench-full bench-smoke bench-airflow2
 
 # A virtualenv from a lock file. $(1): the virtualenv; $(2): the lock file; $(3): the extras.
@@ -47,11 +47,24 @@ install-airflow210: $(VENV210)/.installed
 $(VENV210)/.installed: pyproject.toml $(LOCK210)
 	$(call make_venv,$(VENV210),$(LOCK210),$(EXTRAS_210))
 
+# The browser test drives Debian's Chromium (Playwright is told to use it and downloads nothing).
+CHROMIUM ?= /usr/bin/chromium
+
+install-browser: $(CHROMIUM)
+
+$(CHROMIUM):
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
+
 # Everything: the suite on Airflow 3.3, then the Airflow 2 tests (end to end on PostgreSQL) on 2.11 and 2.10.
 test: test-airflow3 test-airflow2 test-airflow210
 
-test-airflow3: install
+test-airflow3: install install-browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The executor page's screenshots in docs/images, from the browser test on a real Airflow.
+screenshots: install install-browser
+	ALE_SCREENSHOTS=docs/images $(BIN)/python -m pytest tests/e2e/test_health_page.py $(PYTEST_ARGS)
 
 # tests/core is Airflow-free and already ran above; tests/airflow2 is what differs.
 test-airflow2: install-airflow2
@@ -110,7 +123,7 @@ define freeze_lock
 	rm -rf .lock-venv
 endef
 
-EXTRAS := '.[uvloop,test,test-celery,bench,dev]'
+EXTRAS := '.[uvloop,test,test-celery,test-ui,bench,dev]'
 # Airflow 2.10: without test-celery (its Celery provider needs Airflow 2.11).
 EXTRAS_210 := '.[uvloop,test,bench,dev]'
 

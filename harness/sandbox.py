@@ -113,6 +113,10 @@ class AirflowSandbox(SandboxLifecycle):
 
     # ------------------------------------------------------------------ REST API
 
+    def token(self, username: str) -> str:
+        """A JWT for one of the sandbox's ``users``, from the auth manager's ``POST /auth/token``."""
+        return self._rest.token(username, self.passwords[username])
+
     def api(self, method: str, path: str, body: object | None = None, timeout: float = 30.0) -> Any:
         """Call the public REST API (``path`` relative to ``/api/v2``) and return decoded JSON."""
         return self._rest.api(method, path, body, timeout)

@@ -6,7 +6,7 @@ import os
 import signal
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -70,14 +70,23 @@ SWITCH_TASKS = 4  # the switch DAG's mapped tasks (dags/switch.py)
 
 @contextmanager
 def switch_sandbox(
-    folder: Path, *, parallelism: int = SWITCH_TASKS, **config: str
+    folder: Path,
+    *,
+    parallelism: int = SWITCH_TASKS,
+    users: Mapping[str, str] | None = None,
+    **config: str,
 ) -> Iterator[AirflowSandbox]:
-    """A real Airflow on SQLite with the switch DAG, whose tasks mark ``folder`` and wait for its gate."""
+    """A real Airflow on SQLite with the switch DAG, whose tasks mark ``folder`` and wait for its gate.
+
+    :param users: who may log in (name -> role), each with a password in ``sandbox.passwords``;
+        without them, every request is an admin's
+    """
     sandbox = AirflowSandbox(
         executor=EXECUTOR,
         dags_folder=Path(__file__).with_name("dags"),
         parallelism=parallelism,
         extra_config={"ALE_SWITCH_DIR": str(folder), **config},
+        users=users,
     )
     with sandbox:
         yield sandbox
