@@ -17,7 +17,16 @@ from typing import Any
 import anyio
 import pytest
 
-from async_local_executor.core.health import LAG_WINDOW, Health, Probe, Report, Thresholds, Verdict, stale
+from async_local_executor.core.health import (
+    LAG_WINDOW,
+    Health,
+    Probe,
+    Report,
+    Thresholds,
+    Verdict,
+    stale,
+    write_due,
+)
 from async_local_executor.core.state import LaunchFailure, SupervisorState
 from tests.core.helpers import GUARD, FakeClock
 from tests.core.test_health import quiet
@@ -171,3 +180,20 @@ async def test_probe_writes_off_the_loop_every_write_every_and_a_failed_write_do
     ats = [at for at, _ in written]
     assert ats[0] == start
     assert all(later - earlier >= 2.0 for earlier, later in itertools.pairwise(ats))
+
+
+@pytest.mark.parametrize(
+    ("at", "last", "changed", "due"),
+    [
+        (0.0, None, False, True),  # the first report is always written
+        (1.5, 0.0, False, False),  # within the period, the same verdict waits
+        (2.0, 0.0, False, True),  # the period is up
+        (0.5, 0.0, True, False),  # a change within half a period of the last write waits...
+        (1.0, 0.0, True, True),  # ...and is written once half a period has passed
+        (1.5, 1.0, True, False),  # a verdict flapping every probe: one write per half period at most
+    ],
+)
+async def test_a_changed_verdict_is_written_early_but_not_more_than_twice_a_period(
+    at: float, last: float | None, changed: bool, due: bool
+) -> None:
+    assert write_due(at, last, 2.0, changed) is due

@@ -145,6 +145,20 @@ def stale(report: Report | None, thresholds: Thresholds, now: float) -> Health |
     return None
 
 
+def write_due(at: float, last: float | None, every: float, changed: bool) -> bool:
+    """Whether a report made at ``at`` is written, the last write having started at ``last``.
+
+    Every ``every`` seconds, and early when the verdict changed (whoever watches the file, a monitor or
+    the dashboard, learns of a fork server gone within a probe, not at the next period), but never
+    within ``every / 2`` of the last write: a verdict flapping under load, when the host has the least
+    CPU to spare, costs at most twice the writes.
+    """
+    if last is None:
+        return True
+    since = at - last
+    return since >= every or (changed and since >= every / 2)
+
+
 class Probe:
     """Runs on the loop: measures its lag and keeps :attr:`report` current.
 
@@ -192,19 +206,20 @@ class Probe:
 
     async def run(self) -> None:
         lag = 0.0
-        next_write = 0.0
+        last: float | None = None  # when the last write was started
         written: Verdict | None = None
         async with anyio.create_task_group() as tg:
             while True:
                 report = self.refresh(lag)
                 if self._on_report is not None:
                     self._on_report(report)
-                # A changed verdict is written at once: whoever watches the file (a monitor, the
-                # dashboard) learns of a fork server gone in half a second, not at the next period.
                 changed = report.health.verdict is not written
-                if self._write is not None and not self._writing and (changed or report.at >= next_write):
-                    next_write = report.at + self._write_every
-                    written = report.health.verdict
+                if (
+                    self._write is not None
+                    and not self._writing
+                    and write_due(report.at, last, self._write_every, changed)
+                ):
+                    last, written = report.at, report.health.verdict
                     self._writing = True
                     tg.start_soon(self._write_off_loop, report)
                 woke = self._clock.monotonic()
