@@ -177,7 +177,12 @@ def test_status_cli_shows_a_running_workload_and_the_file_goes_with_the_executor
     [executor_status] = json.loads(shown.stdout)
     assert executor_status["stale"] is None
     assert executor_status["pid"] == os.getpid()
-    assert executor_status["health"] == {"status": "healthy", "reason": None}
+    assert executor_status["health"] == {
+        "status": "healthy",
+        "reason": None,
+        "reasons": [],
+        "public_reasons": [],
+    }
     [row] = executor_status["running"]
     assert row["key"] == f"adapter_dag.hold:{gate} try 1"
     assert row["pid"] == pid
