@@ -29,38 +29,19 @@ class RestClient:
 
     def token(self, username: str, password: str) -> str:
         """A JWT for this user, from the auth manager's ``POST /auth/token``."""
-        # The URL is always our own http://127.0.0.1 api-server, never caller-supplied.
-        request = urllib.request.Request(  # noqa: S310
-            f"{self.api_url}/auth/token",
-            data=json.dumps({"username": username, "password": password}).encode(),
-            method="POST",
-            headers={"Content-Type": "application/json", "Accept": "application/json"},
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=30.0) as response:  # noqa: S310
-                return str(json.loads(response.read())["access_token"])
-        except urllib.error.HTTPError as exc:
-            raise SandboxError(f"login as {username} failed with http {exc.code}") from exc
+        body = json.dumps({"username": username, "password": password}).encode()
+        result = self._call("POST", "/auth/token", body, {"Content-Type": "application/json"}, 30.0)
+        return str(result["access_token"])
 
     def api(self, method: str, path: str, body: object | None = None, timeout: float = 30.0) -> Any:
         """Call the public REST API (``path`` relative to ``/api/v2``) and return decoded JSON."""
         data = None if body is None else json.dumps(body).encode()
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        headers = {"Content-Type": "application/json"}
         if self._credentials is not None:
             if self._token is None:
                 self._token = self.token(*self._credentials)
             headers["Authorization"] = f"Bearer {self._token}"
-        # The URL is always our own http://127.0.0.1 api-server, never caller-supplied.
-        request = urllib.request.Request(  # noqa: S310
-            f"{self.api_url}/api/v2/{path.lstrip('/')}", data=data, method=method, headers=headers
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
-                payload = response.read()
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")[:2000]
-            raise SandboxError(f"{method} {path} failed with http {exc.code}: {detail}") from exc
-        return json.loads(payload) if payload else None
+        return self._call(method, f"/api/v2/{path.lstrip('/')}", data, headers, timeout)
 
     def health(self) -> dict[str, Any] | None:
         """The ``/api/v2/monitor/health`` document, or None while the api-server is not up."""
@@ -72,9 +53,17 @@ class RestClient:
 
     def anonymous(self, method: str, path: str, timeout: float = 30.0) -> Any:
         """Call ``path`` (from the server's root) without credentials and return decoded JSON."""
+        return self._call(method, path, None, {}, timeout)
+
+    def _call(
+        self, method: str, path: str, data: bytes | None, headers: dict[str, str], timeout: float
+    ) -> Any:
         # The URL is always our own http://127.0.0.1 api-server, never caller-supplied.
         request = urllib.request.Request(  # noqa: S310
-            f"{self.api_url}{path}", method=method, headers={"Accept": "application/json"}
+            f"{self.api_url}{path}",
+            data=data,
+            method=method,
+            headers={"Accept": "application/json", **headers},
         )
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
