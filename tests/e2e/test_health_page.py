@@ -15,11 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import FloatRect, expect, sync_playwright
 
 from harness.sandbox import AirflowSandbox
 from tests.e2e.helpers import SWITCH_TASKS, open_the_gate, poll, switch_sandbox
-
-playwright = pytest.importorskip("playwright.sync_api", reason="the browser test needs the test-ui extra")
 
 pytestmark = pytest.mark.e2e
 
@@ -35,7 +34,7 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-HOME_TOP = {"x": 0, "y": 0, "width": 1400, "height": 440}
+HOME_TOP: FloatRect = {"x": 0, "y": 0, "width": 1400, "height": 440}
 GUARD_MS = 60_000  # a guard on each wait for the page, never a pause
 
 
@@ -54,8 +53,7 @@ def test_the_executor_page_shows_the_verdict_and_the_running_tasks(
     run_id = sandbox.trigger("switch")
     poll("the tasks at the gate", lambda: len(list(tmp_path.glob("started.*"))) == SWITCH_TASKS)
 
-    expect = playwright.expect
-    with playwright.sync_playwright() as driver:
+    with sync_playwright() as driver:
         browser = driver.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
             for scheme in ("light", "dark"):
