@@ -42,8 +42,8 @@ class Judged:
 def judge(found: Found, hostname: str) -> Judged:
     """The verdict on one status file, read on ``hostname``."""
     data = found.data
-    written_on = data.get("hostname")
-    if isinstance(written_on, str) and written_on and written_on != hostname:
+    written_on = _written_on(found, hostname)
+    if written_on != hostname:
         # The pid and the journal lock the file was checked with are this host's, not its writer's.
         why = (
             f"written on host {written_on}, and this api-server runs on {hostname}: it cannot tell whether "
@@ -113,7 +113,7 @@ def status(found: Sequence[Found], hostname: str, now: float, directory: Path) -
     executors = []
     for j in judged:
         data = j.found.data
-        running = [_running_row(row) for row in data.get("running", [])]
+        running = [_with_task(row) for row in data.get("running", [])]
         parallelism = data.get("parallelism")
         waiting = data.get("waiting", 0)
         prefetched = None
@@ -125,6 +125,7 @@ def status(found: Sequence[Found], hostname: str, now: float, directory: Path) -
                 **data,
                 "hostname": _written_on(j.found, hostname),
                 "running": running,
+                "recent_finished": [_with_task(row) for row in data.get("recent_finished", [])],
                 "verdict": j.verdict,
                 "reasons": list(j.reasons),
                 "stale": j.found.stale,
@@ -145,8 +146,8 @@ def status(found: Sequence[Found], hostname: str, now: float, directory: Path) -
     return document
 
 
-def _running_row(row: dict[str, Any]) -> dict[str, Any]:
-    """A running workload with its task and try apart (the label says ``<task> try <n>``)."""
+def _with_task(row: dict[str, Any]) -> dict[str, Any]:
+    """A workload's row with its task and try apart (its label, ``key``, says ``<task> try <n>``)."""
     label = str(row.get("key", ""))
     match = _TRY.match(label)
     task, attempt = (match["task"], int(match["try"])) if match else (label, None)

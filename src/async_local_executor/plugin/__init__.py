@@ -32,44 +32,35 @@ def _app() -> Any:
     return create_app()
 
 
+# What the UI shows: a button of its own in the side bar, and a card on the home dashboard.
+EXTERNAL_VIEW = {
+    "name": "Executor",
+    "href": f"{RELATIVE}/ui",
+    "url_route": "async-local-executor",
+    "destination": "nav",
+    "nav_top_level": True,
+    "icon": f"{RELATIVE}/static/icon.svg",
+    "icon_dark_mode": f"{RELATIVE}/static/icon-dark.svg",
+}
+DASHBOARD_CARD = {
+    "name": "Executor health",
+    "bundle_url": f"{RELATIVE}/static/dashboard-card.js",
+    "url_route": "async-local-executor-card",
+    "destination": "dashboard",
+}
+
+
 class AsyncLocalExecutorPlugin(AirflowPlugin):
     """The executor's health endpoint, its page, the navigation entry and the dashboard card."""
 
     name = NAME
+    external_views = [EXTERNAL_VIEW] if AIRFLOW_V3 else []
+    react_apps = [DASHBOARD_CARD] if AIRFLOW_V3 else []
 
-    # Properties, not the plain lists Airflow's base declares: the app (FastAPI and Airflow's security
+    # A property, not the plain list Airflow's base declares: the app (FastAPI and Airflow's security
     # module) is built only when the api-server reads it, never in a task process loading plugins.
     @property
     def fastapi_apps(self) -> list[dict[str, Any]]:  # type: ignore[override]
         if not AIRFLOW_V3:
             return []
         return [{"app": _app(), "url_prefix": PREFIX, "name": "AsyncLocalExecutor health"}]
-
-    @property
-    def external_views(self) -> list[dict[str, Any]]:  # type: ignore[override]
-        if not AIRFLOW_V3:
-            return []
-        return [
-            {
-                "name": "Executor",
-                "href": f"{RELATIVE}/ui",
-                "url_route": "async-local-executor",
-                "destination": "nav",
-                "nav_top_level": True,  # a button of its own in the side bar, beside Browse and Admin
-                "icon": f"{RELATIVE}/static/icon.svg",
-                "icon_dark_mode": f"{RELATIVE}/static/icon-dark.svg",
-            }
-        ]
-
-    @property
-    def react_apps(self) -> list[dict[str, Any]]:  # type: ignore[override]
-        if not AIRFLOW_V3:
-            return []
-        return [
-            {
-                "name": "Executor health",
-                "bundle_url": f"{RELATIVE}/static/dashboard-card.js",
-                "url_route": "async-local-executor-card",
-                "destination": "dashboard",
-            }
-        ]

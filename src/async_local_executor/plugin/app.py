@@ -15,6 +15,7 @@ handlers are plain functions, which FastAPI runs in its thread pool, off the ser
 
 from __future__ import annotations
 
+import functools
 import time
 from importlib import resources
 from pathlib import Path
@@ -33,8 +34,11 @@ PAGE_POLICY = "default-src 'self'; img-src 'self' data:; frame-ancestors 'self'"
 NO_STORE = {"Cache-Control": "no-store"}
 
 
+@functools.cache
 def _hostname() -> str:
-    from airflow.utils.net import get_hostname  # Airflow's name for this host, as the executor records it
+    """Airflow's name for this host, as the executor records it; asked once ([core] hostname_callable
+    may be any callable, a DNS lookup say), not on every request of a load balancer."""
+    from airflow.utils.net import get_hostname
 
     return str(get_hostname())  # type: ignore[no-untyped-call]
 

@@ -128,11 +128,6 @@ function outcomeClass(outcome) {
   return outcome === "ok" ? "outcome-ok" : "outcome-bad";
 }
 
-function splitTry(label) {
-  const match = /^(.*) try (\d+)$/.exec(label || "");
-  return match ? [match[1], match[2]] : [label, "-"];
-}
-
 function drawExecutor(data, now) {
   const section = document.getElementById("executor").content.firstElementChild.cloneNode(true);
   const q = (selector) => section.querySelector(selector);
@@ -175,10 +170,9 @@ function drawExecutor(data, now) {
   if (finished.length) {
     done.replaceChildren(
       ...finished.map((f) => {
-        const [task, attempt] = splitTry(f.key);
         const ended = new Date(f.at * 1000).toLocaleTimeString();
         return row(
-          [ended, task, attempt, f.outcome, f.returncode ?? "-", number(f.ran_s, 1), f.reason || ""],
+          [ended, f.task, f.try ?? "-", f.outcome, f.returncode ?? "-", number(f.ran_s, 1), f.reason || ""],
           [undefined, undefined, "number", outcomeClass(f.outcome), "number", "number", undefined],
         );
       }),
