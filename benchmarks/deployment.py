@@ -141,12 +141,15 @@ def deployment(
     keep_home: bool = False,
     airflow_env: Mapping[str, str] | None = None,
     execution_api_timeout: float | None = 60.0,
+    dags_folder: Path = DAGS_FOLDER,
 ) -> Iterator[Deployment]:
     """Start a fresh sandbox running ``variant`` with the benchmark DAGs; stop and remove it after.
 
     ``airflow_env`` is a case's own Airflow configuration (``AIRFLOW__SECTION__KEY`` variables) on top
     of the sandbox's; a variant's environment still comes last. ``execution_api_timeout`` goes to the
     sandbox: None leaves ``[workers] execution_api_timeout`` unset (Airflow's default, 5 s).
+    ``dags_folder`` is what the dag-processor parses: a scenario whose DAG files import heavy libraries
+    keeps them in a folder of its own, so the other scenarios' deployments never parse them.
     """
     home = Path(tempfile.mkdtemp(prefix=f"ale-bench-{variant.label}-"))
     heartbeat_log = home / "executor-heartbeats.log"
@@ -167,7 +170,7 @@ def deployment(
     sandbox = kind(
         executor=timed_executor.CLASS_PATH,
         database=database,
-        dags_folder=DAGS_FOLDER,
+        dags_folder=dags_folder,
         parallelism=parallelism,
         extra_config=env,
         home=home,

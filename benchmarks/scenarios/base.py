@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from benchmarks.deployment import Deployment, Variant
-from benchmarks.probes import HeartbeatLog, LoopProbe, as_utc
+from benchmarks.probes import HeartbeatLog, LoopProbe, MemoryProbe, MemorySample, as_utc
 from benchmarks.stats import max_or_none, percentile
 from harness.sandbox import AirflowSandbox, SandboxTimeout, TaskInstanceRow
 
@@ -81,6 +82,37 @@ def loop_figures(heartbeats: HeartbeatLog, loop: LoopProbe) -> Figures:
         "executor_heartbeat_p99_ms": percentile(ms, 99),
         "executor_heartbeat_max_s": heartbeats.longest,
         "job_heartbeat_max_gap_s": max_or_none(loop.gaps()),
+    }
+
+
+def sample_median(samples: Sequence[MemorySample], attr: str) -> float | None:
+    values = [float(getattr(s, attr)) for s in samples]
+    return statistics.median(values) if values else None
+
+
+def busy_samples(memory: MemoryProbe, loop: LoopProbe, peak: int) -> list[MemorySample]:
+    """The memory samples taken while ``peak`` task instances were running."""
+    # Memory and running count come from two probes; pair each memory sample with the nearest count.
+    counts = loop.samples
+    if not counts or peak <= 0:
+        return []
+    return [m for m in memory.samples if min(counts, key=lambda c: abs(c.t - m.t)).running == peak]
+
+
+def busy_memory_figures(
+    memory: MemoryProbe, loop: LoopProbe, idle_uss: float | None, idle_pss: float | None
+) -> Figures:
+    """Scheduler-tree memory while the most tasks ran, and what each running task added to the idle tree."""
+    peak = loop.peak_running()
+    busy = busy_samples(memory, loop, peak)
+    busy_uss, busy_pss = sample_median(busy, "uss_mb"), sample_median(busy, "pss_mb")
+    return {
+        "busy_uss_mb": busy_uss,
+        "busy_pss_mb": busy_pss,
+        "peak_uss_mb": max((s.uss_mb for s in memory.samples), default=None),
+        "peak_running": float(peak),
+        "per_task_uss_mb": (busy_uss - idle_uss) / peak if busy_uss and idle_uss and peak else None,
+        "per_task_pss_mb": (busy_pss - idle_pss) / peak if busy_pss and idle_pss and peak else None,
     }
 
 

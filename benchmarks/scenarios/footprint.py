@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import functools
-import statistics
 import time
 from dataclasses import asdict, dataclass
 
 from benchmarks.deployment import deployment
-from benchmarks.probes import LoopProbe, MemoryProbe, MemorySample
+from benchmarks.probes import LoopProbe, MemoryProbe
 from benchmarks.scenarios.base import (
     Case,
     Figures,
     Outcome,
     RunContext,
+    busy_memory_figures,
     cpu_figures,
+    sample_median,
     stalled,
     wait_for_run,
     wait_parsed,
@@ -61,19 +62,6 @@ def cases(profile: str) -> list[Case]:
     ]
 
 
-def _median(samples: list[MemorySample], attr: str) -> float | None:
-    values = [float(getattr(s, attr)) for s in samples]
-    return statistics.median(values) if values else None
-
-
-def _busy_samples(memory: MemoryProbe, loop: LoopProbe, peak: int) -> list[MemorySample]:
-    # Memory and running count come from two probes; pair each memory sample with the nearest count.
-    counts = loop.samples
-    if not counts or peak <= 0:
-        return []
-    return [m for m in memory.samples if min(counts, key=lambda c: abs(c.t - m.t)).running == peak]
-
-
 def run(size: Size, ctx: RunContext) -> Outcome:
     with deployment(
         ctx.variant,
@@ -112,10 +100,10 @@ def run(size: Size, ctx: RunContext) -> Outcome:
     origin = memory.samples[0].t if memory.samples else 0.0
     idle = memory.between(idle_from, idle_to)
     metrics: Figures = {
-        "idle_uss_mb": _median(idle, "uss_mb"),
-        "idle_pss_mb": _median(idle, "pss_mb"),
-        "idle_scheduler_pss_mb": _median(idle, "root_pss_mb"),
-        "idle_processes": _median(idle, "processes"),
+        "idle_uss_mb": sample_median(idle, "uss_mb"),
+        "idle_pss_mb": sample_median(idle, "pss_mb"),
+        "idle_scheduler_pss_mb": sample_median(idle, "root_pss_mb"),
+        "idle_processes": sample_median(idle, "processes"),
     }
     series = {
         "memory": [
@@ -129,18 +117,10 @@ def run(size: Size, ctx: RunContext) -> Outcome:
         waits = [
             (r.start_date - r.queued_dttm).total_seconds() for r in rows if r.start_date and r.queued_dttm
         ]
-        peak = loop.peak_running()
-        busy = _busy_samples(memory, loop, peak)
-        busy_uss, busy_pss = _median(busy, "uss_mb"), _median(busy, "pss_mb")
         idle_uss, idle_pss = metrics["idle_uss_mb"], metrics["idle_pss_mb"]
         metrics.update(
             {
-                "busy_uss_mb": busy_uss,
-                "busy_pss_mb": busy_pss,
-                "peak_uss_mb": max((s.uss_mb for s in memory.samples), default=None),
-                "peak_running": float(peak),
-                "per_task_uss_mb": (busy_uss - idle_uss) / peak if busy_uss and idle_uss and peak else None,
-                "per_task_pss_mb": (busy_pss - idle_pss) / peak if busy_pss and idle_pss and peak else None,
+                **busy_memory_figures(memory, loop, idle_uss, idle_pss),
                 "queued_to_start_p50_s": percentile(waits, 50),
                 "queued_to_start_p95_s": percentile(waits, 95),
                 **cpu_figures(cpu_before, cpu_after, size.tasks),
