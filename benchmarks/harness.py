@@ -20,7 +20,7 @@ from typing import Any, Final
 import psutil
 
 from benchmarks.deployment import REPO_ROOT, Variant
-from benchmarks.scenarios import burst, dispatch, footprint, ordinary, throughput
+from benchmarks.scenarios import burst, dispatch, footprint, imports, ordinary, throughput
 from benchmarks.scenarios.base import Case, RunContext
 from harness.sandbox import installed_airflow_major
 
@@ -31,6 +31,7 @@ SCENARIOS: Final[dict[str, Callable[[str], list[Case]]]] = {
     "burst": burst.cases,
     "dispatch": dispatch.cases,
     "ordinary": ordinary.cases,
+    "imports": imports.cases,
 }
 PROFILES: Final[tuple[str, ...]] = ("smoke", "quick", "full")
 DEFAULT_REPEAT: Final[dict[str, int]] = {"smoke": 1, "quick": 1, "full": 3}

@@ -183,6 +183,37 @@ METRICS: Final[dict[str, dict[str, Metric]]] = {
             "", "none", "workloads dispatched before the heartbeat that blocked (empty if none blocked)"
         ),
     },
+    "imports": {
+        "makespan_s": Metric("s", "lower", "first task start to last task end (task_instance rows)"),
+        "run_duration_s": Metric("s", "lower", "trigger (dag_run.queued_at) to DAG run end"),
+        "task_duration_p50_s": Metric(
+            "s",
+            "lower",
+            "median of end_date - start_date over the task instances: the task process's parse of its DAG "
+            "file (the file's imports) and the task's own run, imports in its body included",
+        ),
+        "task_duration_p95_s": Metric("s", "lower", "95th percentile of the same"),
+        "tasks_succeeded": Metric("", "higher", "task instances that ended in success"),
+        "idle_uss_mb": Metric(
+            "MB", "lower", "USS summed over the scheduler tree, median of an idle window before the trigger"
+        ),
+        "busy_uss_mb": Metric(
+            "MB", "lower", "scheduler-tree USS, median while the most tasks were running at once"
+        ),
+        "busy_pss_mb": Metric("MB", "lower", "scheduler-tree PSS over the same samples"),
+        "peak_uss_mb": Metric("MB", "lower", "highest scheduler-tree USS sample of the run"),
+        "peak_running": Metric("", "higher", "most task instances in state running at once"),
+        "per_task_uss_mb": Metric(
+            "MB",
+            "lower",
+            "(busy_uss_mb - idle_uss_mb) / peak_running: what each running task added to the scheduler "
+            "tree, its imports included",
+        ),
+        "per_task_pss_mb": Metric(
+            "MB", "lower", "the same with PSS (the idle window's PSS median subtracted)"
+        ),
+        **_CPU,
+    },
     "ordinary": {
         "run_state": _RUN_STATE,
         "tasks_succeeded": Metric("", "higher", "task instances in success at the end (final states)"),

@@ -11,7 +11,7 @@ from benchmarks import deployment as deployment_module
 from benchmarks.deployment import KNOWN_VARIANTS
 from benchmarks.harness import PROFILES, Plan, default_database, select_cases
 from benchmarks.report import markdown_table
-from benchmarks.scenarios import burst, ordinary
+from benchmarks.scenarios import burst, imports, ordinary
 from benchmarks.summary import summarize, words
 from harness.sandbox import AirflowSandbox, SandboxError
 
@@ -41,8 +41,31 @@ def test_ordinary_load_is_200_noop_tasks_at_parallelism_32_with_one_api_worker()
         assert (size.tasks, size.parallelism, size.api_workers) == (200, 32, 1)
 
 
+def test_the_full_imports_cases_are_100_tasks_at_parallelism_16() -> None:
+    assert [case.name for case in select_cases("full", ["imports"])] == [
+        "pandas-100-tasks-p16",
+        "real-imports-100-tasks-p16",
+    ]
+    assert [case.config["dag_id"] for case in imports.cases("full")] == [
+        "bench_import_pandas",
+        "bench_real_imports",
+    ]
+
+
+def test_only_the_imports_scenario_parses_dag_files_that_import_pandas() -> None:
+    assert imports.DAGS_FOLDER != deployment_module.DAGS_FOLDER
+    assert not deployment_module.DAGS_FOLDER.is_relative_to(imports.DAGS_FOLDER)
+    assert not imports.DAGS_FOLDER.is_relative_to(deployment_module.DAGS_FOLDER)
+    shared = {p.name: p.read_text() for p in deployment_module.DAGS_FOLDER.rglob("*.py")}
+    assert shared
+    assert not [name for name, text in shared.items() if "import pandas" in text]
+    own = {p.name: p.read_text() for p in imports.DAGS_FOLDER.glob("*.py")}
+    assert sorted(own) == ["bench_import_pandas.py", "bench_real_imports.py"]
+    assert all("\nimport pandas" in text for text in own.values())
+
+
 def test_burst_defaults_to_postgres_and_the_other_scenarios_keep_theirs() -> None:
-    cases = select_cases("smoke", ["throughput", "footprint", "burst", "dispatch", "ordinary"])
+    cases = select_cases("smoke", ["throughput", "footprint", "burst", "dispatch", "ordinary", "imports"])
     plan = Plan("smoke", cases, [KNOWN_VARIANTS["stock"]], 1)
     chosen = {case.scenario: plan.database_for(case) for case in cases}
     fallback = default_database()
@@ -52,6 +75,7 @@ def test_burst_defaults_to_postgres_and_the_other_scenarios_keep_theirs() -> Non
         "burst": "postgres",
         "dispatch": fallback,
         "ordinary": fallback,
+        "imports": fallback,
     }
     override = Plan("smoke", cases, [KNOWN_VARIANTS["stock"]], 1, "sqlite")
     assert {override.database_for(case) for case in cases} == {"sqlite"}
@@ -98,6 +122,7 @@ def test_a_deployment_hands_the_case_s_config_to_the_sandbox(monkeypatch: pytest
     assert seen["execution_api_timeout"] is None
     assert seen["extra_config"]["AIRFLOW__API__WORKERS"] == "2"
     assert seen["extra_config"]["ALE_BENCH_TASKS"] == "3"
+    assert seen["dags_folder"] == deployment_module.DAGS_FOLDER
 
 
 def _record(variant: str, rep: int, state: str, succeeded: float) -> dict[str, Any]:
