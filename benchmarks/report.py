@@ -15,6 +15,14 @@ from benchmarks.stats import median
 from benchmarks.summary import Row, Summary
 
 CHARTS = ("makespan.png", "memory.png", "heartbeat.png")
+# Written only when the records hold that scenario.
+IMPORTS_CHART = "imports.png"
+IMPORTS_FIGURES = (
+    ("makespan_s", "makespan (s)"),
+    ("task_duration_p50_s", "task run time, median (s)"),
+    ("scheduler_cpu_s", "scheduler-tree CPU (s)"),
+    ("per_task_uss_mb", "USS per running task (MB)"),
+)
 
 
 def fmt(value: float | None) -> str:
@@ -232,7 +240,48 @@ def write_charts(records: Sequence[dict[str, Any]], variants: Sequence[str], out
     written.append(out_dir / "heartbeat.png")
     fig.savefig(written[-1], dpi=110)
     plt.close(fig)
+    if any(r["scenario"] == "imports" for r in records):
+        written.append(_imports_chart(records, variants, colors, out_dir / IMPORTS_CHART))
     return written
+
+
+def _imports_chart(
+    records: Sequence[dict[str, Any]], variants: Sequence[str], colors: dict[str, Any], path: Path
+) -> Path:
+    """One panel per figure, a group of bars per case, a bar per variant (median, whiskers min..max)."""
+    import matplotlib.pyplot as plt
+
+    runs = [r for r in records if r["scenario"] == "imports"]
+    cases = list(dict.fromkeys(r["case"] for r in runs))
+    fig, axes = plt.subplots(1, len(IMPORTS_FIGURES), figsize=(4 * len(IMPORTS_FIGURES), 4))
+    width = 0.8 / max(1, len(variants))
+    for ax, (name, title) in zip(axes, IMPORTS_FIGURES, strict=True):
+        for i, v in enumerate(variants):
+            meds, lows, highs = [], [], []
+            for case in cases:
+                vals = [
+                    float(r["metrics"][name])
+                    for r in runs
+                    if r["case"] == case and r["variant"] == v and r["metrics"].get(name) is not None
+                ]
+                m = median(vals) or 0.0
+                meds.append(m)
+                lows.append(m - min(vals) if vals else 0.0)
+                highs.append(max(vals) - m if vals else 0.0)
+            xs = [j + i * width for j in range(len(cases))]
+            ax.bar(xs, meds, width, yerr=[lows, highs], capsize=3, label=v, color=colors[v])
+            for x, m in zip(xs, meds, strict=True):
+                ax.annotate(fmt(m), (x, m), ha="center", va="bottom", fontsize=8)
+        ax.set_xticks([j + width * (len(variants) - 1) / 2 for j in range(len(cases))])
+        ax.set_xticklabels([c.replace("-tasks-", " tasks\n") for c in cases], fontsize=8)
+        ax.set_title(title, fontsize=10)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper right", ncol=len(variants), fontsize=8)
+    fig.suptitle("imports: DAG files that import pandas (median, whiskers min..max)", fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1, 0.94))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 # ------------------------------------------------------------------ docs/benchmarks.md
@@ -331,7 +380,14 @@ $ .venv/bin/python -m benchmarks --profile quick --scenarios throughput,dispatch
 $ .venv/bin/python -m benchmarks --profile full --scenarios burst \\
       --variants stock,ours --repeat 3 --out build/bench/burst.jsonl       # upstream #70526, PostgreSQL
 $ .venv/bin/python -m benchmarks --profile quick --scenarios ordinary \\
-      --variants stock,ours --repeat 10 --out build/bench/ordinary.jsonl   # Airflow's api defaults"""
+      --variants stock,ours --repeat 10 --out build/bench/ordinary.jsonl   # Airflow's api defaults
+$ .venv/bin/python -m benchmarks --profile full --scenarios imports \\
+      --variants stock,ours --repeat 1 --out build/bench/imports.jsonl     # DAG files importing pandas"""
+    )
+    imports_chart = (
+        f"\n![imports]({charts_rel}/{IMPORTS_CHART})\n"
+        if any(r["scenario"] == "imports" for r in records)
+        else ""
     )
     text = f"""# Benchmarks: AsyncLocalExecutor against the stock LocalExecutor
 
@@ -386,7 +442,7 @@ Runs that did not end cleanly:
 ![memory over time]({charts_rel}/memory.png)
 
 ![heartbeat latency]({charts_rel}/heartbeat.png)
-
+{imports_chart}
 Configuration of each case:
 
 {_configs(records)}
@@ -436,6 +492,16 @@ Scenarios:
   failed), and `state_mismatches` counts the scheduler's log lines about an executor event that
   contradicted the database. Each record's `series.airflow_config` holds the values the deployment ran
   with (`unset` where Airflow's default applied).
+- **imports**: the throughput fan-out from DAG files that import libraries at their top, as real DAG
+  files do (`benchmarks/dags_imports`, a DAG folder only this scenario's deployments parse). Case
+  `pandas-*`: `bench_import_pandas`, `bench_noop` with `import pandas` added at the top of its file.
+  Case `real-imports-*`: `bench_real_imports`, a file that imports pandas and numpy and whose task
+  imports matplotlib in its body (no Airflow task process imports it by itself). 100 tasks at
+  parallelism 16 at full size (quick 32, smoke 4), on SQLite. Every task process parses its DAG file
+  after its task instance is marked running, so the task run time (start to end) holds the file's
+  imports. Memory is sampled as in the footprint scenario: an idle window before the trigger, then the
+  samples taken while the most tasks ran; each running task's share is the difference divided by
+  that count.
 
 How the executor heartbeat is timed in a deployment: Airflow 3.3 only emits
 `scheduler.executor_heartbeat_duration` to StatsD/OpenTelemetry, so the deployment runs

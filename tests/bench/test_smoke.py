@@ -15,13 +15,15 @@ from typing import Any
 
 import pytest
 
+from benchmarks.harness import select_cases
 from benchmarks.metrics import METRICS
 
-# Five scenarios x two variants of a real Airflow each, one after the other: about 7 minutes on 2 cores.
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+# Six scenarios (seven cases) x two variants of a real Airflow each, one after the other: about 9 minutes
+# on 2 cores.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
 REPO = Path(__file__).resolve().parents[2]
-SCENARIOS = ("throughput", "footprint", "burst", "dispatch", "ordinary")
+SCENARIOS = ("throughput", "footprint", "burst", "dispatch", "ordinary", "imports")
 # Each case's own database (no --database given): burst runs on PostgreSQL as upstream #70526 did.
 DATABASES = {
     "throughput": "sqlite",
@@ -29,6 +31,7 @@ DATABASES = {
     "burst": "postgres",
     "dispatch": "sqlite",
     "ordinary": "sqlite",
+    "imports": "sqlite",
 }
 VARIANTS = ("stock", "ours")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -57,15 +60,19 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> Smoke:
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=840,
+        timeout=1140,
         check=False,
     )
     records = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
     return Smoke(result.returncode, result.stdout + result.stderr[-6000:], records, charts, markdown)
 
 
+def of(smoke: Smoke, scenario: str, variant: str) -> list[dict[str, Any]]:
+    return [r for r in smoke.records if r["scenario"] == scenario and r["variant"] == variant]
+
+
 def by(smoke: Smoke, scenario: str, variant: str) -> dict[str, Any]:
-    [record] = [r for r in smoke.records if r["scenario"] == scenario and r["variant"] == variant]
+    [record] = of(smoke, scenario, variant)
     return record
 
 
@@ -73,24 +80,27 @@ def test_the_cli_exits_0(smoke: Smoke) -> None:
     assert smoke.returncode == 0, smoke.output
 
 
-def test_one_json_line_per_scenario_and_variant(smoke: Smoke) -> None:
-    assert sorted((r["scenario"], r["variant"]) for r in smoke.records) == sorted(
-        (s, v) for s in SCENARIOS for v in VARIANTS
+def test_one_json_line_per_case_and_variant(smoke: Smoke) -> None:
+    cases = [(case.scenario, case.name) for case in select_cases("smoke", SCENARIOS)]
+    assert sorted((r["scenario"], r["case"], r["variant"]) for r in smoke.records) == sorted(
+        (s, c, v) for s, c in cases for v in VARIANTS
     )
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_every_record_carries_context_and_every_figure(smoke: Smoke, scenario: str, variant: str) -> None:
-    record = by(smoke, scenario, variant)
-    assert record["status"] == "ok", record["notes"]
-    assert record["machine"]["cpus"] >= 1
-    assert record["versions"]["apache-airflow"].startswith("3.3")
-    assert record["config"]
-    assert record["database"] == DATABASES[scenario]
-    # Numbers in "metrics", words (the run's state) in "text": together, every registered figure.
-    assert set(record["metrics"]) | set(record["text"]) == set(METRICS[scenario])
-    assert not set(record["metrics"]) & set(record["text"])
+    records = of(smoke, scenario, variant)
+    assert records
+    for record in records:
+        assert record["status"] == "ok", record["notes"]
+        assert record["machine"]["cpus"] >= 1
+        assert record["versions"]["apache-airflow"].startswith("3.3")
+        assert record["config"]
+        assert record["database"] == DATABASES[scenario]
+        # Numbers in "metrics", words (the run's state) in "text": together, every registered figure.
+        assert set(record["metrics"]) | set(record["text"]) == set(METRICS[scenario])
+        assert not set(record["metrics"]) & set(record["text"])
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -150,6 +160,15 @@ def test_figures_are_sane(smoke: Smoke, variant: str) -> None:
     assert dispatch["heartbeat_p50_ms"] > 0
     assert dispatch["dispatched"] >= 1
 
+    for record in of(smoke, "imports", variant):
+        figures = record["metrics"]
+        assert figures["tasks_succeeded"] == record["config"]["tasks"]
+        assert 0 < figures["makespan_s"] <= figures["run_duration_s"] < 120
+        assert 0 < figures["task_duration_p50_s"] <= figures["task_duration_p95_s"] <= figures["makespan_s"]
+        assert figures["peak_running"] >= 1
+        assert figures["per_task_uss_mb"] > 0
+        assert figures["scheduler_cpu_s"] > 0
+
 
 def test_the_async_executor_never_accepts_past_parallelism_and_prefetch(smoke: Smoke) -> None:
     record = by(smoke, "dispatch", "ours")
@@ -158,7 +177,7 @@ def test_the_async_executor_never_accepts_past_parallelism_and_prefetch(smoke: S
 
 
 def test_charts_are_written(smoke: Smoke) -> None:
-    for name in ("makespan.png", "memory.png", "heartbeat.png"):
+    for name in ("makespan.png", "memory.png", "heartbeat.png", "imports.png"):
         data = (smoke.charts / name).read_bytes()
         assert data.startswith(PNG_MAGIC)
         assert len(data) > 5_000
@@ -171,3 +190,4 @@ def test_the_results_page_has_the_table(smoke: Smoke) -> None:
     # The run's state is a word, shown side by side with no ratio.
     assert "| `run_state` |  | success | success |  |" in text
     assert f"burst / {by(smoke, 'burst', 'stock')['case']} `postgres`" in text
+    assert "](charts/imports.png)" in text
