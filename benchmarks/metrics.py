@@ -183,6 +183,30 @@ METRICS: Final[dict[str, dict[str, Metric]]] = {
             "", "none", "workloads dispatched before the heartbeat that blocked (empty if none blocked)"
         ),
     },
+    "ordinary": {
+        "run_state": _RUN_STATE,
+        "tasks_succeeded": Metric("", "higher", "task instances in success at the end (final states)"),
+        "tasks_failed": Metric(
+            "",
+            "lower",
+            "task instances in failed, up_for_retry or upstream_failed at the end; a task that succeeded and "
+            "was then failed by the scheduler counts here",
+        ),
+        "tasks_lost": Metric("", "lower", "task instances in no final state when the run ended or timed out"),
+        "state_mismatches": Metric(
+            "",
+            "lower",
+            "scheduler log lines 'but the task instance's state attribute is': the executor reported a task "
+            "finished while the database held another state, which the scheduler resolves by failing it",
+        ),
+        "makespan_s": Metric("s", "lower", "first task start to last task end (task_instance rows)"),
+        "run_duration_s": Metric("s", "lower", "trigger (dag_run.queued_at) to DAG run end"),
+        "tries": Metric(
+            "", "none", "sum of try_number over the task instances (the number of tasks when none ran twice)"
+        ),
+        **_LOOP,
+        **_CPU,
+    },
     "imports": {
         "makespan_s": Metric("s", "lower", "first task start to last task end (task_instance rows)"),
         "run_duration_s": Metric("s", "lower", "trigger (dag_run.queued_at) to DAG run end"),
@@ -212,30 +236,6 @@ METRICS: Final[dict[str, dict[str, Metric]]] = {
         "per_task_pss_mb": Metric(
             "MB", "lower", "the same with PSS (the idle window's PSS median subtracted)"
         ),
-        **_CPU,
-    },
-    "ordinary": {
-        "run_state": _RUN_STATE,
-        "tasks_succeeded": Metric("", "higher", "task instances in success at the end (final states)"),
-        "tasks_failed": Metric(
-            "",
-            "lower",
-            "task instances in failed, up_for_retry or upstream_failed at the end; a task that succeeded and "
-            "was then failed by the scheduler counts here",
-        ),
-        "tasks_lost": Metric("", "lower", "task instances in no final state when the run ended or timed out"),
-        "state_mismatches": Metric(
-            "",
-            "lower",
-            "scheduler log lines 'but the task instance's state attribute is': the executor reported a task "
-            "finished while the database held another state, which the scheduler resolves by failing it",
-        ),
-        "makespan_s": Metric("s", "lower", "first task start to last task end (task_instance rows)"),
-        "run_duration_s": Metric("s", "lower", "trigger (dag_run.queued_at) to DAG run end"),
-        "tries": Metric(
-            "", "none", "sum of try_number over the task instances (the number of tasks when none ran twice)"
-        ),
-        **_LOOP,
         **_CPU,
     },
 }
