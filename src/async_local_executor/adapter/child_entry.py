@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from async_local_executor.core import cpu_priority, lifeline
+from async_local_executor.core.imports import observe
 
 EXIT_OK = 0  # the workload ran to its end (whatever the task's own outcome, which it reports itself)
 EXIT_CRASHED = 1  # running the workload raised
@@ -34,6 +35,7 @@ P = TypeVar("P")
 class EntryArgs:
     parent_pid: int  # 0: not checked
     cpu_priority: str
+    learn_imports: str = ""  # where to record the modules the workload loads; empty: not recorded
 
 
 def parse(argv: Sequence[str] | None) -> EntryArgs:
@@ -41,13 +43,24 @@ def parse(argv: Sequence[str] | None) -> EntryArgs:
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--parent-pid", type=int, default=0)
     parser.add_argument("--cpu-priority", default=cpu_priority.NORMAL)
+    parser.add_argument("--learn-imports", default="")
     args, _ = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
-    return EntryArgs(int(args.parent_pid), str(args.cpu_priority))
+    return EntryArgs(int(args.parent_pid), str(args.cpu_priority), str(args.learn_imports))
 
 
-def argv_flags(parent_pid: int, priority: str) -> tuple[str, ...]:
-    """The flags the executor puts on a workload's command line."""
-    return ("--parent-pid", str(parent_pid), "--cpu-priority", priority)
+def argv_flags(parent_pid: int, priority: str, learn_imports: str = "") -> tuple[str, ...]:
+    """The flags the executor puts on a workload's command line (no secret: argv is world-readable)."""
+    learn = ("--learn-imports", learn_imports) if learn_imports else ()
+    return ("--parent-pid", str(parent_pid), "--cpu-priority", priority, *learn)
+
+
+def prepare(args: EntryArgs) -> None:
+    """Before the workload runs: its CPU priority, and the record of what it imports if asked for."""
+    lower_priority(args)
+    if args.learn_imports:
+        # The task's own process is forked from this one and inherits the hook (Airflow 3's task SDK
+        # and Airflow 2's `tasks run --local` both fork it): what it imports is what is learned.
+        observe.install(args.learn_imports)
 
 
 def lower_priority(args: EntryArgs) -> None:
@@ -81,7 +94,7 @@ class Entry(Generic[P]):
         # outright, this process takes its task process with it (tie_direct_children below).
         if not lifeline.die_with_parent(args.parent_pid, signal.SIGKILL):
             return EXIT_ORPHANED
-        lower_priority(args)
+        prepare(args)
         return self.run_payload(sys.stdin.buffer.read())
 
     def forked_main(self, argv: list[str], stdin: bytes) -> int:
@@ -90,7 +103,7 @@ class Entry(Generic[P]):
         The fork server forked this process as the scheduler's own child and tied its life to the
         scheduler's (``PR_SET_PDEATHSIG``): it dies with the scheduler, not with the helper.
         """
-        lower_priority(parse(argv))
+        prepare(parse(argv))
         return self.run_payload(stdin)
 
     def run_payload(self, raw: bytes) -> int:

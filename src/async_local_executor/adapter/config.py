@@ -26,6 +26,7 @@ __all__ = [
     "ExecutorConfig",
     "LauncherKind",
     "OptionDoc",
+    "PreloadMode",
 ]
 
 
@@ -38,6 +39,12 @@ class EventLoop(enum.Enum):
 class LauncherKind(enum.Enum):
     FORKSERVER = "forkserver"  # fork a preloaded helper: milliseconds per launch
     SUBPROCESS = "subprocess"  # a fresh interpreter per workload: about 2 s of CPU per launch
+
+
+class PreloadMode(enum.Enum):
+    AUTO = "auto"  # learn what tasks import, and preload what is safe of it (and preload_modules)
+    EXPLICIT = "explicit"  # preload_modules only
+    OFF = "off"  # nothing beyond what every task needs
 
 
 class ContainmentKind(enum.Enum):
@@ -69,6 +76,7 @@ _FLOATS = (
     "min_available_memory_mb",
     "health_loop_lag_limit",
     "health_wait_limit",
+    "preload_interval",
 )
 _THREAD_LIMIT = (
     _THREAD_WAIT_MAX,
@@ -101,6 +109,19 @@ def _float(conf: ConfSource, name: str) -> float:
     except ValueError:
         raise ValueError(f"[{SECTION}] {name} must be a number, got {raw!r}") from None
     return _check_range(name, value, raw)
+
+
+def _names(conf: ConfSource, name: str) -> tuple[str, ...]:
+    raw = conf.get(SECTION, name, fallback="") or ""
+    return tuple(m.strip() for m in raw.split(",") if m.strip())
+
+
+def _size(conf: ConfSource, name: str) -> int:
+    raw = conf.get(SECTION, name, fallback=_DEFAULTS[name]) or _DEFAULTS[name]
+    try:
+        return parse_memory(raw)
+    except ValueError:
+        raise ValueError(f"[{SECTION}] {name} must be a size such as 512MiB or 2G, got {raw!r}") from None
 
 
 def _queue_limits(raw: str) -> tuple[tuple[str, int], ...]:
@@ -192,7 +213,11 @@ class ExecutorConfig:
     forkserver_idle_timeout: float = float(_DEFAULTS["forkserver_idle_timeout"])
     prefetch_multiplier: float = float(_DEFAULTS["prefetch_multiplier"])
     task_timeout: float = float(_DEFAULTS["task_timeout"])
+    preload: PreloadMode = PreloadMode.AUTO
     preload_modules: tuple[str, ...] = ()
+    preload_exclude: tuple[str, ...] = ()
+    preload_memory_budget: int = parse_memory(_DEFAULTS["preload_memory_budget"])
+    preload_interval: float = float(_DEFAULTS["preload_interval"])
     queue_limits: tuple[tuple[str, int], ...] = ()
     min_available_memory_mb: float = float(_DEFAULTS["min_available_memory_mb"])
     state_dir: str = ""
@@ -230,7 +255,6 @@ class ExecutorConfig:
 
         :raises ValueError: naming the option and the value when one is invalid
         """
-        preload = conf.get(SECTION, "preload_modules", fallback="") or ""
         return cls(
             shutdown_timeout=_float(conf, "shutdown_timeout"),
             termination_grace_period=_float(conf, "termination_grace_period"),
@@ -241,7 +265,11 @@ class ExecutorConfig:
             task_timeout=_float(conf, "task_timeout"),
             queue_limits=_queue_limits(conf.get(SECTION, "queue_limits", fallback="") or ""),
             min_available_memory_mb=_float(conf, "min_available_memory_mb"),
-            preload_modules=tuple(m.strip() for m in preload.split(",") if m.strip()),
+            preload=_choice(conf, "preload", PreloadMode),
+            preload_modules=_names(conf, "preload_modules"),
+            preload_exclude=_names(conf, "preload_exclude"),
+            preload_memory_budget=_size(conf, "preload_memory_budget"),
+            preload_interval=_float(conf, "preload_interval"),
             state_dir=(conf.get(SECTION, "state_dir", fallback="") or "").strip(),
             health_loop_lag_limit=_float(conf, "health_loop_lag_limit"),
             health_wait_limit=_float(conf, "health_wait_limit"),

@@ -94,22 +94,24 @@ class AsyncLocalExecutor(Airflow2Commands, Airflow3Workloads, Prefetching, Execu
         conf = executor_conf(self)
         self._config = config = ExecutorConfig.from_conf(conf)
         # Every option is checked here, before anything is reclaimed, opened or started.
+        directory = state_dir.resolve(config.state_dir)
         plan = startup.plan(
             config,
             parallelism=self.parallelism,
             queued_timeout=startup.queued_timeout(conf),
             fork_target=self._fork_target(),
+            learn_dir=str(directory / "imports"),
         )
         self._task_log_folder = conf.get("logging", "base_log_folder", fallback="") or ""
         self._server = execution_api_url(conf)
-        self._argv = self._child_argv()
+        self._argv = self._child_argv(plan.learn_dir)
         team = f" [{self.team_name}]" if self.team_name else ""
         self._title_prefix = f"airflow worker -- AsyncLocalExecutor{team}:"
         # Before anything launches, so no try can run beside a survivor of its previous attempt.
         owner = f"scheduler pid {os.getpid()}" + (f" team {self.team_name}" if self.team_name else "")
-        self._journal = launches = recovery.reclaim_then_open(
-            state_dir.resolve(config.state_dir), owner=owner
-        )
+        self._journal = launches = recovery.reclaim_then_open(directory, owner=owner)
+        if plan.learn_dir:  # in the state directory, which the journal has just made sure is ours alone
+            os.makedirs(plan.learn_dir, mode=0o700, exist_ok=True)
         self._containment = containment = open_containment(
             launches.instance,
             enabled=config.containment is ContainmentKind.AUTO,
@@ -160,10 +162,10 @@ class AsyncLocalExecutor(Airflow2Commands, Airflow3Workloads, Prefetching, Execu
             "uvloop" if wired.use_uvloop else "asyncio",
         )
 
-    def _child_argv(self) -> tuple[str, ...]:
+    def _child_argv(self, learn_dir: str = "") -> tuple[str, ...]:
         """The command that runs one workload; it reads the workload (or Airflow 2 command) from stdin."""
         entry = child.__name__ if AIRFLOW_V3 else child_cli.__name__
-        flags = child_entry.argv_flags(os.getpid(), self._config.workload_cpu_priority)
+        flags = child_entry.argv_flags(os.getpid(), self._config.workload_cpu_priority, learn_dir)
         return (sys.executable, "-m", entry, *flags)
 
     def _fork_target(self) -> str:

@@ -140,6 +140,7 @@ class ExecutorBase(BaseExecutor):
             timeout=checked.timeout,
             group=checked.group,
             limits=checked.limits,
+            source=checked.source,
         )
 
     def _submit(self, requests: list[LaunchRequest]) -> None:

@@ -141,13 +141,54 @@ OPTIONS: tuple[OptionDoc, ...] = (
         "own priority, as the stock LocalExecutor runs tasks.",
     ),
     OptionDoc(
+        "preload",
+        "string",
+        "auto",
+        "explicit",
+        "What the fork server imports before forking, beyond what every task needs. auto: it learns what "
+        "tasks import (the top-level imports of their DAG files, read without running them, and the "
+        "modules their processes loaded while they ran), and a new fork server preloads those of "
+        "installed distributions, replacing the old one without stopping any task, at most once per "
+        "preload_interval; never a module of the DAGs folder or a bundle (so an edited DAG file takes "
+        "effect on the next task), one that fails to import, or one that starts a thread; "
+        "preload_modules too. explicit: only preload_modules. off: nothing beyond what every task needs "
+        "(preload_modules is ignored). The status command lists what is preloaded and what was refused.",
+    ),
+    OptionDoc(
         "preload_modules",
         "string",
         "",
         "pandas,numpy",
-        "Comma-separated modules the fork server imports before forking, such as heavy libraries "
-        "your DAGs use, so every task shares them instead of importing them again. A module that "
-        "fails to import is logged and skipped.",
+        "Comma-separated modules the fork server always imports before forking (with preload = auto or "
+        "explicit), such as heavy libraries your DAGs use, so every task shares them instead of "
+        "importing them again. A module that fails to import is logged and skipped; one that starts a "
+        "thread stops the fork server (every workload then starts a fresh interpreter).",
+    ),
+    OptionDoc(
+        "preload_exclude",
+        "string",
+        "",
+        "boto3,mycompany.heavy",
+        "Comma-separated modules (each with its submodules) preload = auto never preloads, for a library "
+        "that misbehaves when imported before a fork.",
+    ),
+    OptionDoc(
+        "preload_memory_budget",
+        "string",
+        "1GiB",
+        "512MiB",
+        "How much the fork server's memory may grow by for learned modules (bytes, or with a K, M, G "
+        "or T suffix, powers of 1024). Modules learned beyond it are refused, and the status command "
+        "says so. The fork server's pages are shared by every task, so this is paid once, not per task.",
+    ),
+    OptionDoc(
+        "preload_interval",
+        "float",
+        "60",
+        "300",
+        "Seconds at least between two fork servers started because tasks imported something new or a "
+        "preloaded distribution was upgraded (pip install -U). The first starts as soon as there is "
+        "something to preload. Each start costs the fork server's own imports (about 2 s of CPU).",
     ),
     OptionDoc(
         "containment",

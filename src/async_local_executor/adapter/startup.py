@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from datetime import timedelta
 
-from async_local_executor.adapter.config import ConfSource, ExecutorConfig
+from async_local_executor.adapter.config import ConfSource, ExecutorConfig, LauncherKind, PreloadMode
 from async_local_executor.core.wiring import Plan
 
 # The scheduler subtracts timedelta(seconds=task_queued_timeout) from now: beyond this it raises itself.
@@ -30,15 +30,26 @@ def queued_timeout(conf: ConfSource) -> float:
     return value
 
 
-def plan(config: ExecutorConfig, *, parallelism: int, queued_timeout: float, fork_target: str) -> Plan:
-    """:param parallelism: Airflow's; 0 (Airflow 2) means unlimited, as it does to the core"""
+def plan(
+    config: ExecutorConfig, *, parallelism: int, queued_timeout: float, fork_target: str, learn_dir: str = ""
+) -> Plan:
+    """:param parallelism: Airflow's; 0 (Airflow 2) means unlimited, as it does to the core
+    :param learn_dir: where tasks record what they import (with ``preload = auto``)
+    """
+    mode = config.preload
     return Plan(
         parallelism=parallelism,
         prefetch=config.prefetch(parallelism),
         queued_timeout=queued_timeout,
         launcher=config.launcher.value,
         fork_target=fork_target,
-        preload=config.preload_modules,
+        preload=() if mode is PreloadMode.OFF else config.preload_modules,
+        learn_dir=learn_dir
+        if mode is PreloadMode.AUTO and config.launcher is LauncherKind.FORKSERVER
+        else "",
+        preload_exclude=config.preload_exclude,
+        preload_memory_budget=config.preload_memory_budget,
+        preload_interval=config.preload_interval,
         forkserver_idle_timeout=config.forkserver_idle_timeout,
         termination_grace=config.termination_grace_period,
         group_limits=dict(config.queue_limits),

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from async_local_executor.adapter import child, child_cli
+from async_local_executor.adapter import child, child_cli, dag_files
 from async_local_executor.adapter.config import SECTION, limits_from
 from async_local_executor.core.cgroups import Limits
 
@@ -44,6 +44,7 @@ class Checked:
     :param payload: what its process reads on stdin
     :param ignored: keys of our ``executor_config`` section this version does not know, as :func:`shown`
     :param limits: its own memory, CPU and process limits (over the executor's)
+    :param source: the DAG file its process parses, where known (what it imports may be preloaded)
     """
 
     timeout: float | None
@@ -51,6 +52,7 @@ class Checked:
     payload: bytes
     ignored: tuple[str, ...] = ()
     limits: Limits = Limits()  # noqa: RUF009 - frozen
+    source: str | None = None
 
 
 def shown(value: object) -> str:
@@ -167,7 +169,8 @@ def airflow3(
             payload = child.encode_payload(workload.model_dump_json(), server, title)
         except Exception as exc:  # noqa: BLE001 - whatever cannot be written cannot reach its process
             raise _Rejected(f"cannot write the workload for its process: {shown(exc)}") from None
-        return Checked(timeout, group, payload, ignored, limits)
+        source = dag_files.airflow3(workload) if is_task else None
+        return Checked(timeout, group, payload, ignored, limits, source)
 
     return _checked(build)
 
@@ -186,6 +189,7 @@ def airflow2(
             raise _Rejected(f"not an `airflow tasks run` command: {shown(command)}") from None
         timeout, ignored = _task_options(executor_config, default_timeout)
         limits = _task_limits(executor_config)
-        return Checked(timeout, _queue(queue), child_cli.encode_payload(command, title), ignored, limits)
+        payload = child_cli.encode_payload(command, title)
+        return Checked(timeout, _queue(queue), payload, ignored, limits, dag_files.airflow2(command))
 
     return _checked(build)

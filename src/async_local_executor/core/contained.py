@@ -14,7 +14,9 @@ import dataclasses
 import itertools
 import logging
 import signal
+from collections.abc import Mapping
 from types import TracebackType
+from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -77,6 +79,10 @@ class ContainedLauncher:
     @property
     def state(self) -> str | None:
         return getattr(self._inner, "state", None)
+
+    @property
+    def preload(self) -> Mapping[str, Any] | None:
+        return getattr(self._inner, "preload", None)
 
     async def launch(self, request: LaunchRequest) -> Child:
         limits = self._limits.merged(request.limits)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from async_local_executor.core.admission import Admission
 from async_local_executor.core.cgroups.group import WorkloadCgroup
@@ -62,6 +63,7 @@ class SupervisorState:
     outcomes_total: Mapping[str, int]  # OutcomeKind value (or "ok") -> count
     recent_finished: tuple[FinishedWorkload, ...] = ()  # the latest last
     launcher_state: str | None = None  # the launch path in words (which fork server, say)
+    preload: Mapping[str, Any] | None = None  # what the fork server preloads and refused (learned)
 
 
 class Tally:
@@ -102,6 +104,7 @@ def snapshot(
     tally: Tally,
     launcher_problem: str | None,
     launcher_state: str | None = None,
+    preload: Mapping[str, Any] | None = None,
 ) -> SupervisorState:
     return SupervisorState(
         running=running,
@@ -118,4 +121,5 @@ def snapshot(
         outcomes_total=dict(tally.outcomes_total),
         recent_finished=tuple(tally.finished_recently),
         launcher_state=launcher_state,
+        preload=preload,
     )

@@ -130,7 +130,10 @@ class Supervisor:
         launcher = self._launcher
         problem = getattr(launcher, "problem", None)
         described = getattr(launcher, "state", None)
-        return snapshot(tuple(running), waiting, oldest, self._admission, self._tally, problem, described)
+        preload = getattr(launcher, "preload", None)
+        return snapshot(
+            tuple(running), waiting, oldest, self._admission, self._tally, problem, described, preload
+        )
 
     async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Run until :meth:`shutdown` has finished every workload."""

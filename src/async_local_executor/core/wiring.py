@@ -17,8 +17,10 @@ from async_local_executor.core.cgroups import Containment, Limits
 from async_local_executor.core.clock import SYSTEM, Clock
 from async_local_executor.core.contained import ContainedLauncher
 from async_local_executor.core.health import Probe, Report, Thresholds
+from async_local_executor.core.imports.learned import Learned
 from async_local_executor.core.launchers.base import Launcher, OutputSink
 from async_local_executor.core.launchers.forkserver import ForkServerLauncher
+from async_local_executor.core.launchers.forkserver_learning import Learning
 from async_local_executor.core.launchers.subprocess import SubprocessLauncher
 from async_local_executor.core.prefetch import PrefetchBudget
 from async_local_executor.core.runtime import Runtime, uvloop_available
@@ -39,6 +41,11 @@ class Plan:
     :param launcher: ``forkserver`` (with the plain launcher as its fallback) or ``subprocess``
     :param fork_target: ``module:function`` a fork-server child runs
     :param preload: modules the fork server imports before it forks
+    :param learn_dir: where workloads record what they import, for the fork server to learn it and
+        preload it too; empty: nothing is learned
+    :param preload_exclude: modules (with their submodules) never learned
+    :param preload_memory_budget: bytes learned modules may add to the fork server; 0 for no limit
+    :param preload_interval: seconds at least between two fork servers started for learned modules
     :param forkserver_idle_timeout: seconds without a workload after which the fork server exits;
         0: it starts with the executor and stays
     :param termination_grace: seconds between the first signal and SIGKILL when a workload is stopped
@@ -57,6 +64,10 @@ class Plan:
     queued_timeout: float = 0.0
     launcher: str = "forkserver"
     preload: tuple[str, ...] = ()
+    learn_dir: str = ""
+    preload_exclude: tuple[str, ...] = ()
+    preload_memory_budget: int = 0
+    preload_interval: float = 60.0
     forkserver_idle_timeout: float = 0.0
     termination_grace: float = TerminationPolicy.grace
     group_limits: Mapping[str, int] | None = None
@@ -117,6 +128,15 @@ def wire(
         # Built on the loop thread: anyio objects bind to the loop that creates them.
         launcher: Launcher = SubprocessLauncher(output=output, env=env)
         if plan.launcher == "forkserver":
+            learning = None
+            if plan.learn_dir:
+                learned = Learned(plan.learn_dir, exclude=plan.preload_exclude)
+                learning = Learning(
+                    learned,
+                    interval=plan.preload_interval,
+                    memory_budget=plan.preload_memory_budget,
+                    clock=clock,
+                )
             launcher = ForkServerLauncher(
                 target=plan.fork_target,
                 preload=plan.preload,
@@ -125,6 +145,7 @@ def wire(
                 env=env,
                 idle_timeout=plan.forkserver_idle_timeout or None,
                 clock=clock,
+                learning=learning,
             )
         if containment is not None:
             launcher = ContainedLauncher(

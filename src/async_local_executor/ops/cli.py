@@ -104,6 +104,7 @@ def render(found: list[Found], directory: Path) -> Group | Text:
         containment = data.get("containment")
         if isinstance(containment, dict) and containment.get("detail"):
             parts.append(Text(f"  containment: {containment['detail']}"))
+        parts.extend(preload_lines(data.get("preload")))
         table = Table(box=None, pad_edge=False)
         for column in COLUMNS:
             table.add_column(column, justify="right" if column != "key" else "left")
@@ -120,6 +121,37 @@ def render(found: list[Found], directory: Path) -> Group | Text:
             )
         parts.append(table)
     return Group(*parts)
+
+
+def preload_lines(preload: object) -> list[Text]:
+    """What the fork server preloads beyond every task's needs, and what it refused and why."""
+    if not isinstance(preload, dict):
+        return []
+    if preload.get("mode") == "explicit":
+        return [
+            Text(f"  preload (explicit): {', '.join(map(str, preload.get('modules') or [])) or 'nothing'}")
+        ]
+    loaded = [p for p in preload.get("preloaded") or [] if isinstance(p, dict)]
+    shown = [
+        f"{p.get('module')}"
+        + (f" ({p['distribution']} {p.get('version') or '?'})" if p.get("distribution") else "")
+        + (f" {p['kib'] / 1024:.0f} MiB" if isinstance(p.get("kib"), int) and p["kib"] >= 1024 else "")
+        for p in loaded
+    ]
+    lines = [
+        Text(
+            f"  preload (auto): {len(loaded)} learned modules preloaded"
+            + (": " + ", ".join(shown) if shown else "")
+        )
+    ]
+    lines += [
+        Text(f"    refused {r.get('module')}: {r.get('reason')}", style="yellow")
+        for r in preload.get("refused") or []
+        if isinstance(r, dict)
+    ]
+    if preload.get("pending"):
+        lines.append(Text(f"    to try next: {', '.join(map(str, preload['pending']))}"))
+    return lines
 
 
 def parser() -> argparse.ArgumentParser:

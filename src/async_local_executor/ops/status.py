@@ -184,6 +184,7 @@ def document(
         },
         "launcher_problem": state.launcher_problem,
         "launcher_state": state.launcher_state,
+        "preload": None if state.preload is None else dict(state.preload),
         "recent_finished": [
             {
                 "at": f.at,

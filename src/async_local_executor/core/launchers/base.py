@@ -30,6 +30,8 @@ class LaunchRequest:
     :param group: the admission group whose own limit (if the supervisor has one for it) also applies
     :param limits: memory, CPU and process limits of this workload's own, over the executor's (they need
         containment: a contained launcher enforces them, or refuses the launch)
+    :param source: a Python file the workload will run (an Airflow task's DAG file); a launcher that
+        learns what workloads import reads its top-level imports
     :param before_start: awaited with the new process's pid before it gets ``stdin``, so before it runs
         anything of the workload (a contained launcher moves it into its cgroup here); if it raises,
         the process is killed and the launch fails with the error. A program started by the plain
@@ -43,6 +45,7 @@ class LaunchRequest:
     label: str = field(default="")
     timeout: float | None = None
     group: str = ""
+    source: str | None = None
     limits: Limits = field(default_factory=Limits)
     before_start: Callable[[int], Awaitable[None]] | None = field(default=None, compare=False, repr=False)
 

@@ -17,8 +17,6 @@ the fallback launcher from then on, with one warning; a request too large for th
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from types import TracebackType
@@ -30,7 +28,8 @@ from typing_extensions import Self
 from async_local_executor.core.clock import SYSTEM, Clock
 from async_local_executor.core.errors import LaunchError
 from async_local_executor.core.launchers.base import Child, Launcher, LaunchRequest, OutputSink
-from async_local_executor.core.launchers.forkserver_channel import Channel, MessageTooLarge
+from async_local_executor.core.launchers.forkserver_channel import MessageTooLarge
+from async_local_executor.core.launchers.forkserver_learning import Learning
 from async_local_executor.core.launchers.forkserver_process import (
     HELPER_KEY,
     HelperDied,
@@ -38,6 +37,7 @@ from async_local_executor.core.launchers.forkserver_process import (
     HelperUnfit,
 )
 from async_local_executor.core.launchers.forkserver_protocol import BUFFER
+from async_local_executor.core.launchers.forkserver_start import HelperSpec, LearnedModuleFailed, start_helper
 from async_local_executor.core.launchers.output import discard
 
 # HELPER_KEY stays importable from here: it names the launcher's own output to the sink.
@@ -70,6 +70,8 @@ class ForkServerLauncher:
     :param clock: what the watchdog's ticks, the restart delay and the idle time are measured on
     :param channel_buffer: the socket buffer size asked for each helper's channel; the kernel may grant
         less, and a request that does not fit what it granted goes to the fallback
+    :param learning: learn what workloads import and start helpers that preload it; ``None``: only
+        ``preload``
     """
 
     def __init__(
@@ -88,22 +90,28 @@ class ForkServerLauncher:
         restart_delay: float = 1.0,
         clock: Clock = SYSTEM,
         channel_buffer: int = BUFFER,
+        learning: Learning | None = None,
     ) -> None:
         if ":" not in target:
             raise ValueError(f"target must look like module:function, got {target!r}")
-        self._target = target
-        self._preload = tuple(preload)
-        self._output = output or discard
+        self._spec = HelperSpec(
+            python=python,
+            target=target,
+            preload=tuple(preload),
+            output=output or discard,
+            env=env,
+            channel_buffer=channel_buffer,
+            start_timeout=start_timeout,
+            ping_interval=ping_interval,
+            ping_timeout=ping_timeout,
+            clock=clock,
+            memory_budget=learning.memory_budget if learning is not None else 0,
+        )
         self._fallback = fallback
-        self._python = python
-        self._env = env
-        self._ping_interval = ping_interval
-        self._ping_timeout = ping_timeout
-        self._start_timeout = start_timeout
         self._idle_timeout = idle_timeout
         self._restart_delay = restart_delay
         self._clock = clock
-        self._channel_buffer = channel_buffer
+        self._learning = learning
         self._helper: HelperProcess | None = None
         self._disabled: str | None = None
         self._lock = anyio.Lock()
@@ -125,6 +133,8 @@ class ForkServerLauncher:
             self._tg.start_soon(self._keep_warm)
         else:
             self._tg.start_soon(self._stop_when_idle, self._idle_timeout)
+        if self._learning is not None:
+            self._tg.start_soon(self._learning.run, self._grow)
         return self
 
     async def __aexit__(
@@ -159,7 +169,16 @@ class ForkServerLauncher:
             return "fork server stopped while idle, until the next workload"
         return self.problem or "fork server starting"
 
+    @property
+    def preload(self) -> dict[str, object] | None:
+        """What the helpers preload beyond the target's own imports, for the status report."""
+        if self._learning is not None:
+            return self._learning.learned.as_dict()
+        return {"mode": "explicit", "modules": list(self._spec.preload)} if self._spec.preload else None
+
     async def launch(self, request: LaunchRequest) -> Child:
+        if self._learning is not None:
+            self._learning.saw(request.source)
         for _ in range(2):
             helper = await self._current()
             if helper is None:
@@ -188,6 +207,9 @@ class ForkServerLauncher:
             await helper.retired.wait()
             if self._closing or self._disabled is not None:
                 return
+            if self._helper is not None and self._helper.alive:
+                delay = None
+                continue  # replaced by a helper with more preloaded: nothing to restart
             # A helper that keeps dying soon after it starts (its preload crashing, the OOM killer) is
             # restarted less and less often; launches meanwhile start one on demand anyway.
             lived = self._clock.monotonic() - started
@@ -236,65 +258,42 @@ class ForkServerLauncher:
                 return self._helper
             if self._disabled is not None:
                 return None
-            try:
-                self._helper = await self._start_helper()
-            except LaunchError as exc:
-                self._disable(str(exc))
-                return None
-            return self._helper
+            learning = self._learning
+            while True:
+                assert self._tg is not None, "use the launcher as an async context manager"
+                try:
+                    self._helper = await start_helper(
+                        self._tg, self._spec, learning.learned.trusted() if learning else None
+                    )
+                except LearnedModuleFailed as exc:
+                    assert learning is not None
+                    learning.refuse(exc.module, exc.reason)  # and try again without it
+                    continue
+                except LaunchError as exc:
+                    self._disable(str(exc))
+                    return None
+                self.helpers_started += 1
+                log.info("fork server ready (pid %d)", self._helper.pid)
+                return self._helper
 
-    async def _start_helper(self) -> HelperProcess:
-        assert self._tg is not None, "use the launcher as an async context manager"
-        channel, theirs = Channel.pair(buffer=self._channel_buffer)
-        argv = [
-            self._python,
-            "-m",
-            "async_local_executor.core.launchers.forkserver_helper",
-            "--fd",
-            str(theirs.fileno()),
-            "--parent-pid",
-            str(os.getpid()),
-            "--target",
-            self._target,
-        ]
-        for module in self._preload:
-            argv += ["--preload", module]
+    async def _grow(self, modules: list[str]) -> bool:
+        """Start a helper trying ``modules``; ready, it replaces the current one (which served meanwhile)."""
+        learning, tg = self._learning, self._tg
+        if learning is None or tg is None or self._closing or self._disabled or self._helper is None:
+            return False  # stopped while idle: the next helper starts on demand, with what was taken
         try:
-            process = await anyio.open_process(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                pass_fds=[theirs.fileno()],
-                env=self._env,
-            )
-        except OSError as exc:
-            channel.close()
-            raise LaunchError(f"cannot start the fork server: {exc.strerror}") from exc
-        except BaseException:  # cancelled (the loop is going away): nothing owns the channel yet
-            channel.close()
-            raise
-        finally:
-            theirs.close()
-        helper = HelperProcess(
-            process,
-            channel,
-            self._output,
-            start_timeout=self._start_timeout,
-            ping_interval=self._ping_interval,
-            ping_timeout=self._ping_timeout,
-            clock=self._clock,
-        )
-        try:
-            await self._tg.start(helper.run)
-        except BaseException:
-            # Cancelled before run() took charge of the helper: it is ours to stop.
-            helper.kill()
-            channel.close()
-            raise
-        if helper.start_error is not None:
-            await helper.gone.wait()
-            raise LaunchError(f"the fork server could not start: {helper.start_error}")
-        self.helpers_started += 1
-        log.info("fork server ready (pid %d)", helper.pid)
-        return helper
+            helper = await start_helper(tg, self._spec, modules)
+        except LearnedModuleFailed as exc:
+            learning.refuse(exc.module, exc.reason)
+            return False
+        except LaunchError as exc:
+            log.warning("fork server: no helper with the learned modules (%s); the current one goes on", exc)
+            return False
+        async with self._lock:
+            old, self._helper = self._helper, helper
+            self.helpers_started += 1
+        if (change := learning.learned.took(helper.preload_report or {}, modules)) is not None:
+            log.info("fork server (pid %d) took over: %s", helper.pid, change)
+        if old is not None:
+            old.close()  # it takes no new launch; its workloads are the scheduler's children, untouched
+        return True

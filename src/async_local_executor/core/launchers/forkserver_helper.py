@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from async_local_executor.core.launchers.forkserver_clone import fork_sibling, sibling_fork_supported
+from async_local_executor.core.launchers.forkserver_preload import Unfit, preload_learned
 from async_local_executor.core.launchers.forkserver_protocol import (
     GO,
     MAX_MESSAGE,
@@ -71,8 +72,14 @@ def resolve(target: str) -> Target:
 
 class Helper:
     def __init__(
-        self, sock: socket.socket, target: Target, parent_pid: int, census: ThreadCensus | None = None
+        self,
+        sock: socket.socket,
+        target: Target,
+        parent_pid: int,
+        census: ThreadCensus | None = None,
+        learned: dict[str, Any] | None = None,
     ) -> None:
+        self._learned = learned
         self._sock = sock
         self._target = target
         self._parent_pid = parent_pid
@@ -84,7 +91,10 @@ class Helper:
         self._sock.setblocking(False)
         selector = selectors.DefaultSelector()
         selector.register(self._sock, selectors.EVENT_READ)
-        self._send({"op": "ready", "pid": os.getpid()})
+        ready: dict[str, Any] = {"op": "ready", "pid": os.getpid()}
+        if self._learned is not None:
+            ready["preload"] = self._learned
+        self._send(ready)
         while True:
             # Never blocked on a send: what the loop has not read yet waits here, and requests keep
             # being served meanwhile.
@@ -212,6 +222,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--parent-pid", type=int, required=True)
     parser.add_argument("--target", required=True, help="module:function run in each child")
     parser.add_argument("--preload", action="append", default=[], help="module to import before forking")
+    parser.add_argument(
+        "--learned", action="store_true", help="the first message on the channel lists learned modules to try"
+    )
     args = parser.parse_args(argv)
     # Its own process group, so a terminal's Ctrl-C reaches the scheduler alone (which shuts us down
     # in order), but the scheduler's session: Linux shares CPU fairly between sessions (autogroups),
@@ -252,11 +265,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         # every workload without one, instead of starting helper after helper that would refuse too.
         sock.send(encode({"op": "unfit", "error": why}))
         return 1
+    learned = None
+    if args.learned:
+        try:
+            learned = _preload_learned(sock, census)
+        except Unfit as exc:
+            sock.send(
+                encode({"op": "unfit", "error": exc.reason, "blame": exc.module, "preload": exc.report})
+            )
+            return 1
     # Moved to a permanent generation, the imported objects are never touched by a child's GC, so
     # their pages stay shared.
     gc.collect()
     gc.freeze()
-    return Helper(sock, target, args.parent_pid, census).serve()
+    return Helper(sock, target, args.parent_pid, census, learned).serve()
+
+
+def _preload_learned(sock: socket.socket, census: ThreadCensus) -> dict[str, Any]:
+    """Import the learned modules the loop sends (after the target's and the explicit ones)."""
+    plan = decode(sock.recv(MAX_MESSAGE))
+    modules = [str(m) for m in plan.get("modules") or ()]
+
+    def progress(module: str) -> None:
+        sys.stdout.flush()
+        sock.send(encode({"op": "importing", "module": module}))
+
+    return preload_learned(
+        modules, budget=int(plan.get("budget") or 0), census=census, settle=THREAD_SETTLE, progress=progress
+    )
 
 
 if __name__ == "__main__":

@@ -33,8 +33,7 @@ from async_local_executor.core.launchers.output import LineSplitter, drain_strea
 log = logging.getLogger("async_local_executor.core.launchers.forkserver")
 
 HELPER_KEY = "fork-server"  # the key the helper's own output is logged under
-# A child whose control socket closed without a pid, while the helper said nothing: how long the
-# helper's explanation is awaited before the launch is reported failed anyway.
+# How long a helper's explanation is awaited for a child whose control socket closed without a pid.
 EXPLANATION_WAIT = 10.0
 
 
@@ -76,8 +75,12 @@ class HelperProcess:
         ping_interval: float,
         ping_timeout: float,
         clock: Clock = SYSTEM,
+        learned: dict[str, Any] | None = None,
     ) -> None:
-        self.process = process
+        self.process, self._learned = process, learned  # learned: the plan to send it first, if any
+        self.importing: str | None = None  # the learned module it said it is importing (during startup)
+        self.blame: str | None = None  # the learned module it refused to fork after
+        self.preload_report: dict[str, Any] | None = None
         self._channel = channel
         self._output = output
         self._start_timeout = start_timeout
@@ -140,10 +143,16 @@ class HelperProcess:
 
     async def _handshake(self) -> str | None:
         with anyio.move_on_after(self._start_timeout):
-            message = await self._channel.receive()
+            if self._learned is not None:
+                with contextlib.suppress(ChannelClosed):
+                    await self._channel.send(self._channel.frame(self._learned), [], unless=self.retired)
+            while (message := await self._channel.receive()) is not None and message.get("op") == "importing":
+                self.importing = str(message.get("module"))
             if message is None:
                 return "it exited during startup (its output is in the log above)"
+            self.preload_report = message.get("preload")
             if message.get("op") == "unfit":
+                self.blame = None if message.get("blame") is None else str(message["blame"])
                 return str(message.get("error"))
             if message.get("op") != "ready":
                 return f"unexpected first message {message!r}"

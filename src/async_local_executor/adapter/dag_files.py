@@ -1,0 +1,74 @@
+"""The DAG file a task will parse, for the fork server to learn its imports from.
+
+Airflow 3 names it by bundle and path within the bundle (the task runner parses
+``bundle.path / dag_rel_path``); Airflow 2's ``tasks run`` command names it with ``--subdir``, where
+``DAGS_FOLDER`` stands for ``[core] dags_folder``. Only a hint: a file that cannot be found this way
+(a bundle version not checked out on the scheduler's side) is learned from what the task's own process
+imports instead, and nothing here may fail a workload.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+
+def _hint(find: Callable[[T], str | None]) -> Callable[[T], str | None]:
+    @functools.wraps(find)
+    def safe(what: T) -> str | None:
+        try:
+            return find(what)
+        except Exception as exc:  # noqa: BLE001 - a hint that cannot be had costs speed, never a task
+            log.debug("no DAG file for %r: %s", what, exc)
+            return None
+
+    return safe
+
+
+@_hint
+def airflow3(workload: Any) -> str | None:
+    """The DAG file an Airflow 3 task workload's process parses, or ``None``."""
+    rel = getattr(workload, "dag_rel_path", None)
+    bundle = getattr(workload, "bundle_info", None)
+    name = getattr(bundle, "name", None)
+    if not isinstance(rel, str) or not isinstance(name, str):
+        return None
+    version = getattr(bundle, "version", None)
+    root = _bundle_path(name, version if isinstance(version, str) else None)
+    return os.path.join(root, rel) if root else None
+
+
+@functools.lru_cache(maxsize=256)
+def _bundle_path(name: str, version: str | None) -> str | None:
+    try:
+        from airflow.dag_processing.bundles.manager import DagBundlesManager
+
+        manager = DagBundlesManager()  # type: ignore[no-untyped-call]
+        return os.fspath(manager.get_bundle(name=name, version=version).path)
+    except Exception as exc:  # noqa: BLE001 - only a hint for preloading
+        log.debug("no path for DAG bundle %r (version %r): %s", name, version, exc)
+        return None
+
+
+@_hint
+def airflow2(command: list[str]) -> str | None:
+    """The DAG file an Airflow 2 ``airflow tasks run ... --subdir FILE`` command parses, or ``None``."""
+    subdir = next((command[i + 1] for i, part in enumerate(command[:-1]) if part in ("--subdir", "-S")), None)
+    if not subdir or not subdir.endswith(".py"):
+        return None
+    if subdir.startswith("DAGS_FOLDER"):
+        try:
+            from airflow.configuration import conf
+
+            folder = conf.get("core", "dags_folder", fallback="") or ""
+        except Exception:  # noqa: BLE001
+            return None
+        subdir = folder + subdir[len("DAGS_FOLDER") :]
+    return os.path.expanduser(subdir)

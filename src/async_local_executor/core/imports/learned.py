@@ -1,0 +1,220 @@
+"""The launcher's memory of what workloads import: what to try next, what is preloaded, what was refused.
+
+Names come from two places: the top-level imports of the files workloads run (read without running
+them, :mod:`~async_local_executor.core.imports.source`) and what workload processes loaded while they
+ran (:mod:`~async_local_executor.core.imports.observe`). Which of them a helper may import is decided
+by the helper itself, the only process that can import them without harm
+(:mod:`~async_local_executor.core.launchers.forkserver_preload`); this keeps its verdicts.
+
+A preloaded module is remembered with the size and time of its file: when an upgrade (``pip install
+-U``) replaces the file, a new helper is wanted, which imports the new code. The preloaded names are
+kept in a file, so a restarted scheduler tries them again at once instead of waiting for tasks to
+teach it again. Scanning reads files: :meth:`Learned.scan` runs in a worker thread and returns what
+:meth:`Learned.apply` then records on the loop thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from async_local_executor.core.imports import observe, source
+
+# More names than this are not tried (a task importing thousands of new modules is no pattern to learn).
+MAX_CANDIDATES = 2000
+MAX_REASON = 300
+# Never preloaded: what the fork server has already imported, and what is no module of a library.
+ALWAYS_EXCLUDED = ("__main__", "async_local_executor")
+
+
+@dataclass(frozen=True)
+class Preloaded:
+    """One module a helper imported: where it came from, what it cost, and the file that says if it changed."""
+
+    module: str
+    distribution: str | None
+    version: str | None
+    kib: int
+    file: str | None
+    stamp: tuple[int, int] | None  # (size, mtime_ns) of ``file`` when the helper imported it
+
+
+@dataclass(frozen=True)
+class Scan:
+    """What a scan found, to apply on the loop thread."""
+
+    names: list[str] = field(default_factory=list)
+    parsed: dict[str, int] = field(default_factory=dict)  # file -> mtime_ns read
+    changed: list[str] = field(default_factory=list)  # preloaded modules whose file changed
+
+
+def stamp(path: str | None) -> tuple[int, int] | None:
+    if not path:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_size, st.st_mtime_ns)
+
+
+def excluded(name: str, patterns: Iterable[str]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in patterns)
+
+
+class Learned:
+    """What to preload, learned as workloads run.
+
+    :param directory: where workload processes record what they load (and the preloaded set is kept)
+    :param exclude: modules (and their submodules) never to preload
+    """
+
+    def __init__(self, directory: str, *, exclude: Sequence[str] = ()) -> None:
+        self.directory = directory
+        self._exclude = (*ALWAYS_EXCLUDED, *exclude)
+        self._files: dict[str, int | None] = {}  # file -> mtime_ns last parsed (None: not yet)
+        self.pending: dict[str, None] = {}  # names not tried yet, in the order learned
+        self.preloaded: dict[str, Preloaded] = {}
+        self.refused: dict[str, str] = {}
+        self._covered: set[str] = set()  # names that cost nothing: already imported, or not modules
+        self._changed: list[str] = []
+        self.generation = 0  # helpers that took a learned set
+        for name in self._load():
+            self._learn(name)
+
+    @property
+    def _store(self) -> str:
+        return os.path.join(self.directory, "preloaded.json")
+
+    def saw_file(self, path: str | None) -> bool:
+        """A workload will run ``path``; True when it is new (a scan is worth doing soon)."""
+        if not path or path in self._files:
+            return False
+        self._files[path] = None
+        return True
+
+    def scan(self) -> Scan:
+        """Read what is new: files not parsed (or changed since), workloads' records, preloaded files."""
+        found = Scan()
+        for path, seen in list(self._files.items()):
+            current = stamp(path)
+            if current is None or current[1] == seen:
+                continue
+            found.parsed[path] = current[1]
+            found.names.extend(source.top_level_imports(path))
+        found.names.extend(observe.read(self.directory))
+        found.changed.extend(m for m, p in self.preloaded.items() if p.file and stamp(p.file) != p.stamp)
+        return found
+
+    def apply(self, found: Scan) -> bool:
+        """Record a scan; True when a new helper is wanted (new names to try, or a preloaded file changed)."""
+        self._files.update(found.parsed)
+        for name in found.names:
+            self._learn(name)
+        for module in found.changed:
+            if module not in self._changed:
+                self._changed.append(module)
+        return self.wanted
+
+    @property
+    def wanted(self) -> bool:
+        return bool(self.pending or self._changed)
+
+    def plan(self) -> list[str]:
+        """The modules the next helper should try, in order: those preloaded now, then the new ones."""
+        return [*self.preloaded, *self.pending]
+
+    def trusted(self) -> list[str]:
+        """What a helper started on demand (after a crash, say) imports: what a helper already took."""
+        return list(self.preloaded)
+
+    def took(self, report: dict[str, Any], tried: Sequence[str]) -> str | None:
+        """Record the verdicts of a helper that took ``tried``; what changed, in words, or ``None``."""
+        before, refused_before = set(self.preloaded), set(self.refused)
+        preloaded: dict[str, Preloaded] = {}
+        for row in report.get("loaded") or ():
+            module, distribution, version, kib, path = (list(row) + [None] * 5)[:5]
+            preloaded[str(module)] = Preloaded(
+                str(module), distribution, version, int(kib or 0), path, stamp(path)
+            )
+        for module, reason in report.get("refused") or ():
+            self.refused[str(module)] = str(reason)[:MAX_REASON]
+        self._covered.update(str(m) for m in report.get("covered") or ())
+        self.preloaded = preloaded
+        for name in tried:
+            self.pending.pop(name, None)
+        self._changed = [m for m in self._changed if m not in tried]
+        self.generation += 1
+        self._save()
+        added = [m for m in preloaded if m not in before]
+        dropped = sorted(before - set(preloaded))
+        newly_refused = [m for m in self.refused if m not in refused_before]
+        if not (added or dropped or newly_refused):
+            return None
+        parts = [f"{len(preloaded)} learned modules preloaded"]
+        if added:
+            parts.append(f"added {_few(added)}")
+        if dropped:
+            parts.append(f"dropped {_few(dropped)}")
+        if newly_refused:
+            parts.append("refused " + _few([f"{m} ({self.refused[m]})" for m in newly_refused]))
+        return "; ".join(parts)
+
+    def refuse(self, module: str, reason: str) -> None:
+        """A helper could not take ``module`` (it started a thread, crashed or hung while importing it)."""
+        self.refused[module] = reason[:MAX_REASON]
+        self.pending.pop(module, None)
+        self.preloaded.pop(module, None)
+        self._save()
+
+    def as_dict(self) -> dict[str, Any]:
+        """For the status file and the status command."""
+        return {
+            "mode": "auto",
+            "preloaded": [
+                {"module": p.module, "distribution": p.distribution, "version": p.version, "kib": p.kib}
+                for p in self.preloaded.values()
+            ],
+            "refused": [{"module": m, "reason": r} for m, r in self.refused.items()],
+            "pending": list(self.pending)[:50],
+            "generation": self.generation,
+        }
+
+    def _learn(self, name: str) -> None:
+        if (
+            not name
+            or name in self.pending
+            or name in self.preloaded
+            or name in self.refused
+            or name in self._covered
+            or excluded(name, self._exclude)
+            or len(self.pending) >= MAX_CANDIDATES
+            or not all(part.isidentifier() for part in name.split("."))
+        ):
+            return
+        self.pending[name] = None
+
+    def _load(self) -> list[str]:
+        with contextlib.suppress(OSError, ValueError):
+            with open(self._store, encoding="utf-8") as f:
+                data = json.load(f)
+            if isinstance(data, list):
+                return [str(n) for n in data]
+        return []
+
+    def _save(self) -> None:
+        tmp = f"{self._store}.tmp"
+        with contextlib.suppress(OSError):
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(list(self.preloaded), f)
+            os.replace(tmp, self._store)
+
+
+def _few(names: Sequence[str], most: int = 8) -> str:
+    shown = ", ".join(names[:most])
+    return shown if len(names) <= most else f"{shown} and {len(names) - most} more"

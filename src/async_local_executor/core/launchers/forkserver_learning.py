@@ -1,0 +1,75 @@
+"""The fork server's learning loop: when what workloads import has grown, a new helper preloads it.
+
+Scans (in a worker thread: they read files) run every few seconds, and at once when a workload names a
+file not seen before. A new helper is started when there are names no helper has tried yet or a
+preloaded module's file changed (an upgrade), at most once per ``interval``; the first one as soon as
+there is something to try, so a burst of tasks from a new DAG benefits within seconds. Starting it is
+the launcher's (:meth:`ForkServerLauncher._grow`): the old helper keeps serving until the new one is
+ready, then takes no new launch and exits, costing no running workload.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+import anyio
+import anyio.to_thread
+
+from async_local_executor.core.clock import SYSTEM, Clock
+from async_local_executor.core.imports.learned import Learned
+
+log = logging.getLogger("async_local_executor.core.launchers.forkserver")
+
+SCAN_EVERY = 5.0
+# After a helper refused a learned module, the next try (without it) may come this much sooner.
+RETRY_AFTER_REFUSAL = 5.0
+
+Grow = Callable[[list[str]], Awaitable[bool]]
+
+
+class Learning:
+    """Decides when a helper with a grown set is worth starting.
+
+    :param learned: what was learned so far (and where workloads record their imports)
+    :param interval: at least this many seconds between two helpers started for learned modules
+    :param memory_budget: bytes the learned modules may add to a helper (0: no limit)
+    """
+
+    def __init__(
+        self, learned: Learned, *, interval: float, memory_budget: int = 0, clock: Clock = SYSTEM
+    ) -> None:
+        self.learned = learned
+        self.interval = interval
+        self.memory_budget = memory_budget
+        self._clock = clock
+        self._wake = anyio.Event()
+
+    def saw(self, path: str | None) -> None:
+        """A workload will run ``path`` (its DAG file): read its imports soon if it is new."""
+        if self.learned.saw_file(path):
+            self._wake.set()
+
+    def refuse(self, module: str, reason: str) -> None:
+        log.warning("fork server: not preloading %s any more: %s", module, reason)
+        self.learned.refuse(module, reason)
+
+    async def run(self, grow: Grow) -> None:
+        """Scan, and start a helper with the grown set when one is due, until cancelled."""
+        last: float | None = None
+        pause = self.interval
+        while True:
+            with anyio.move_on_after(SCAN_EVERY):
+                await self._wake.wait()
+            self._wake = anyio.Event()
+            found = await anyio.to_thread.run_sync(self.learned.scan)
+            if not self.learned.apply(found):
+                continue
+            if last is not None and (wait := last + pause - self._clock.monotonic()) > 0:
+                await self._clock.sleep(wait)
+                self.learned.apply(await anyio.to_thread.run_sync(self.learned.scan))
+            last = self._clock.monotonic()
+            refused = len(self.learned.refused)
+            took = await grow(self.learned.plan())
+            # A refusal shrinks the set: the helper without that module need not wait a whole interval.
+            pause = RETRY_AFTER_REFUSAL if not took and len(self.learned.refused) > refused else self.interval

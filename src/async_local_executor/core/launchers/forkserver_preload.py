@@ -1,0 +1,178 @@
+"""In the fork-server helper: import learned modules one at a time, refusing what would harm a workload.
+
+The names come from what workloads imported (:mod:`async_local_executor.core.imports`). Each one is
+checked before it is imported, and watched while it is:
+
+- it must belong to an installed distribution, and be found where that distribution is installed: a
+  module of the DAGs folder or of a bundle, imported here, would keep every task on the code of the
+  day the helper started, where a changed file must take effect on the next task;
+- the helper's memory must not have grown past its budget for learned modules;
+- it must import without raising (a module that does not is skipped: the task imports it itself and
+  meets the error, or not, exactly as it would have);
+- it must leave no thread running (the helper must stay single-threaded to fork). A thread cannot be
+  undone: the helper stops there, says which module started it, and exits; the launcher refuses that
+  module and starts a helper without it, while the previous one goes on serving.
+
+Only the standard library is imported: the helper imports this module and must start fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import types
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from async_local_executor.core.launchers.forkserver_threads import ThreadCensus, thread_ids
+
+KIB = 1024
+
+
+class Unfit(Exception):
+    """Importing ``module`` left a thread running: this helper must not fork."""
+
+    def __init__(self, module: str, reason: str, report: dict[str, Any]) -> None:
+        super().__init__(reason)
+        self.module = module
+        self.reason = reason
+        self.report = report
+
+
+def resident() -> int:
+    """This process's resident memory in bytes (``/proc/self/statm``), 0 when unknown."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def installed_roots() -> dict[str, list[str]]:
+    """Top-level module name -> the installed distributions that provide it."""
+    from importlib import metadata
+
+    try:
+        return dict(metadata.packages_distributions())
+    except Exception:  # noqa: BLE001 - broken metadata of one distribution must not stop the helper
+        return {}
+
+
+def _location(root: str) -> str | None:
+    """Where ``root`` would be imported from, without importing it."""
+    from importlib.machinery import PathFinder
+
+    try:
+        spec = PathFinder.find_spec(root)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if spec.origin and spec.origin not in ("built-in", "frozen", "namespace"):
+        return os.path.realpath(spec.origin)
+    locations = list(spec.submodule_search_locations or ())
+    return os.path.realpath(locations[0]) if locations else None
+
+
+def _site_of(distribution: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return os.path.realpath(str(metadata.distribution(distribution).locate_file("")))
+    except Exception:  # noqa: BLE001 - a distribution without usable metadata is not trusted
+        return None
+
+
+def _version(distribution: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _distribution(root: str, roots: dict[str, list[str]], cache: dict[str, Any]) -> tuple[str | None, str]:
+    """The distribution ``root`` comes from, or ``None`` and why it is not trusted."""
+    if root in cache:
+        return cache[root]  # type: ignore[no-any-return]
+    dists = roots.get(root)
+    verdict: tuple[str | None, str]
+    if not dists:
+        verdict = (
+            None,
+            "not a module of an installed distribution (the DAGs folder, a bundle, the standard library?)",
+        )
+    elif (where := _location(root)) is None:
+        verdict = (None, "not found on the helper's path")
+    else:
+        site = next((d for d in dists if (s := _site_of(d)) and where.startswith(s + os.sep)), None)
+        verdict = (site, "") if site else (None, f"found at {where}, outside the distribution {dists[0]}")
+    cache[root] = verdict
+    return verdict
+
+
+def preload_learned(
+    modules: Sequence[str],
+    *,
+    budget: int,
+    census: ThreadCensus,
+    settle: float,
+    progress: Callable[[str], None] = lambda _: None,
+) -> dict[str, Any]:
+    """Import what is safe of ``modules``; the report the helper sends in its ready message.
+
+    :param budget: bytes the helper's resident memory may grow by for these modules (0: no limit)
+    :param progress: told each module just before it is imported (so a crash or hang can be blamed)
+    :raises Unfit: a module left a thread running (the report so far is on the exception)
+    """
+    baseline = set(sys.modules)
+    roots = installed_roots()
+    cache: dict[str, Any] = {}
+    start = resident()
+    loaded: list[list[Any]] = []
+    refused: list[list[str]] = []
+    covered: list[str] = []
+    report = {"loaded": loaded, "refused": refused, "covered": covered}
+    main_thread = {os.getpid()}
+    for name in modules:
+        parent, _, last = name.rpartition(".")
+        owner = sys.modules.get(parent) if parent else None
+        if name in baseline or (
+            owner is not None and not isinstance(getattr(owner, last, None), (types.ModuleType, type(None)))
+        ):
+            covered.append(name)  # already here, or a name a module defines rather than a module
+            continue
+        distribution, why = _distribution(name.partition(".")[0], roots, cache)
+        if distribution is None:
+            refused.append([name, why])
+            continue
+        if name not in sys.modules:
+            if budget and resident() - start >= budget:
+                refused.append(
+                    [
+                        name,
+                        f"the helper's memory budget for learned modules ({budget // KIB // KIB} MiB) is used up",
+                    ]
+                )
+                continue
+            progress(name)
+            before = resident()
+            try:
+                with census.watching(name):
+                    importlib.import_module(name)
+            except (Exception, SystemExit) as exc:  # noqa: BLE001 - the task meets it, or not, on its own
+                refused.append([name, f"import failed: {type(exc).__name__}: {exc}"[:300]])
+                continue
+            if thread_ids() - main_thread:
+                census.settle(settle)
+                if (reason := census.unfit()) is not None:
+                    raise Unfit(name, f"importing it starts a thread: {reason}", report)
+            kib = max(0, resident() - before) // KIB
+        else:
+            kib = 0  # brought in by a module before it
+        module = sys.modules.get(name)
+        path = getattr(module, "__file__", None)
+        loaded.append([name, distribution, _version(distribution), kib, path])
+    return report

@@ -1,0 +1,241 @@
+"""The fork server learns what workloads import and preloads what is safe of it (plain child processes).
+
+A throwaway "site" directory holds modules of a fake installed distribution (one good, one that starts
+a thread at import, one that raises) and a "dags" directory holds a module of no distribution, both on
+the helpers' PYTHONPATH only. Workloads name a "DAG file" importing them all at its top.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+import pytest
+
+from async_local_executor.core.imports import observe
+from async_local_executor.core.imports.learned import Learned
+from async_local_executor.core.imports.source import top_level_imports
+from async_local_executor.core.launchers import forkserver_learning
+from async_local_executor.core.launchers.base import LaunchRequest
+from async_local_executor.core.launchers.forkserver import ForkServerLauncher
+from async_local_executor.core.launchers.forkserver_learning import Learning
+from tests.core.helpers import GUARD, Recorder, py
+from tests.core.test_supervisor import TARGET, serving
+
+DIST = "fakepre-good"
+
+
+def _distribution(site: Path, version: str) -> None:
+    package = site / "fakepre_good"
+    package.mkdir(exist_ok=True)
+    init = package / "__init__.py"
+    init.write_text(f"VERSION = {version!r}\n")
+    st = init.stat()
+    os.utime(init, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # an upgrade is a new file
+    for old in site.glob("fakepre_good-*.dist-info"):
+        for f in old.iterdir():
+            f.unlink()
+        old.rmdir()
+    info = site / f"fakepre_good-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {DIST}\nVersion: {version}\n")
+    (info / "top_level.txt").write_text("fakepre_good\nfakepre_thread\nfakepre_broken\n")
+    (info / "RECORD").write_text("")
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> dict[str, Path]:
+    site, dags, learn = tmp_path / "site", tmp_path / "dags", tmp_path / "learn"
+    for d in (site, dags, learn):
+        d.mkdir()
+    _distribution(site, "1.0")
+    (site / "fakepre_thread.py").write_text(
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(3600,), daemon=True, name='phone-home').start()\n"
+    )
+    (site / "fakepre_broken.py").write_text("raise RuntimeError('this library is broken')\n")
+    (dags / "dagmod.py").write_text("VALUE = 1\n")
+    dag = dags / "my_dag.py"
+    dag.write_text(
+        textwrap.dedent(
+            """
+            import fakepre_good
+            import dagmod
+            try:
+                import fakepre_broken
+            except RuntimeError:
+                pass
+
+            def task():
+                import fakepre_thread
+            """
+        )
+    )
+    return {"site": site, "dags": dags, "learn": learn, "dag": dag}
+
+
+def learning_server(
+    recorder: Recorder, world: dict[str, Path], **learned: object
+) -> tuple[ForkServerLauncher, Learning]:
+    learning = Learning(Learned(str(world["learn"]), **learned), interval=0.5)  # type: ignore[arg-type]
+    path = os.pathsep.join([str(world["site"]), str(world["dags"]), *sys.path])
+    launcher = ForkServerLauncher(
+        target=TARGET, output=recorder.output, env={**os.environ, "PYTHONPATH": path}, learning=learning
+    )
+    return launcher, learning
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    with anyio.fail_after(GUARD):
+        while not condition():
+            await anyio.sleep(0.05)
+
+
+def preloaded(learning: Learning) -> set[str]:
+    return {p["module"] for p in learning.learned.as_dict()["preloaded"]}
+
+
+def refused(learning: Learning) -> dict[str, str]:
+    return {r["module"]: r["reason"] for r in learning.learned.as_dict()["refused"]}
+
+
+# What a workload reports: which of the learned modules it found already imported when it started.
+PROBE = (
+    "import sys; mods = ('fakepre_good', 'fakepre_thread', 'fakepre_broken', 'dagmod'); "
+    "print('had', *[m for m in mods if m in sys.modules]); "
+    "import fakepre_good; print('version', fakepre_good.VERSION)"
+)
+
+
+def had(recorder: Recorder, key: object) -> list[str]:
+    return next(line.split()[1:] for k, line in recorder.lines if k == key and line.startswith("had"))
+
+
+@pytest.mark.asyncio
+async def test_what_a_dag_file_imports_is_preloaded_and_unsafe_modules_are_refused_by_name(
+    world: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(forkserver_learning, "RETRY_AFTER_REFUSAL", 0.1)
+    recorder = Recorder()
+    launcher, learning = learning_server(recorder, world)
+    async with serving(recorder, launcher) as supervisor:
+        # The DAG file is read and what it names preloaded; the thread-starter comes from the
+        # workload's own process (imported inside the function, as the hook reports).
+        observe_then_import = (
+            f"from async_local_executor.core.imports import observe; observe.install({str(world['learn'])!r}); "
+            + PROBE
+            + "; import fakepre_thread"
+        )
+        supervisor.submit(LaunchRequest("first", py(observe_then_import), source=str(world["dag"])))
+        await recorder.until(lambda: len(recorder.outcomes) == 1)
+        await until(lambda: {"fakepre_thread", "fakepre_broken", "dagmod"} <= set(refused(learning)))
+        await until(lambda: "fakepre_good" in preloaded(learning))
+        supervisor.submit(LaunchRequest("second", py(PROBE), source=str(world["dag"])))
+        await recorder.until(lambda: len(recorder.outcomes) == 2)
+    assert all(o.ok for o in recorder.outcomes), recorder.outcomes
+    assert had(recorder, "first") == []
+    assert had(recorder, "second") == ["fakepre_good"]
+    reasons = refused(learning)
+    assert "starts a thread" in reasons["fakepre_thread"] and "phone-home" in reasons["fakepre_thread"]
+    assert reasons["fakepre_broken"].startswith("import failed: RuntimeError: this library is broken")
+    assert "not a module of an installed distribution" in reasons["dagmod"]
+    row = next(p for p in learning.learned.as_dict()["preloaded"] if p["module"] == "fakepre_good")
+    assert (row["distribution"], row["version"]) == (DIST, "1.0")
+    # Kept for a restart: the next scheduler tries the preloaded set at once.
+    assert Learned(str(world["learn"])).pending == {"fakepre_good": None}
+
+
+@pytest.mark.asyncio
+async def test_an_upgraded_distribution_is_imported_anew_by_the_next_helper(world: dict[str, Path]) -> None:
+    recorder = Recorder()
+    launcher, learning = learning_server(recorder, world)
+    async with serving(recorder, launcher) as supervisor:
+        supervisor.submit(LaunchRequest("v1", py(PROBE), source=str(world["dag"])))
+        await until(lambda: "fakepre_good" in preloaded(learning))
+        generation = learning.learned.generation
+        supervisor.submit(LaunchRequest("preloaded", py(PROBE)))
+        await recorder.until(lambda: len(recorder.outcomes) == 2)
+        _distribution(world["site"], "2.0")  # what `pip install -U` does to its files
+        await until(lambda: learning.learned.generation > generation)
+        supervisor.submit(LaunchRequest("v2", py(PROBE)))
+        await recorder.until(lambda: len(recorder.outcomes) == 3)
+    assert all(o.ok for o in recorder.outcomes), recorder.outcomes
+    assert had(recorder, "preloaded") == ["fakepre_good"] and had(recorder, "v2") == ["fakepre_good"]
+    versions = {k: line.split()[1] for k, line in recorder.lines if line.startswith("version")}
+    assert versions["preloaded"] == "1.0" and versions["v2"] == "2.0"
+    row = next(p for p in learning.learned.as_dict()["preloaded"] if p["module"] == "fakepre_good")
+    assert row["version"] == "2.0"
+
+
+@pytest.mark.asyncio
+async def test_excluded_modules_are_never_tried(world: dict[str, Path]) -> None:
+    recorder = Recorder()
+    launcher, learning = learning_server(recorder, world, exclude=("fakepre_good",))
+    async with serving(recorder, launcher) as supervisor:
+        supervisor.submit(LaunchRequest("k", py(PROBE), source=str(world["dag"])))
+        await until(lambda: "dagmod" in refused(learning))
+    assert "fakepre_good" not in preloaded(learning) | set(refused(learning))
+
+
+def test_top_level_imports_are_read_without_running_the_file(tmp_path: Path) -> None:
+    dag = tmp_path / "dag.py"
+    dag.write_text(
+        textwrap.dedent(
+            """
+            import os, pandas as pd
+            from airflow.sdk import dag, task
+            from . import sibling
+            from typing import TYPE_CHECKING
+            if TYPE_CHECKING:
+                import only_for_types
+            try:
+                import fast_json
+            except ImportError:
+                import json
+            with open(__file__):
+                import inside_with
+            def f():
+                import inside_function
+            class C:
+                import inside_class
+            raise SystemExit("never run")
+            """
+        )
+    )
+    assert top_level_imports(str(dag)) == [
+        "os",
+        "pandas",
+        "airflow.sdk",
+        "airflow.sdk.dag",
+        "airflow.sdk.task",
+        "typing",
+        "typing.TYPE_CHECKING",
+        "fast_json",
+        "json",
+        "inside_with",
+    ]
+    (tmp_path / "bad.py").write_text("import (")
+    assert top_level_imports(str(tmp_path / "bad.py")) == []
+    assert top_level_imports(str(tmp_path / "missing.py")) == []
+
+
+def test_a_process_records_what_it_and_its_forks_load_that_its_parent_had_not(tmp_path: Path) -> None:
+    code = (
+        f"import os, sys, json; from async_local_executor.core.imports import observe; observe.install({str(tmp_path)!r})\n"
+        "import json, email.mime.text, xml.dom\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    import csv; os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+    )
+    import subprocess
+
+    subprocess.run([sys.executable, "-c", code], check=True)
+    names = observe.read(str(tmp_path))
+    assert {"email", "xml", "csv"} <= set(names)
+    assert "json" not in names  # loaded before the hook
+    assert not any(n.startswith("email.") for n in names)  # brought in by a package new to the process
+    assert list(tmp_path.iterdir()) == []  # what was read is gone
