@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from async_local_executor.adapter import config, validation
+from async_local_executor.adapter import config, startup, validation
 from async_local_executor.adapter.config import (
     OPTIONS,
     SECTION,
@@ -100,11 +100,48 @@ def test_values_are_read() -> None:
         ("task_cpu_limit", "0", "task_cpu_limit: cpu limit must be a number of CPUs above 0"),
         ("task_pids_limit", "-3", "task_pids_limit: "),
         ("kill_leftover_processes", "maybe", "kill_leftover_processes must be True or False"),
+        ("preload", "always", "preload must be one of auto, explicit, off, got 'always'"),
+        ("preload_memory_budget", "plenty", "preload_memory_budget must be a size such as 512MiB"),
+        ("preload_interval", "-1", "preload_interval must be a finite number >= 0"),
     ],
 )
 def test_invalid_values_name_the_option(key: str, value: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ExecutorConfig.from_conf(DictConf({key: value}))
+
+
+def test_the_preload_options() -> None:
+    default = startup.plan(
+        ExecutorConfig(), parallelism=4, queued_timeout=600, fork_target="m:f", learn_dir="/s/i"
+    )
+    assert (default.learn_dir, default.preload) == ("/s/i", ())
+    assert (default.preload_memory_budget, default.preload_interval) == (1024**3, 60.0)
+    values = {
+        "preload_modules": "pandas",
+        "preload_exclude": " boto3, acme.heavy ",
+        "preload_memory_budget": "512M",
+    }
+    config = ExecutorConfig.from_conf(DictConf(values))
+    assert config.preload_exclude == ("boto3", "acme.heavy")
+    auto = startup.plan(config, parallelism=4, queued_timeout=600, fork_target="m:f", learn_dir="/s/i")
+    assert (auto.learn_dir, auto.preload, auto.preload_exclude) == (
+        "/s/i",
+        ("pandas",),
+        ("boto3", "acme.heavy"),
+    )
+    assert auto.preload_memory_budget == 512 * 1024**2
+    explicit = ExecutorConfig.from_conf(DictConf({**values, "preload": "explicit"}))
+    plan = startup.plan(explicit, parallelism=4, queued_timeout=600, fork_target="m:f", learn_dir="/s/i")
+    assert (plan.learn_dir, plan.preload) == ("", ("pandas",))
+    # off: what the executor did before it learned anything, with no explicit list either.
+    off = ExecutorConfig.from_conf(DictConf({**values, "preload": "off"}))
+    plan = startup.plan(off, parallelism=4, queued_timeout=600, fork_target="m:f", learn_dir="/s/i")
+    assert (plan.learn_dir, plan.preload) == ("", ())
+    subprocess_launcher = ExecutorConfig.from_conf(DictConf({"launcher": "subprocess"}))
+    plan = startup.plan(
+        subprocess_launcher, parallelism=4, queued_timeout=600, fork_target="m:f", learn_dir="/s/i"
+    )
+    assert plan.learn_dir == ""  # nothing to preload into
 
 
 def test_environment_variables_reach_the_executor(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -135,7 +172,11 @@ def test_every_option_is_documented() -> None:
         "health_loop_lag_limit",
         "health_wait_limit",
         "workload_cpu_priority",
+        "preload",
         "preload_modules",
+        "preload_exclude",
+        "preload_memory_budget",
+        "preload_interval",
     }
     assert all(o.description for o in OPTIONS)
 

@@ -88,10 +88,10 @@ def learning_server(
     return launcher, learning
 
 
-async def until(condition: Callable[[], bool]) -> None:
+async def until(learning: Learning, condition: Callable[[], bool]) -> None:
     with anyio.fail_after(GUARD):
         while not condition():
-            await anyio.sleep(0.05)
+            await learning.updated()
 
 
 def preloaded(learning: Learning) -> set[str]:
@@ -131,15 +131,18 @@ async def test_what_a_dag_file_imports_is_preloaded_and_unsafe_modules_are_refus
         )
         supervisor.submit(LaunchRequest("first", py(observe_then_import), source=str(world["dag"])))
         await recorder.until(lambda: len(recorder.outcomes) == 1)
-        await until(lambda: {"fakepre_thread", "fakepre_broken", "dagmod"} <= set(refused(learning)))
-        await until(lambda: "fakepre_good" in preloaded(learning))
+        await until(
+            learning, lambda: {"fakepre_thread", "fakepre_broken", "dagmod"} <= set(refused(learning))
+        )
+        await until(learning, lambda: "fakepre_good" in preloaded(learning))
         supervisor.submit(LaunchRequest("second", py(PROBE), source=str(world["dag"])))
         await recorder.until(lambda: len(recorder.outcomes) == 2)
     assert all(o.ok for o in recorder.outcomes), recorder.outcomes
     assert had(recorder, "first") == []
     assert had(recorder, "second") == ["fakepre_good"]
     reasons = refused(learning)
-    assert "starts a thread" in reasons["fakepre_thread"] and "phone-home" in reasons["fakepre_thread"]
+    assert "starts a thread" in reasons["fakepre_thread"]
+    assert "phone-home" in reasons["fakepre_thread"]
     assert reasons["fakepre_broken"].startswith("import failed: RuntimeError: this library is broken")
     assert "not a module of an installed distribution" in reasons["dagmod"]
     row = next(p for p in learning.learned.as_dict()["preloaded"] if p["module"] == "fakepre_good")
@@ -154,18 +157,20 @@ async def test_an_upgraded_distribution_is_imported_anew_by_the_next_helper(worl
     launcher, learning = learning_server(recorder, world)
     async with serving(recorder, launcher) as supervisor:
         supervisor.submit(LaunchRequest("v1", py(PROBE), source=str(world["dag"])))
-        await until(lambda: "fakepre_good" in preloaded(learning))
+        await until(learning, lambda: "fakepre_good" in preloaded(learning))
         generation = learning.learned.generation
         supervisor.submit(LaunchRequest("preloaded", py(PROBE)))
         await recorder.until(lambda: len(recorder.outcomes) == 2)
         _distribution(world["site"], "2.0")  # what `pip install -U` does to its files
-        await until(lambda: learning.learned.generation > generation)
+        await until(learning, lambda: learning.learned.generation > generation)
         supervisor.submit(LaunchRequest("v2", py(PROBE)))
         await recorder.until(lambda: len(recorder.outcomes) == 3)
     assert all(o.ok for o in recorder.outcomes), recorder.outcomes
-    assert had(recorder, "preloaded") == ["fakepre_good"] and had(recorder, "v2") == ["fakepre_good"]
+    assert had(recorder, "preloaded") == ["fakepre_good"]
+    assert had(recorder, "v2") == ["fakepre_good"]
     versions = {k: line.split()[1] for k, line in recorder.lines if line.startswith("version")}
-    assert versions["preloaded"] == "1.0" and versions["v2"] == "2.0"
+    assert versions["preloaded"] == "1.0"
+    assert versions["v2"] == "2.0"
     row = next(p for p in learning.learned.as_dict()["preloaded"] if p["module"] == "fakepre_good")
     assert row["version"] == "2.0"
 
@@ -176,7 +181,7 @@ async def test_excluded_modules_are_never_tried(world: dict[str, Path]) -> None:
     launcher, learning = learning_server(recorder, world, exclude=("fakepre_good",))
     async with serving(recorder, launcher) as supervisor:
         supervisor.submit(LaunchRequest("k", py(PROBE), source=str(world["dag"])))
-        await until(lambda: "dagmod" in refused(learning))
+        await until(learning, lambda: "dagmod" in refused(learning))
     assert "fakepre_good" not in preloaded(learning) | set(refused(learning))
 
 

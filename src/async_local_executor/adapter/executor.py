@@ -104,7 +104,8 @@ class AsyncLocalExecutor(Airflow2Commands, Airflow3Workloads, Prefetching, Execu
         )
         self._task_log_folder = conf.get("logging", "base_log_folder", fallback="") or ""
         self._server = execution_api_url(conf)
-        self._argv = self._child_argv(plan.learn_dir)
+        self._learn_dir = plan.learn_dir
+        self._argv = self._child_argv()
         team = f" [{self.team_name}]" if self.team_name else ""
         self._title_prefix = f"airflow worker -- AsyncLocalExecutor{team}:"
         # Before anything launches, so no try can run beside a survivor of its previous attempt.
@@ -162,10 +163,10 @@ class AsyncLocalExecutor(Airflow2Commands, Airflow3Workloads, Prefetching, Execu
             "uvloop" if wired.use_uvloop else "asyncio",
         )
 
-    def _child_argv(self, learn_dir: str = "") -> tuple[str, ...]:
+    def _child_argv(self) -> tuple[str, ...]:
         """The command that runs one workload; it reads the workload (or Airflow 2 command) from stdin."""
         entry = child.__name__ if AIRFLOW_V3 else child_cli.__name__
-        flags = child_entry.argv_flags(os.getpid(), self._config.workload_cpu_priority, learn_dir)
+        flags = child_entry.argv_flags(os.getpid(), self._config.workload_cpu_priority, self._learn_dir)
         return (sys.executable, "-m", entry, *flags)
 
     def _fork_target(self) -> str:

@@ -105,6 +105,7 @@ class ExecutorBase(BaseExecutor):
         self._config = ExecutorConfig()
         self._server = ""
         self._argv: tuple[str, ...] = ()
+        self._learn_dir = ""  # where task processes record what they import (preload = auto)
         self._title_prefix = ""
         self._budget = PrefetchBudget(parallelism=self.parallelism, maximum=0, queued_timeout=0.0)
         self._prefetch_logged = 0

@@ -292,7 +292,7 @@ class ForkServerLauncher:
         async with self._lock:
             old, self._helper = self._helper, helper
             self.helpers_started += 1
-        if (change := learning.learned.took(helper.preload_report or {}, modules)) is not None:
+        if (change := learning.took(helper.preload_report or {}, modules)) is not None:
             log.info("fork server (pid %d) took over: %s", helper.pid, change)
         if old is not None:
             old.close()  # it takes no new launch; its workloads are the scheduler's children, untouched

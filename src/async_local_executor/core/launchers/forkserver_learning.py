@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -44,6 +45,7 @@ class Learning:
         self.memory_budget = memory_budget
         self._clock = clock
         self._wake = anyio.Event()
+        self._updated = anyio.Event()
 
     def saw(self, path: str | None) -> None:
         """A workload will run ``path`` (its DAG file): read its imports soon if it is new."""
@@ -53,6 +55,21 @@ class Learning:
     def refuse(self, module: str, reason: str) -> None:
         log.warning("fork server: not preloading %s any more: %s", module, reason)
         self.learned.refuse(module, reason)
+        self._notify()
+
+    def took(self, report: dict[str, Any], tried: list[str]) -> str | None:
+        """A helper that tried ``tried`` took over; what changed, in words, or ``None``."""
+        change = self.learned.took(report, tried)
+        self._notify()
+        return change
+
+    async def updated(self) -> None:
+        """Return once a helper took over or a module was refused (what the status shows changed)."""
+        await self._updated.wait()
+
+    def _notify(self) -> None:
+        self._updated.set()
+        self._updated = anyio.Event()
 
     async def run(self, grow: Grow) -> None:
         """Scan, and start a helper with the grown set when one is due, until cancelled."""
