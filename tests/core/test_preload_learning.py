@@ -219,7 +219,6 @@ def test_top_level_imports_are_read_without_running_the_file(tmp_path: Path) -> 
         "typing",
         "typing.TYPE_CHECKING",
         "fast_json",
-        "json",
         "inside_with",
     ]
     (tmp_path / "bad.py").write_text("import (")

@@ -38,11 +38,11 @@ def airflow3(workload: Any) -> str | None:
     rel = getattr(workload, "dag_rel_path", None)
     bundle = getattr(workload, "bundle_info", None)
     name = getattr(bundle, "name", None)
-    if not isinstance(rel, str) or not isinstance(name, str):
-        return None
+    if not isinstance(rel, (str, os.PathLike)) or not isinstance(name, str):
+        return None  # the workload model has it as a Path
     version = getattr(bundle, "version", None)
     root = _bundle_path(name, version if isinstance(version, str) else None)
-    return os.path.join(root, rel) if root else None
+    return os.path.join(root, os.fspath(rel)) if root else None
 
 
 @functools.lru_cache(maxsize=256)

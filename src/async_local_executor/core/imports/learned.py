@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -192,6 +193,8 @@ class Learned:
             or name in self.refused
             or name in self._covered
             or excluded(name, self._exclude)
+            # No distribution's: never preloaded, and too common to list as refused.
+            or name.partition(".")[0] in sys.stdlib_module_names
             or len(self.pending) >= MAX_CANDIDATES
             or not all(part.isidentifier() for part in name.split("."))
         ):

@@ -51,7 +51,15 @@ def _names(body: list[ast.stmt]) -> Iterator[str]:
                 if isinstance(children, list):
                     yield from _names([c for c in children if isinstance(c, ast.stmt)])
             for handler in getattr(node, "handlers", None) or ():
-                yield from _names(handler.body)
+                # `except ImportError:` holds a fallback, which runs only where the `try` failed (and
+                # what a task process then imports is learned from the process itself).
+                if not _catches_import_error(handler):
+                    yield from _names(handler.body)
+
+
+def _catches_import_error(handler: ast.ExceptHandler) -> bool:
+    kinds = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+    return any(isinstance(k, ast.Name) and k.id in ("ImportError", "ModuleNotFoundError") for k in kinds)
 
 
 def _is_type_checking(test: ast.expr) -> bool:

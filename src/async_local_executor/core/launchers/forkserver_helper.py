@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from async_local_executor.core.launchers.forkserver_clone import fork_sibling, sibling_fork_supported
+from async_local_executor.core.launchers.forkserver_pools import stop_known_pools
 from async_local_executor.core.launchers.forkserver_preload import Unfit, preload_learned
 from async_local_executor.core.launchers.forkserver_protocol import (
     GO,
@@ -243,10 +244,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     census = ThreadCensus()
     with census.watching(args.target.partition(":")[0]):
         target = resolve(args.target)
-    # The module the target string names may name its own heavy imports; everything imported now is
-    # shared copy-on-write by every child. That module, not the function's ``__module__``: a target
-    # re-exported or bound from elsewhere (the workload entries are methods of a shared skeleton)
-    # would otherwise skip its preload, and every child would import it all again.
+    # The module the target string names (not the function's ``__module__``: the workload entries are
+    # methods of a shared skeleton) may name its heavy imports, then shared copy-on-write by every child.
     owner_name = args.target.partition(":")[0]
     if callable(preload := getattr(sys.modules[owner_name], "preload", None)):
         with census.watching(f"{owner_name}.preload()"):
@@ -259,6 +258,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(
                 f"fork server: cannot preload {module!r}, skipping it: {exc!r}", file=sys.stderr, flush=True
             )
+    if census.unfit() is not None:
+        stop_known_pools()  # a preloaded NumPy's OpenBLAS workers restart in each task that needs them
     census.settle(THREAD_SETTLE)
     if (why := census.unfit()) is not None:
         # Said on the channel, in place of "ready": the loop stops asking for a helper and launches

@@ -22,9 +22,11 @@ import importlib
 import os
 import sys
 import types
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from async_local_executor.core.launchers.forkserver_pools import stop_known_pools
 from async_local_executor.core.launchers.forkserver_threads import ThreadCensus, thread_ids
 
 KIB = 1024
@@ -113,6 +115,18 @@ def _distribution(root: str, roots: dict[str, list[str]], cache: dict[str, Any])
     return verdict
 
 
+def _is_attribute(name: str) -> bool:
+    """Whether ``name`` is something a loaded module defines (``from pkg import name``), not a module."""
+    parent, _, last = name.rpartition(".")
+    owner = sys.modules.get(parent) if parent else None
+    if owner is None:
+        return False
+    with warnings.catch_warnings():  # a deprecated name warns when it is looked up, as if it were used
+        warnings.simplefilter("ignore")
+        value = getattr(owner, last, None)
+    return value is not None and not isinstance(value, types.ModuleType)
+
+
 def preload_learned(
     modules: Sequence[str],
     *,
@@ -137,11 +151,7 @@ def preload_learned(
     report = {"loaded": loaded, "refused": refused, "covered": covered}
     main_thread = {os.getpid()}
     for name in modules:
-        parent, _, last = name.rpartition(".")
-        owner = sys.modules.get(parent) if parent else None
-        if name in baseline or (
-            owner is not None and not isinstance(getattr(owner, last, None), (types.ModuleType, type(None)))
-        ):
+        if name in baseline or _is_attribute(name):
             covered.append(name)  # already here, or a name a module defines rather than a module
             continue
         distribution, why = _distribution(name.partition(".")[0], roots, cache)
@@ -166,6 +176,7 @@ def preload_learned(
                 refused.append([name, f"import failed: {type(exc).__name__}: {exc}"[:300]])
                 continue
             if thread_ids() - main_thread:
+                stop_known_pools()  # NumPy's OpenBLAS: its idle workers stop, and restart in each task
                 census.settle(settle)
                 if (reason := census.unfit()) is not None:
                     raise Unfit(name, f"importing it starts a thread: {reason}", report)
