@@ -18,7 +18,7 @@ import pytest
 from benchmarks.harness import select_cases
 from benchmarks.metrics import METRICS
 
-# Six scenarios (seven cases) x two variants of a real Airflow each, one after the other: about 9 minutes
+# Six scenarios (seven cases) x two variants of a real Airflow each, one after the other: about 6 minutes
 # on 2 cores.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
