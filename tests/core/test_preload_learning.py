@@ -8,6 +8,7 @@ the helpers' PYTHONPATH only. Workloads name a "DAG file" importing them all at 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import textwrap
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from async_local_executor.core.launchers.base import LaunchRequest
 from async_local_executor.core.launchers.forkserver import ForkServerLauncher
 from async_local_executor.core.launchers.forkserver_learning import Learning
 from tests.core.helpers import GUARD, Recorder, py
+from tests.core.test_forkserver_fallback import _threads as threads
 from tests.core.test_supervisor import TARGET, serving
 
 DIST = "fakepre-good"
@@ -43,7 +45,7 @@ def _distribution(site: Path, version: str) -> None:
     info = site / f"fakepre_good-{version}.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {DIST}\nVersion: {version}\n")
-    (info / "top_level.txt").write_text("fakepre_good\nfakepre_thread\nfakepre_broken\n")
+    (info / "top_level.txt").write_text("fakepre_good\nfakepre_thread\nfakepre_broken\nfakepre_late\n")
     (info / "RECORD").write_text("")
 
 
@@ -57,6 +59,8 @@ def world(tmp_path: Path) -> dict[str, Path]:
         "import threading, time\nthreading.Thread(target=time.sleep, args=(3600,), daemon=True, name='phone-home').start()\n"
     )
     (site / "fakepre_broken.py").write_text("raise RuntimeError('this library is broken')\n")
+    late = Path(__file__).with_name("forkserver_late_thread.py").read_text()
+    (site / "fakepre_late.py").write_text(late)  # starts a thread when the helper gets SIGUSR1
     (dags / "dagmod.py").write_text("VALUE = 1\n")
     dag = dags / "my_dag.py"
     dag.write_text(
@@ -243,3 +247,51 @@ def test_a_process_records_what_it_and_its_forks_load_that_its_parent_had_not(tm
     assert "json" not in names  # loaded before the hook
     assert not any(n.startswith("email.") for n in names)  # brought in by a package new to the process
     assert list(tmp_path.iterdir()) == []  # what was read is gone
+
+
+@pytest.mark.asyncio
+async def test_numpy_is_preloaded_and_its_blas_threads_restart_in_each_task(world: dict[str, Path]) -> None:
+    # NumPy's OpenBLAS starts worker threads at import: they are stopped before the helper forks.
+    (world["dags"] / "numeric_dag.py").write_text("import numpy\n")
+    recorder = Recorder()
+    launcher, learning = learning_server(recorder, world)
+    compute = (
+        "import os, sys; had = 'numpy' in sys.modules; import numpy; a = numpy.ones((400, 400)); "
+        "print('result', had, float((a @ a)[0, 0]), len(os.listdir('/proc/self/task')) >= 1)"
+    )
+    async with serving(recorder, launcher) as supervisor:
+        supervisor.submit(LaunchRequest("cold", py(compute), source=str(world["dags"] / "numeric_dag.py")))
+        await until(learning, lambda: "numpy" in preloaded(learning))
+        helper = launcher.helper_pid
+        supervisor.submit(LaunchRequest("warm", py(compute)))
+        await recorder.until(lambda: len(recorder.outcomes) == 2)
+        assert helper is not None
+        assert os.listdir(f"/proc/{helper}/task") == [str(helper)]  # single-threaded, fit to fork
+    assert all(o.ok for o in recorder.outcomes), recorder.outcomes
+    results = {k: line.split()[1:3] for k, line in recorder.lines if line.startswith("result")}
+    assert results == {"cold": ["False", "400.0"], "warm": ["True", "400.0"]}
+    assert "numpy" not in refused(learning)
+
+
+@pytest.mark.asyncio
+async def test_a_thread_a_learned_module_starts_later_costs_the_preloads_not_the_fork_server(
+    world: dict[str, Path],
+) -> None:
+    (world["dags"] / "late_dag.py").write_text("import fakepre_late\n")
+    recorder = Recorder()
+    launcher, learning = learning_server(recorder, world)
+    async with serving(recorder, launcher) as supervisor:
+        supervisor.submit(LaunchRequest("before", py(PROBE), source=str(world["dags"] / "late_dag.py")))
+        await until(learning, lambda: "fakepre_late" in preloaded(learning))
+        helper = launcher.helper_pid
+        assert helper is not None
+        os.kill(helper, signal.SIGUSR1)  # the module's thread starts now, in the helper
+        await threads(helper, 2)
+        # The helper refuses this fork; the launch goes to a new helper that preloads none of it.
+        supervisor.submit(LaunchRequest("after", py(PROBE)))
+        await recorder.until(lambda: len(recorder.outcomes) == 2)
+        assert launcher.problem is None
+        assert launcher.helper_pid not in (None, helper)
+    assert all(o.ok for o in recorder.outcomes), recorder.outcomes
+    assert "a thread started in the fork server after it preloaded this" in refused(learning)["fakepre_late"]
+    assert had(recorder, "after") == []

@@ -9,9 +9,11 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psutil
 
+from async_local_executor.ops.status_read import read_all
 from harness.demo import EXECUTOR
 from harness.sandbox import AirflowSandbox
 
@@ -103,3 +105,19 @@ def open_the_gate(
     return [(r.state, r.try_number) for r in rows], sandbox.process_logs["scheduler"].read_text(
         errors="replace"
     )
+
+
+def preload(sandbox: AirflowSandbox) -> dict[str, Any]:
+    """The running executor's ``preload`` entry of its status file (empty until it has one)."""
+    for found in read_all(sandbox.home / "async_local_executor"):
+        if not found.stale and isinstance(found.data.get("preload"), dict):
+            return dict(found.data["preload"])
+    return {}
+
+
+def preloaded(sandbox: AirflowSandbox) -> set[str]:
+    return {p["module"] for p in preload(sandbox).get("preloaded", [])}
+
+
+def refused(sandbox: AirflowSandbox) -> dict[str, str]:
+    return {r["module"]: r["reason"] for r in preload(sandbox).get("refused", [])}

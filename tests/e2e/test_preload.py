@@ -12,14 +12,12 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from async_local_executor.ops.status_read import read_all
 from harness.demo import EXECUTOR
 from harness.sandbox import AirflowSandbox
-from tests.e2e.helpers import poll
+from tests.e2e.helpers import poll, preloaded, refused
 
 pytestmark = pytest.mark.e2e
 
@@ -61,21 +59,6 @@ def sandbox(tmp_path: Path) -> Iterator[AirflowSandbox]:
     write(dags, 1)
     with AirflowSandbox(executor=EXECUTOR, dags_folder=dags, parallelism=4) as sb:
         yield sb
-
-
-def preload(sandbox: AirflowSandbox) -> dict[str, Any]:
-    for found in read_all(sandbox.home / "async_local_executor"):
-        if not found.stale and isinstance(found.data.get("preload"), dict):
-            return dict(found.data["preload"])
-    return {}
-
-
-def preloaded(sandbox: AirflowSandbox) -> set[str]:
-    return {p["module"] for p in preload(sandbox).get("preloaded", [])}
-
-
-def refused(sandbox: AirflowSandbox) -> dict[str, str]:
-    return {r["module"]: r["reason"] for r in preload(sandbox).get("refused", [])}
 
 
 def run_once(sandbox: AirflowSandbox) -> object:

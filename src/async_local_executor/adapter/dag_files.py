@@ -1,4 +1,4 @@
-"""The DAG file a task will parse, for the fork server to learn its imports from.
+"""The DAG files tasks will parse, for the fork server to learn their imports from.
 
 Airflow 3 names it by bundle and path within the bundle (the task runner parses
 ``bundle.path / dag_rel_path``); Airflow 2's ``tasks run`` command names it with ``--subdir``, where
@@ -72,3 +72,32 @@ def airflow2(command: list[str]) -> str | None:
             return None
         subdir = folder + subdir[len("DAGS_FOLDER") :]
     return os.path.expanduser(subdir)
+
+
+def local_dag_files() -> list[str]:
+    """The DAG files already on this host: those of the local bundles (Airflow 3) or the DAGs folder (2).
+
+    Read once when the executor starts, so the fork server preloads what they import before their
+    first tasks come (a bundle fetched from elsewhere, such as git, is learned from its tasks). Found
+    as the dag-processor finds them (``.airflowignore``, the safe-mode heuristic); runs in a worker
+    thread, and a failure only means there is nothing to learn in advance.
+    """
+    try:
+        from airflow.utils.file import list_py_file_paths
+
+        return [p for root in _local_roots() for p in list_py_file_paths(root) if p.endswith(".py")]
+    except Exception as exc:  # noqa: BLE001 - only a head start for preloading
+        log.debug("no DAG files listed: %s", exc)
+        return []
+
+
+def _local_roots() -> list[str]:
+    try:
+        from airflow.dag_processing.bundles.local import LocalDagBundle
+        from airflow.dag_processing.bundles.manager import DagBundlesManager
+    except ImportError:  # Airflow 2: one DAGs folder
+        from airflow.configuration import conf
+
+        return [conf.get("core", "dags_folder", fallback="") or ""]
+    manager = DagBundlesManager()  # type: ignore[no-untyped-call]
+    return [os.fspath(b.path) for b in manager.get_all_dag_bundles() if isinstance(b, LocalDagBundle)]

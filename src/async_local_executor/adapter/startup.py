@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from datetime import timedelta
 
+from async_local_executor.adapter import dag_files
 from async_local_executor.adapter.config import ConfSource, ExecutorConfig, LauncherKind, PreloadMode
 from async_local_executor.core.wiring import Plan
 
@@ -50,6 +51,7 @@ def plan(
         preload_exclude=config.preload_exclude,
         preload_memory_budget=config.preload_memory_budget,
         preload_interval=config.preload_interval,
+        discover_sources=dag_files.local_dag_files,
         forkserver_idle_timeout=config.forkserver_idle_timeout,
         termination_grace=config.termination_grace_period,
         group_limits=dict(config.queue_limits),

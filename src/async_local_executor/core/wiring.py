@@ -9,8 +9,8 @@ predecessor's processes) has happened.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 
 from async_local_executor.core.admission import MB
 from async_local_executor.core.cgroups import Containment, Limits
@@ -46,6 +46,7 @@ class Plan:
     :param preload_exclude: modules (with their submodules) never learned
     :param preload_memory_budget: bytes learned modules may add to the fork server; 0 for no limit
     :param preload_interval: seconds at least between two fork servers started for learned modules
+    :param discover_sources: lists, once at start, the files workloads will run (read in a worker thread)
     :param forkserver_idle_timeout: seconds without a workload after which the fork server exits;
         0: it starts with the executor and stays
     :param termination_grace: seconds between the first signal and SIGKILL when a workload is stopped
@@ -68,6 +69,7 @@ class Plan:
     preload_exclude: tuple[str, ...] = ()
     preload_memory_budget: int = 0
     preload_interval: float = 60.0
+    discover_sources: Callable[[], Iterable[str]] | None = field(default=None, compare=False)
     forkserver_idle_timeout: float = 0.0
     termination_grace: float = TerminationPolicy.grace
     group_limits: Mapping[str, int] | None = None
@@ -135,6 +137,7 @@ def wire(
                     learned,
                     interval=plan.preload_interval,
                     memory_budget=plan.preload_memory_budget,
+                    discover=plan.discover_sources,
                     clock=clock,
                 )
             launcher = ForkServerLauncher(

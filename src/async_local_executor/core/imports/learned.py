@@ -25,6 +25,8 @@ from typing import Any
 
 from async_local_executor.core.imports import observe, source
 
+# Files read per scan: a DAGs folder of thousands is read over several scans, not in one burst of CPU.
+FILES_PER_SCAN = 100
 # More names than this are not tried (a task importing thousands of new modules is no pattern to learn).
 MAX_CANDIDATES = 2000
 MAX_REASON = 300
@@ -44,13 +46,14 @@ class Preloaded:
     stamp: tuple[int, int] | None  # (size, mtime_ns) of ``file`` when the helper imported it
 
 
-@dataclass(frozen=True)
+@dataclass
 class Scan:
     """What a scan found, to apply on the loop thread."""
 
     names: list[str] = field(default_factory=list)
     parsed: dict[str, int] = field(default_factory=dict)  # file -> mtime_ns read
     changed: list[str] = field(default_factory=list)  # preloaded modules whose file changed
+    more: bool = False  # files left to read next time
 
 
 def stamp(path: str | None) -> tuple[int, int] | None:
@@ -105,6 +108,9 @@ class Learned:
             current = stamp(path)
             if current is None or current[1] == seen:
                 continue
+            if len(found.parsed) >= FILES_PER_SCAN:
+                found.more = True
+                break
             found.parsed[path] = current[1]
             found.names.extend(source.top_level_imports(path))
         found.names.extend(observe.read(self.directory))

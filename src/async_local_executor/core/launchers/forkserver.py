@@ -6,12 +6,11 @@ multi-threaded), so the forking happens in a helper started with ``exec``
 (:mod:`~async_local_executor.core.launchers.forkserver_helper`; the messages between the two are
 :mod:`~async_local_executor.core.launchers.forkserver_protocol`).
 
-This module is the policy: when a helper starts, is replaced or is stopped while idle, and when a
-launch goes to the fallback launcher instead. One helper as the loop sees it (its handshake, requests
-and watchdog) is :mod:`~async_local_executor.core.launchers.forkserver_process`. A helper that dies,
-hangs or is replaced costs no running workload: requests it had not started are retried on a fresh
-helper. If a helper cannot start at all, or must not fork (a preload started threads), launches go to
-the fallback launcher from then on, with one warning; a request too large for the channel goes alone.
+This module is the policy: when a helper starts, is replaced (when it dies, hangs, or what workloads
+import has grown: ``forkserver_learning``) or stops while idle, and when a launch goes to the fallback
+launcher. A replaced helper costs no running workload; requests it had not started go to a fresh one.
+A helper that cannot start, or must not fork (a preload started threads), sends every launch to the
+fallback from then on, with one warning; a request too large for the channel goes there alone.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from async_local_executor.core.clock import SYSTEM, Clock
 from async_local_executor.core.errors import LaunchError
 from async_local_executor.core.launchers.base import Child, Launcher, LaunchRequest, OutputSink
 from async_local_executor.core.launchers.forkserver_channel import MessageTooLarge
-from async_local_executor.core.launchers.forkserver_learning import Learning
+from async_local_executor.core.launchers.forkserver_learning import Learning, describe
 from async_local_executor.core.launchers.forkserver_process import (
     HELPER_KEY,
     HelperDied,
@@ -127,10 +126,8 @@ class ForkServerLauncher:
     async def __aenter__(self) -> Self:
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
-        if self._idle_timeout is None:
-            # Warm up now, and again whenever the helper dies: its imports take seconds, better spent
-            # before the next workload than in its launch (and an idle scheduler stays healthy).
-            self._tg.start_soon(self._keep_warm)
+        if self._idle_timeout is None:  # warm up now, and whenever the helper dies: its imports take
+            self._tg.start_soon(self._keep_warm)  # seconds, better spent before the next workload
         else:
             self._tg.start_soon(self._stop_when_idle, self._idle_timeout)
         if self._learning is not None:
@@ -170,11 +167,8 @@ class ForkServerLauncher:
         return self.problem or "fork server starting"
 
     @property
-    def preload(self) -> dict[str, object] | None:
-        """What the helpers preload beyond the target's own imports, for the status report."""
-        if self._learning is not None:
-            return self._learning.learned.as_dict()
-        return {"mode": "explicit", "modules": list(self._spec.preload)} if self._spec.preload else None
+    def preload(self) -> dict[str, object] | None:  # beyond the target's own imports, for the status
+        return describe(self._learning, self._spec.preload)
 
     async def launch(self, request: LaunchRequest) -> Child:
         if self._learning is not None:
@@ -191,9 +185,12 @@ class ForkServerLauncher:
                 # The request's fault, not the helper's: it stays, and takes the next launch.
                 return await self._launch_fallback(request, f"its launch request of {exc}", say=True)
             except HelperUnfit as exc:
+                helper.close()
+                if self._learning is not None and self._learning.learned.preloaded:
+                    self._learning.unfit_later(str(exc))  # its successor preloads none of them
+                    continue
                 # Its successor would run the same preloads: no helper from now on, rather than a loop.
                 self._disable(f"the fork server stopped forking: {exc}")
-                helper.close()
                 return await self._launch_fallback(request, str(exc))
         raise LaunchError("fork server died twice while starting this workload")
 
@@ -279,6 +276,8 @@ class ForkServerLauncher:
     async def _grow(self, modules: list[str]) -> bool:
         """Start a helper trying ``modules``; ready, it replaces the current one (which served meanwhile)."""
         learning, tg = self._learning, self._tg
+        if self._idle_timeout is None:  # the first helper may still be starting: it is the one to replace
+            await self._current()
         if learning is None or tg is None or self._closing or self._disabled or self._helper is None:
             return False  # stopped while idle: the next helper starts on demand, with what was taken
         try:
@@ -294,6 +293,6 @@ class ForkServerLauncher:
             self.helpers_started += 1
         if (change := learning.took(helper.preload_report or {}, modules)) is not None:
             log.info("fork server (pid %d) took over: %s", helper.pid, change)
-        if old is not None:
-            old.close()  # it takes no new launch; its workloads are the scheduler's children, untouched
+        if old is not None:  # it takes no new launch; its workloads are the scheduler's children, untouched
+            old.close()
         return True

@@ -11,7 +11,7 @@ ready, then takes no new launch and exits, costing no running workload.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 import anyio
@@ -35,12 +35,21 @@ class Learning:
     :param learned: what was learned so far (and where workloads record their imports)
     :param interval: at least this many seconds between two helpers started for learned modules
     :param memory_budget: bytes the learned modules may add to a helper (0: no limit)
+    :param discover: files workloads are expected to run, listed once in a worker thread at the start
+        (the DAG files already on the host), so their imports are preloaded before their first workload
     """
 
     def __init__(
-        self, learned: Learned, *, interval: float, memory_budget: int = 0, clock: Clock = SYSTEM
+        self,
+        learned: Learned,
+        *,
+        interval: float,
+        memory_budget: int = 0,
+        discover: Callable[[], Iterable[str]] | None = None,
+        clock: Clock = SYSTEM,
     ) -> None:
         self.learned = learned
+        self._discover = discover
         self.interval = interval
         self.memory_budget = memory_budget
         self._clock = clock
@@ -55,6 +64,17 @@ class Learning:
     def refuse(self, module: str, reason: str) -> None:
         log.warning("fork server: not preloading %s any more: %s", module, reason)
         self.learned.refuse(module, reason)
+        self._notify()
+
+    def unfit_later(self, why: str) -> None:
+        """A helper with learned modules found a thread running after its start: which module started
+        it cannot be told, so none of them is preloaded again (rather than no fork server at all)."""
+        for module in list(self.learned.preloaded):
+            self.learned.refuse(module, f"a thread started in the fork server after it preloaded this: {why}")
+        log.warning(
+            "fork server: a thread started after it preloaded what tasks import (%s); preloading none of it",
+            why,
+        )
         self._notify()
 
     def took(self, report: dict[str, Any], tried: list[str]) -> str | None:
@@ -75,12 +95,19 @@ class Learning:
         """Scan, and start a helper with the grown set when one is due, until cancelled."""
         last: float | None = None
         pause = self.interval
+        if (discover := self._discover) is not None:
+            for path in await anyio.to_thread.run_sync(lambda: list(discover())):
+                self.learned.saw_file(path)
+            self._wake.set()
         while True:
             with anyio.move_on_after(SCAN_EVERY):
                 await self._wake.wait()
             self._wake = anyio.Event()
             found = await anyio.to_thread.run_sync(self.learned.scan)
-            if not self.learned.apply(found):
+            wanted = self.learned.apply(found)
+            if found.more:  # the rest of a large DAGs folder: read next, a slice at a time
+                self._wake.set()
+            if not wanted:
                 continue
             if last is not None and (wait := last + pause - self._clock.monotonic()) > 0:
                 await self._clock.sleep(wait)
@@ -90,3 +117,10 @@ class Learning:
             took = await grow(self.learned.plan())
             # A refusal shrinks the set: the helper without that module need not wait a whole interval.
             pause = RETRY_AFTER_REFUSAL if not took and len(self.learned.refused) > refused else self.interval
+
+
+def describe(learning: Learning | None, explicit: Sequence[str]) -> dict[str, object] | None:
+    """What a launcher's helpers preload beyond their target's own imports, for the status report."""
+    if learning is not None:
+        return learning.learned.as_dict()
+    return {"mode": "explicit", "modules": list(explicit)} if explicit else None
