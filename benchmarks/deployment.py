@@ -46,7 +46,7 @@ BASELINE: Final[str] = "stock"
 
 
 def parse_variant(spec: str) -> Variant:
-    """A known label, or ``label=class.path[:KEY=VALUE[,KEY=VALUE...]]``."""
+    """A known label, or ``label=class.path[:KEY=VALUE[;KEY=VALUE...]]`` (``,`` too, in a single spec)."""
     spec = spec.strip()
     if "=" not in spec.split(":", 1)[0]:
         try:
@@ -58,7 +58,8 @@ def parse_variant(spec: str) -> Variant:
     label, _, rest = spec.partition("=")
     path, _, env_spec = rest.partition(":")
     env: dict[str, str] = {}
-    for item in filter(None, env_spec.split(",")):
+    # `;` between items: on the command line, a comma before KEY= would start the next variant.
+    for item in filter(None, re.split(r"[;,]", env_spec)):
         key, sep, value = item.partition("=")
         if not sep:
             raise ValueError(f"variant env item must be KEY=VALUE: {item!r}")

@@ -6,11 +6,11 @@ this process and in every process forked from it (the task SDK and ``tasks run -
 task's own process). Only the standard library is imported: this runs in each workload before anything
 of it starts.
 
-Recorded: a top-level module, and a submodule of a package that was loaded before the hook (an Airflow
-provider's hook module, a lazily imported part of an already preloaded library). Not recorded: the
-submodules a newly loaded package loads itself, which importing the package again brings back. Each name
-is appended, on its own line, to ``<directory>/<pid>`` (opened for each write, so the launcher may
-remove the file at any time): a workload that imports nothing new writes nothing.
+Recorded: a top-level module, and a submodule of a package that was not first loaded by this process
+(an Airflow provider's hook module, a lazily imported part of an already preloaded library). Not
+recorded: the submodules a newly loaded package loads itself, which importing the package again brings
+back. Each name is appended, on its own line, to ``<directory>/<pid>`` (opened for each write, so the
+launcher may remove the file at any time): a workload that imports nothing new writes nothing.
 """
 
 from __future__ import annotations
@@ -24,19 +24,24 @@ _FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
 
 def recorder(directory: str) -> Callable[[str, tuple[object, ...]], None]:
     """The audit hook that appends what this process (or a fork of it) loads to ``directory``."""
-    before = frozenset(sys.modules)
-    roots = frozenset(name.partition(".")[0] for name in before)
+    # Nothing of what the process holds is copied or even looked at here: in a process forked from a
+    # helper, touching every module's name (to copy sys.modules, say) would write to the pages of each,
+    # and the kernel would copy them all (megabytes per task) for a set of names.
+    new_roots: set[str] = set()  # packages first loaded after the hook: their own imports are theirs
     seen: set[str] = set()
 
     def hook(event: str, args: tuple[object, ...]) -> None:
         if event != "import":
             return
         name = args[0]
-        if not isinstance(name, str) or name in seen or name in before:
+        # The import system raises this event only for a module not loaded yet.
+        if not isinstance(name, str) or name in seen:
             return
         seen.add(name)
         root, dot, _ = name.partition(".")
-        if dot and root not in roots:
+        if not dot:
+            new_roots.add(root)
+        elif root in new_roots:
             return
         try:
             fd = os.open(os.path.join(directory, str(os.getpid())), _FLAGS, 0o600)

@@ -101,13 +101,11 @@ def _distribution(root: str, roots: dict[str, list[str]], cache: dict[str, Any])
         return cache[root]  # type: ignore[no-any-return]
     dists = roots.get(root)
     verdict: tuple[str | None, str]
-    if not dists:
-        verdict = (
-            None,
-            "not a module of an installed distribution (the DAGs folder, a bundle, the standard library?)",
-        )
-    elif (where := _location(root)) is None:
-        verdict = (None, "not found on the helper's path")
+    where = _location(root)
+    if where is None:
+        verdict = (None, "not installed (an optional import the task got past)")
+    elif not dists:
+        verdict = (None, f"not a module of an installed distribution: {where} (the DAGs folder, a bundle?)")
     else:
         site = next((d for d in dists if (s := _site_of(d)) and where.startswith(s + os.sep)), None)
         verdict = (site, "") if site else (None, f"found at {where}, outside the distribution {dists[0]}")
