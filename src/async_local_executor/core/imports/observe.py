@@ -43,6 +43,8 @@ def recorder(directory: str) -> Callable[[str, tuple[object, ...]], None]:
             new_roots.add(root)
         elif root in new_roots:
             return
+        elif root not in sys.modules:
+            new_roots.add(root)  # `import pkg.mod` of a new package: asked for first, recorded as asked
         try:
             fd = os.open(os.path.join(directory, str(os.getpid())), _FLAGS, 0o600)
         except OSError:
