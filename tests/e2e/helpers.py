@@ -121,3 +121,41 @@ def preloaded(sandbox: AirflowSandbox) -> set[str]:
 
 def refused(sandbox: AirflowSandbox) -> dict[str, str]:
     return {r["module"]: r["reason"] for r in preload(sandbox).get("refused", [])}
+
+
+# A DAG file that imports a library (markdown-it-py) and a module of the DAGs folder at its top, and whose
+# task imports another library (termcolor) inside its function; both Airflow majors parse it.
+LEARNED_DAG_ID = "learned_imports"
+LEARNED_DAG = """
+from datetime import datetime
+
+import markdown_it
+from learned_helper import helper_value
+
+try:
+    from airflow.sdk import dag, task
+except ImportError:  # Airflow 2
+    from airflow.decorators import dag, task
+
+FILE_VALUE = {value}
+
+
+@dag(dag_id="learned_imports", schedule=None, start_date=datetime(2024, 1, 1), catchup=False)
+def learned_imports():
+    @task(retries=0)
+    def show():
+        import termcolor
+
+        return f"{{FILE_VALUE}}-{{helper_value()}}-{{termcolor.__name__}}"
+
+    show()
+
+
+learned_imports()
+"""
+
+
+def write_learned_dag(dags: Path, value: int) -> None:
+    """The DAG file and its DAGs-folder module, both returning ``value`` (edited by writing again)."""
+    (dags / "learned_helper.py").write_text(f"def helper_value():\n    return {value}\n")
+    (dags / "learned_dag.py").write_text(LEARNED_DAG.format(value=value))

@@ -9,7 +9,6 @@ code returns. Nothing is mocked: SQLite, the default fork-server launcher, real 
 
 from __future__ import annotations
 
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,66 +16,39 @@ import pytest
 
 from harness.demo import EXECUTOR
 from harness.sandbox import AirflowSandbox
-from tests.e2e.helpers import poll, preloaded, refused
+from tests.e2e.helpers import LEARNED_DAG_ID, poll, preloaded, refused, write_learned_dag
 
 pytestmark = pytest.mark.e2e
-
-DAG_ID = "learned_imports"
-DAG = """
-import markdown_it
-from learned_helper import helper_value
-
-from airflow.sdk import dag, task
-
-FILE_VALUE = {file_value}
-
-
-@dag(dag_id="{dag_id}", schedule=None, catchup=False, tags=["e2e"])
-def learned_imports():
-    @task(retries=0)
-    def show():
-        import termcolor
-
-        return f"{{FILE_VALUE}}-{{helper_value()}}-{{termcolor.__name__}}"
-
-    show()
-
-
-learned_imports()
-"""
-HELPER = "def helper_value():\n    return {value}\n"
-
-
-def write(dags: Path, value: int) -> None:
-    (dags / "learned_helper.py").write_text(HELPER.format(value=value))
-    (dags / "learned_dag.py").write_text(textwrap.dedent(DAG.format(file_value=value, dag_id=DAG_ID)))
 
 
 @pytest.fixture
 def sandbox(tmp_path: Path) -> Iterator[AirflowSandbox]:
     dags = tmp_path / "dags"
     dags.mkdir()
-    write(dags, 1)
-    with AirflowSandbox(executor=EXECUTOR, dags_folder=dags, parallelism=4) as sb:
+    write_learned_dag(dags, 1)
+    # What the task imports is learned after the DAG file's imports: the second fork server may follow
+    # the first after 5 s here (60 s by default).
+    config = {"AIRFLOW__ASYNC_LOCAL_EXECUTOR__PRELOAD_INTERVAL": "5"}
+    with AirflowSandbox(executor=EXECUTOR, dags_folder=dags, parallelism=4, extra_config=config) as sb:
         yield sb
 
 
 def run_once(sandbox: AirflowSandbox) -> object:
-    run_id = sandbox.trigger(DAG_ID)
-    assert sandbox.wait_for_run(DAG_ID, run_id) == "success"
-    return sandbox.xcom(DAG_ID, run_id, "show")
+    run_id = sandbox.trigger(LEARNED_DAG_ID)
+    assert sandbox.wait_for_run(LEARNED_DAG_ID, run_id) == "success"
+    return sandbox.xcom(LEARNED_DAG_ID, run_id, "show")
 
 
 def test_tasks_teach_the_fork_server_what_to_preload_and_an_edited_dag_file_runs_its_new_code(
     sandbox: AirflowSandbox,
 ) -> None:
-    sandbox.wait_for_dag(DAG_ID)
+    sandbox.wait_for_dag(LEARNED_DAG_ID)
     assert run_once(sandbox) == "1-1-termcolor"
     poll("the learned libraries preloaded", lambda: {"markdown_it", "termcolor"} <= preloaded(sandbox))
     reasons = refused(sandbox)
     assert "not a module of an installed distribution" in reasons["learned_helper"]
     assert not any(m.startswith("unusual_prefix") for m in preloaded(sandbox))
-    write(sandbox.dags_folder, 2)
+    write_learned_dag(sandbox.dags_folder, 2)
     # The task process parses the file as it is now (the DAG's shape is unchanged, so it may run before
     # the dag-processor has seen the edit): nothing of the user's code was preloaded.
     assert run_once(sandbox) == "2-2-termcolor"
