@@ -124,6 +124,16 @@ function chart(container, history, now) {
   container.replaceChildren(svg);
 }
 
+// What the fork server imports beyond every task's needs: the modules, and the refusals with why (hover).
+function preloadText(preload) {
+  if (!preload) return ["-", ""];
+  if (preload.mode === "explicit") return [`${(preload.modules || []).join(", ") || "nothing"} (preload_modules)`, ""];
+  const names = (preload.preloaded || []).map((p) => p.module);
+  const refused = preload.refused || [];
+  const text = `${names.length ? names.join(", ") : "nothing yet"} (learned)${refused.length ? `; ${refused.length} refused` : ""}`;
+  return [text, refused.map((r) => `${r.module}: ${r.reason}`).join("\n")];
+}
+
 function outcomeClass(outcome) {
   return outcome === "ok" ? "outcome-ok" : "outcome-bad";
 }
@@ -141,6 +151,9 @@ function drawExecutor(data, now) {
   q(".prefetched").textContent = data.prefetched ?? "-";
   q(".lag").textContent = number(data.loop_lag_ms, 1);
   q(".launcher").textContent = data.launcher_state || data.launcher || "-";
+  const [preloaded, refusals] = preloadText(data.preload);
+  q(".preload").textContent = preloaded;
+  q(".preload").title = refusals;
   q(".containment").textContent = (data.containment && data.containment.detail) || "-";
   const memory = data.memory || {};
   const available = typeof memory.available_mb === "number" ? `${memory.available_mb} MB available, ` : "";
