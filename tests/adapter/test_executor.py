@@ -20,7 +20,7 @@ import pytest
 from airflow.models.connection_test import ConnectionTestState
 from airflow.utils.state import CallbackState, TaskInstanceState
 
-from async_local_executor.adapter import child
+from async_local_executor.adapter import child, child_entry
 from async_local_executor.adapter.executor import AsyncLocalExecutor
 from async_local_executor.core.errors import RuntimeNotRunning
 from async_local_executor.ops import journal
@@ -577,3 +577,29 @@ def test_start_kills_what_a_crashed_executor_left_running_before_launching(
         for proc in (recorded, descendant):
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize("mode", ["auto", "off"])
+def test_tasks_record_their_imports_only_when_preload_is_auto(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    state = tmp_path / "state"
+    monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__STATE_DIR", str(state))
+    monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__PRELOAD", mode)
+    ex = RecordingExecutor(parallelism=2)
+    ex.start()
+    try:
+        queue(ex, workloads.task("ok"))
+        scheduler = Scheduler(ex)
+        scheduler.run_until(lambda: len(scheduler.events) == 1)
+        learning = bool(ex._learn_dir)  # what the real entry's argv carries (the stub's has no flags)
+        recorded_in = (state / "imports").is_dir()
+    finally:
+        ex.end()
+    assert {state for state, _ in scheduler.events.values()} == {TaskInstanceState.SUCCESS}
+    # off: the workload's command line and the state directory are what they were before learning.
+    assert child_entry.argv_flags(1, "auto", ex._learn_dir)[4:] == (
+        ("--learn-imports", ex._learn_dir) if learning else ()
+    )
+    assert learning is (mode == "auto" and ex._config.launcher.value == "forkserver")
+    assert recorded_in is learning
