@@ -102,10 +102,12 @@ def _distribution(root: str, roots: dict[str, list[str]], cache: dict[str, Any])
     dists = roots.get(root)
     verdict: tuple[str | None, str]
     where = _location(root)
-    if where is None:
-        verdict = (None, "not installed (an optional import the task got past)")
-    elif not dists:
-        verdict = (None, f"not a module of an installed distribution: {where} (the DAGs folder, a bundle?)")
+    if not dists:
+        # Found here or not (the DAGs folder is on the task's path, not always on the helper's).
+        place = f"{where}: the DAGs folder, a bundle?" if where else "the DAGs folder, a bundle, or none"
+        verdict = (None, f"not a module of an installed distribution ({place})")
+    elif where is None:
+        verdict = (None, "not found on the fork server's path")
     else:
         site = next((d for d in dists if (s := _site_of(d)) and where.startswith(s + os.sep)), None)
         verdict = (site, "") if site else (None, f"found at {where}, outside the distribution {dists[0]}")
