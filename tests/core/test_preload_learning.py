@@ -296,3 +296,25 @@ async def test_a_thread_a_learned_module_starts_later_costs_the_preloads_not_the
     assert all(o.ok for o in recorder.outcomes), recorder.outcomes
     assert "a thread started in the fork server after it preloaded this" in refused(learning)["fakepre_late"]
     assert had(recorder, "after") == []
+
+
+@pytest.mark.asyncio
+async def test_a_failure_while_learning_stops_the_learning_and_nothing_else(
+    world: dict[str, Path], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    recorder = Recorder()
+    launcher, learning = learning_server(recorder, world)
+
+    def broken() -> None:
+        raise RuntimeError("a bug in the learning")
+
+    monkeypatch.setattr(learning.learned, "scan", broken)
+    async with serving(recorder, launcher) as supervisor:
+        supervisor.submit(LaunchRequest("k", py(PROBE), source=str(world["dag"])))
+        with anyio.fail_after(GUARD):
+            await learning.stopped.wait()
+        supervisor.submit(LaunchRequest("after", py(PROBE)))
+        await recorder.until(lambda: len(recorder.outcomes) == 2)
+    assert all(o.ok for o in recorder.outcomes)
+    assert "learning what tasks import stopped" in caplog.text
+    assert "a bug in the learning" in caplog.text

@@ -27,7 +27,7 @@ def top_level_imports(path: str) -> list[str]:
         if len(source) > MAX_SOURCE:
             return []
         tree = ast.parse(source, filename=path)
-    except (OSError, SyntaxError, ValueError):
+    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):  # no file to learn from
         return []
     return list(dict.fromkeys(_names(tree.body)))
 

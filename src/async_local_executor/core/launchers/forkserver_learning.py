@@ -55,6 +55,7 @@ class Learning:
         self._clock = clock
         self._wake = anyio.Event()
         self._updated = anyio.Event()
+        self.stopped = anyio.Event()  # set if the learning failed and stopped
 
     def saw(self, path: str | None) -> None:
         """A workload will run ``path`` (its DAG file): read its imports soon if it is new."""
@@ -92,7 +93,14 @@ class Learning:
         self._updated = anyio.Event()
 
     async def run(self, grow: Grow) -> None:
-        """Scan, and start a helper with the grown set when one is due, until cancelled."""
+        """Learn until cancelled; a failure here stops the learning alone, never the launcher."""
+        try:
+            await self._learn(grow)
+        except Exception:  # preloading is a speed-up: the helper serving now goes on
+            log.exception("fork server: learning what tasks import stopped; what is preloaded now stays")
+            self.stopped.set()
+
+    async def _learn(self, grow: Grow) -> None:
         last: float | None = None
         pause = self.interval
         if (discover := self._discover) is not None:
