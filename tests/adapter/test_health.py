@@ -252,6 +252,7 @@ def test_the_airflow_cli_command_runs_the_same_status(
     parser = argparse.ArgumentParser()
     for arg in command.args:
         arg.add_to_parser(parser)
+    capsys.readouterr()  # what was printed before (Airflow's own lines at start) is not the command's
     command.func(parser.parse_args(["--json", "--state-dir", str(state_dir)]))
     [shown] = json.loads(capsys.readouterr().out)
     assert shown["instance"] == executor._journal.instance  # type: ignore[union-attr]

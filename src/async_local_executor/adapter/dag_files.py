@@ -40,21 +40,28 @@ def airflow3(workload: Any) -> str | None:
     name = getattr(bundle, "name", None)
     if not isinstance(rel, (str, os.PathLike)) or not isinstance(name, str):
         return None  # the workload model has it as a Path
-    version = getattr(bundle, "version", None)
-    root = _bundle_path(name, version if isinstance(version, str) else None)
+    root = local_bundles().get(name)
     return os.path.join(root, os.fspath(rel)) if root else None
 
 
-@functools.lru_cache(maxsize=256)
-def _bundle_path(name: str, version: str | None) -> str | None:
-    try:
-        from airflow.dag_processing.bundles.manager import DagBundlesManager
+def local_bundles() -> dict[str, str]:
+    """Name -> directory of each bundle that is a directory on this host (Airflow 3's LocalDagBundle).
 
-        manager = DagBundlesManager()  # type: ignore[no-untyped-call]
-        return os.fspath(manager.get_bundle(name=name, version=version).path)
-    except Exception as exc:  # noqa: BLE001 - only a hint for preloading
-        log.debug("no path for DAG bundle %r (version %r): %s", name, version, exc)
-        return None
+    Read from ``[dag_processor] dag_bundle_config_list`` as Airflow's bundle manager reads it, without
+    building the manager (which logs a line each time, and would for every task). A bundle of another
+    kind, or one only the manager adds, is learned from its tasks' own processes instead.
+    """
+    from airflow import settings
+    from airflow.configuration import conf
+
+    entries = conf.getjson("dag_processor", "dag_bundle_config_list", fallback=None)
+    roots: dict[str, str] = {}
+    for entry in entries if isinstance(entries, list) else []:
+        if isinstance(entry, dict) and str(entry.get("classpath", "")).endswith(".LocalDagBundle"):
+            kwargs = entry.get("kwargs")
+            path = kwargs.get("path") if isinstance(kwargs, dict) else None
+            roots[str(entry.get("name"))] = str(path or settings.DAGS_FOLDER)
+    return roots
 
 
 @_hint
@@ -93,11 +100,9 @@ def local_dag_files() -> list[str]:
 
 def _local_roots() -> list[str]:
     try:
-        from airflow.dag_processing.bundles.local import LocalDagBundle
-        from airflow.dag_processing.bundles.manager import DagBundlesManager
+        import airflow.dag_processing.bundles.local  # noqa: F401 - only Airflow 3 has bundles
     except ImportError:  # Airflow 2: one DAGs folder
         from airflow.configuration import conf
 
         return [conf.get("core", "dags_folder", fallback="") or ""]
-    manager = DagBundlesManager()  # type: ignore[no-untyped-call]
-    return [os.fspath(b.path) for b in manager.get_all_dag_bundles() if isinstance(b, LocalDagBundle)]
+    return list(dict.fromkeys(local_bundles().values()))
