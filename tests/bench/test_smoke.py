@@ -7,6 +7,7 @@ numbers themselves are too small to mean anything.
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -166,7 +167,9 @@ def test_figures_are_sane(smoke: Smoke, variant: str) -> None:
         assert 0 < figures["makespan_s"] <= figures["run_duration_s"] < 120
         assert 0 < figures["task_duration_p50_s"] <= figures["task_duration_p95_s"] <= figures["makespan_s"]
         assert figures["peak_running"] >= 1
-        assert figures["per_task_uss_mb"] > 0
+        # A difference of two medians over 4 no-op tasks: with the default preload, the idle window may
+        # hold the fork server's replacement (two helpers), so only a number is asked for at smoke size.
+        assert math.isfinite(figures["per_task_uss_mb"])
         assert figures["scheduler_cpu_s"] > 0
 
 
