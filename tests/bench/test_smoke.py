@@ -166,10 +166,13 @@ def test_figures_are_sane(smoke: Smoke, variant: str) -> None:
         assert figures["tasks_succeeded"] == record["config"]["tasks"]
         assert 0 < figures["makespan_s"] <= figures["run_duration_s"] < 120
         assert 0 < figures["task_duration_p50_s"] <= figures["task_duration_p95_s"] <= figures["makespan_s"]
-        assert figures["peak_running"] >= 1
-        # A difference of two medians over 4 no-op tasks: with the default preload, the idle window may
-        # hold the fork server's replacement (two helpers), so only a number is asked for at smoke size.
-        assert math.isfinite(figures["per_task_uss_mb"])
+        # 4 no-op tasks: with the default preload each runs about 0.3 s, and the probes (a few samples a
+        # second) may see none of them running; when they do, USS per task is a difference of two
+        # medians, which the fork server's replacement in the idle window can push below zero. So at
+        # smoke size only their presence is asked for.
+        assert figures["peak_running"] >= 0
+        if figures["peak_running"]:
+            assert math.isfinite(figures["per_task_uss_mb"])
         assert figures["scheduler_cpu_s"] > 0
 
 
