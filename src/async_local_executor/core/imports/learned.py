@@ -114,7 +114,9 @@ class Learned:
             found.parsed[path] = current[1]
             found.names.extend(source.top_level_imports(path))
         found.names.extend(observe.read(self.directory))
-        found.changed.extend(m for m, p in self.preloaded.items() if p.file and stamp(p.file) != p.stamp)
+        # A snapshot: the loop thread may refuse a module (and so change the dict) while this runs.
+        preloaded = list(self.preloaded.values())
+        found.changed.extend(p.module for p in preloaded if p.file and stamp(p.file) != p.stamp)
         return found
 
     def apply(self, found: Scan) -> bool:
