@@ -55,7 +55,14 @@ before = set(sys.modules)
 child.preload()
 from airflow.sdk.api import client
 from airflow.utils import net
+import socket
+from airflow.sdk.execution_time import task_runner
+from airflow.sdk.execution_time.comms import CommsDecoder
+from pydantic import JsonValue
+a, b = (CommsDecoder(socket=s) for s in socket.socketpair())
 print(json.dumps({
+    "decoders": [a.body_decoder is b.body_decoder, a.err_decoder is b.err_decoder],
+    "json_adapter": task_runner.TypeAdapter(JsonValue) is task_runner.TypeAdapter(JsonValue),
     "tls": client.Client._get_ssl_context_cached.cache_info().currsize,
     "hostname": net.getfqdn.cache_info().currsize,
     "validator": child._workload_adapter.cache_info().currsize,
@@ -71,6 +78,8 @@ def test_preload_fills_the_per_process_caches_a_forked_task_would_refill() -> No
     done = subprocess.run([sys.executable, "-c", PRELOAD_PROBE], capture_output=True, text=True, check=True)
     filled = json.loads(done.stdout.strip().splitlines()[-1])
     assert filled == {
+        "decoders": [True, True],
+        "json_adapter": True,
         "tls": 1,
         "hostname": 1,
         "validator": 1,

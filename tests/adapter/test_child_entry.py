@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 
 from async_local_executor.adapter import child, child_cli, child_entry
@@ -90,3 +94,48 @@ def test_the_airflow_2_entry_refuses_any_other_command_as_bad_input(
     assert steps == []  # refused before anything was tied or run
     err = capsys.readouterr().err
     assert err.startswith("async_local_executor.adapter.child_cli: invalid command on stdin: not an `airflow")
+
+
+FREEZE_PROBE = """
+import gc, json, os
+from async_local_executor.adapter import child_entry
+
+child_entry.freeze_before_first_fork()
+held = [[i] for i in range(1000)]
+assert gc.get_freeze_count() == 0
+
+def fork_and_report():
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the task's own process: its own forks freeze nothing
+        os.close(r)
+        inherited = gc.get_freeze_count()
+        made = [[i] for i in range(1000)]
+        grandchild = os.fork()
+        if grandchild == 0:
+            os._exit(0)
+        os.waitpid(grandchild, 0)
+        os.write(w, json.dumps([inherited, gc.get_freeze_count()]).encode())
+        os._exit(0)
+    os.close(w)
+    seen = json.loads(os.read(r, 100))
+    os.waitpid(pid, 0)
+    return seen
+
+first = fork_and_report()
+after_first = gc.get_freeze_count()
+more = [[i] for i in range(1000)]
+second = fork_and_report()
+print(json.dumps({"first": first, "after_first": after_first, "second": second, "end": gc.get_freeze_count()}))
+"""
+
+
+def test_the_workload_process_freezes_its_objects_before_its_first_fork_only() -> None:
+    # A fresh interpreter: forking the test process (and freezing its objects) is not this test's to do.
+    done = subprocess.run([sys.executable, "-c", FREEZE_PROBE], capture_output=True, text=True, check=True)
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    frozen = seen["after_first"]
+    assert frozen >= 1000  # what it held at its first fork, the list above included
+    assert seen["first"] == [frozen, frozen]  # the task's process inherits them, and freezes no more
+    assert seen["second"] == [frozen, frozen]  # a second fork of the workload process: nothing more
+    assert seen["end"] == frozen

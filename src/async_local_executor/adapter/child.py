@@ -12,6 +12,7 @@ import json
 import sys
 from typing import Any
 
+from async_local_executor.adapter import shared_factories
 from async_local_executor.adapter.child_entry import (
     EXIT_BAD_INPUT,
     EXIT_CRASHED,
@@ -63,6 +64,9 @@ def preload() -> None:
 
     client.Client._get_ssl_context_cached(client.API_SSL_CA_FILE_PATH, client.API_SSL_CERT_PATH)
     client.get_hostname()  # type: ignore[no-untyped-call]
+    # Validators the task SDK would build again in every task process (see shared_factories).
+    shared_factories.share_comms_decoders()
+    shared_factories.share_task_runner_adapters()
     # A stock worker inherits the scheduler's logging set-up; ours is set up once here, writing to
     # fd 1, which each child points at its own output pipe before the workload runs.
     _configure_logging()
