@@ -25,7 +25,13 @@ KEY_FIGURES = {
     "burst": ("tasks_succeeded", "tasks_failed", "job_heartbeat_max_gap_s", "makespan_s"),
     "dispatch": ("heartbeat_p99_ms", "heartbeat_max_ms", "blocked"),
     "ordinary": ("tasks_succeeded", "tasks_failed", "state_mismatches", "makespan_s"),
-    "imports": ("makespan_s", "scheduler_cpu_s", "per_task_uss_mb", "task_duration_p50_s"),
+    "imports": (
+        "makespan_s",
+        "scheduler_cpu_s",
+        "per_task_uss_mb",
+        "task_process_uss_mb",
+        "task_duration_p50_s",
+    ),
 }
 NOTES_BEGIN, NOTES_END = "<!-- observations -->", "<!-- /observations -->"
 

@@ -236,6 +236,14 @@ METRICS: Final[dict[str, dict[str, Metric]]] = {
         "per_task_pss_mb": Metric(
             "MB", "lower", "the same with PSS (the idle window's PSS median subtracted)"
         ),
+        "task_process_uss_mb": Metric(
+            "MB",
+            "lower",
+            "median over the tasks of the private memory (USS) of the process that runs the task's code, "
+            "read by the task itself when it runs (its DAG file parsed, its imports done); the worker or "
+            "supervisor beside it is not in it (per_task_uss_mb counts both)",
+        ),
+        "task_process_uss_p95_mb": Metric("MB", "lower", "95th percentile of the same"),
         **_CPU,
     },
 }

@@ -22,6 +22,7 @@ IMPORTS_FIGURES = (
     ("task_duration_p50_s", "task run time, median (s)"),
     ("scheduler_cpu_s", "scheduler-tree CPU (s)"),
     ("per_task_uss_mb", "USS per running task (MB)"),
+    ("task_process_uss_mb", "task process USS, median (MB)"),
 )
 
 

@@ -2,13 +2,15 @@
 
 Real DAG files import libraries at their top, so every task process that parses the file pays for the
 import before its task runs. This folder is the DAG folder of the imports scenario only: the other
-scenarios' dag-processors never parse pandas. Same sizes (``ALE_BENCH_TASKS``), same no-op tasks, no
-retries, no XCom.
+scenarios' dag-processors never parse pandas. Same sizes (``ALE_BENCH_TASKS``), the same tasks
+(each only prints its own process's private memory for the benchmark to read, then sleeps
+``ALE_BENCH_HOLD_S`` seconds, 0 but in the held case), no retries, no XCom.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from datetime import datetime
 
 import pandas  # type: ignore[import-untyped,unused-ignore]  # noqa: F401 - the line added
@@ -23,6 +25,13 @@ START = datetime(2024, 1, 1)
 TASKS = int(os.environ.get("ALE_BENCH_TASKS", "200"))
 
 
+def report_private_memory() -> None:
+    """Print this process's private memory (USS, KiB): the benchmark reads the line from the task log."""
+    with open("/proc/self/smaps_rollup") as f:
+        kib = sum(int(line.split()[1]) for line in f if line.startswith(("Private_Clean", "Private_Dirty")))
+    print(f"ale-bench-task-uss-kib={kib}")
+
+
 @dag(
     dag_id="bench_import_pandas",
     schedule=None,
@@ -34,7 +43,9 @@ TASKS = int(os.environ.get("ALE_BENCH_TASKS", "200"))
 def bench_import_pandas() -> None:
     @task(do_xcom_push=False, retries=0)
     def noop(i: int) -> None:
-        return None
+        report_private_memory()
+        # Only in the benchmark's held case: the task stays running, so memory is seen in a steady state.
+        time.sleep(float(os.environ.get("ALE_BENCH_HOLD_S", "0")))
 
     noop.expand(i=list(range(TASKS)))
 

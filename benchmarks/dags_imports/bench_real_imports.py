@@ -2,7 +2,7 @@
 
 The task imports matplotlib in its body, which no Airflow task process imports by itself: that import
 happens only when the task runs, never when the file is parsed. The task reads the library's version so
-the import is used. Sizes come from ``ALE_BENCH_TASKS``; no retries, no XCom.
+the import is used, then prints its own process's private memory for the benchmark to read. Sizes come from ``ALE_BENCH_TASKS``; no retries, no XCom.
 """
 
 from __future__ import annotations
@@ -25,6 +25,13 @@ TASKS = int(os.environ.get("ALE_BENCH_TASKS", "200"))
 INDEXES: list[int] = pd.Series(np.arange(TASKS)).tolist()
 
 
+def report_private_memory() -> None:
+    """Print this process's private memory (USS, KiB): the benchmark reads the line from the task log."""
+    with open("/proc/self/smaps_rollup") as f:
+        kib = sum(int(line.split()[1]) for line in f if line.startswith(("Private_Clean", "Private_Dirty")))
+    print(f"ale-bench-task-uss-kib={kib}")
+
+
 @dag(
     dag_id="bench_real_imports",
     schedule=None,
@@ -40,6 +47,7 @@ def bench_real_imports() -> None:
 
         if not matplotlib.__version__:
             raise RuntimeError("matplotlib has no version")
+        report_private_memory()
 
     plot_version.expand(i=INDEXES)
 

@@ -41,15 +41,22 @@ def test_ordinary_load_is_200_noop_tasks_at_parallelism_32_with_one_api_worker()
         assert (size.tasks, size.parallelism, size.api_workers) == (200, 32, 1)
 
 
-def test_the_full_imports_cases_are_100_tasks_at_parallelism_16() -> None:
+def test_the_full_imports_cases_are_100_tasks_at_parallelism_16_and_one_held_wave() -> None:
     assert [case.name for case in select_cases("full", ["imports"])] == [
         "pandas-100-tasks-p16",
         "real-imports-100-tasks-p16",
+        "pandas-held-16-tasks-p16",
     ]
     assert [case.config["dag_id"] for case in imports.cases("full")] == [
         "bench_import_pandas",
         "bench_real_imports",
+        "bench_import_pandas",
     ]
+    held = imports.cases("full")[-1].config
+    # One wave (as many tasks as slots), running long after stock's tasks have imported pandas.
+    assert held["tasks"] == held["parallelism"] == 16
+    assert held["hold_s"] >= 20
+    assert [case.config["hold_s"] for case in imports.cases("smoke")] == [0.0, 0.0]
 
 
 def test_only_the_imports_scenario_parses_dag_files_that_import_pandas() -> None:
@@ -175,3 +182,23 @@ def test_a_crashed_scheduler_is_a_result_of_the_burst_not_a_harness_error() -> N
         "scheduler exited: sqlalchemy.orm.exc.StaleDataError: UPDATE statement on table 'task_instance' "
         "expected to update 1 row(s); 0 were matched."
     )
+
+
+def test_the_task_process_uss_is_read_from_every_task_log_that_says_it(tmp_path: Path) -> None:
+    # As Airflow 3 writes a task's print (a JSON event) and as Airflow 2 does (a plain line).
+    logs = tmp_path / "dag_id=bench_import_pandas"
+    first = logs / "run_id=r" / "task_id=noop" / "map_index=0" / "attempt=1.log"
+    second = logs / "run_id=r" / "task_id=noop" / "map_index=1" / "attempt=1.log"
+    silent = logs / "run_id=r" / "task_id=noop" / "map_index=2" / "attempt=1.log"
+    for path in (first, second, silent):
+        path.parent.mkdir(parents=True)
+    first.write_text('{"event": "ale-bench-task-uss-kib=20480", "chan": "stdout"}\n')
+    second.write_text("[2026-12-02] {logging_mixin.py:190} INFO - ale-bench-task-uss-kib=10240\n")
+    silent.write_text('{"event": "Task failed"}\n')
+    assert imports.task_process_uss_mb(logs) == [20.0, 10.0]
+    assert imports.task_process_uss_mb(tmp_path / "none") == []
+
+
+def test_every_imports_dag_task_prints_the_line_the_benchmark_reads() -> None:
+    for path in imports.DAGS_FOLDER.glob("*.py"):
+        assert f'print(f"{imports.USS_MARKER}{{kib}}")' in path.read_text(), path.name

@@ -173,6 +173,10 @@ def test_figures_are_sane(smoke: Smoke, variant: str) -> None:
         assert figures["peak_running"] >= 0
         if figures["peak_running"]:
             assert math.isfinite(figures["per_task_uss_mb"])
+        # Every task said its own process's private memory in its log: a process that parsed a DAG file
+        # importing pandas holds megabytes of its own, whoever forked it.
+        assert len(record["series"]["task_process_uss_mb"]) == record["config"]["tasks"]
+        assert 1 < figures["task_process_uss_mb"] <= figures["task_process_uss_p95_mb"] < 1024
         assert figures["scheduler_cpu_s"] > 0
 
 
