@@ -112,3 +112,32 @@ def test_an_unhashable_type_goes_to_the_real_constructor() -> None:
     assert adapters(int) == ("adapter", 1)
     assert adapters(int) == ("adapter", 1)
     assert adapters([int]) == ("adapter", 2)  # a list is unhashable: passed on, never cached
+
+
+def test_a_factory_that_fails_costs_the_sharing_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.sdk.execution_time.comms import CommsDecoder
+
+    def broken() -> object:
+        raise RuntimeError("cannot build")
+
+    init_globals = CommsDecoder.__init__.__globals__
+    monkeypatch.setitem(init_globals, "__attr_factory_body_decoder", broken)
+    monkeypatch.setitem(
+        init_globals, "__attr_factory_err_decoder", init_globals["__attr_factory_err_decoder"]
+    )
+    assert shared_factories.share_comms_decoders() == []  # said nothing to the fork server: no raise
+    assert init_globals["__attr_factory_body_decoder"] is broken  # left as it was
+
+
+def test_an_adapter_that_fails_to_build_leaves_the_task_runner_as_it_was(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from airflow.sdk.execution_time import task_runner
+
+    def broken(real: object, types: object) -> object:
+        raise RuntimeError("cannot build")
+
+    monkeypatch.setattr(task_runner, "TypeAdapter", TypeAdapter)
+    monkeypatch.setattr(shared_factories, "PrebuiltAdapters", broken)
+    assert not shared_factories.share_task_runner_adapters()
+    assert task_runner.TypeAdapter is TypeAdapter  # type: ignore[attr-defined,unused-ignore]

@@ -8,12 +8,14 @@ Airflow 3's task process compiles pydantic validators that are the same in every
 
 In a process forked from the fork server, building them walks (and so writes to) pages of every model
 it shares with the helper: measured on a held task of a DAG importing pandas, the task process's private
-memory went from 23.0 MB to 19.3 MB with both shared (and 12 ms less CPU in the lab, per task).
+memory went from 23.0 MB to 19.3 MB with both shared (and a fork of a preloaded process spent about
+20 ms of CPU building them).
 
 A built validator is immutable, so one serves every task: the fork server calls the functions below
 before it forks, and each task process inherits the objects copy-on-write. What is memoized is the task
 SDK's own factory or constructor, so the objects are those the task SDK would build; a version of attrs,
-pydantic or the task SDK that does not look as expected is left as it is.
+pydantic or the task SDK that does not look as expected is left as it is, and so is one where building
+them fails: sharing is an optimisation, and its failure must not cost the fork server.
 """
 
 from __future__ import annotations
@@ -77,9 +79,10 @@ def share_comms_decoders() -> list[str]:
     """Build the task SDK's ``CommsDecoder`` message validators once (Airflow 3; a no-op elsewhere)."""
     try:
         from airflow.sdk.execution_time.comms import CommsDecoder
-    except ImportError:
+
+        return memoize_attrs_factories(CommsDecoder, COMMS_DECODER_FIELDS)
+    except Exception:  # noqa: BLE001 - each task then builds its own, as without the fork server
         return []
-    return memoize_attrs_factories(CommsDecoder, COMMS_DECODER_FIELDS)
 
 
 def share_task_runner_adapters() -> bool:
@@ -90,9 +93,11 @@ def share_task_runner_adapters() -> bool:
     try:
         from airflow.sdk.execution_time import task_runner
         from pydantic import JsonValue, TypeAdapter
-    except ImportError:
+
+        if getattr(task_runner, "TypeAdapter", None) is not TypeAdapter:
+            return False  # not the name it was, or replaced already
+        prebuilt = PrebuiltAdapters(TypeAdapter, [JsonValue])
+    except Exception:  # noqa: BLE001 - each task then builds its own, as without the fork server
         return False
-    if getattr(task_runner, "TypeAdapter", None) is not TypeAdapter:
-        return False  # not the name it was, or replaced already
-    task_runner.TypeAdapter = PrebuiltAdapters(TypeAdapter, [JsonValue])  # type: ignore[assignment,attr-defined,unused-ignore]
+    task_runner.TypeAdapter = prebuilt  # type: ignore[assignment,attr-defined,unused-ignore]
     return True
