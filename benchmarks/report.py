@@ -18,7 +18,6 @@ from benchmarks.summary import Row, Summary
 CHARTS = ("makespan.png", "memory.png", "heartbeat.png")
 # Written only when the records hold that scenario.
 IMPORTS_CHART = "imports.png"
-_CASE_NAME = re.compile(r"(?P<kind>.+)-(?P<count>\d+)-tasks-(?P<rest>.+)")
 IMPORTS_FIGURES = (
     ("makespan_s", "makespan (s)"),
     ("task_duration_p50_s", "task run time, median (s)"),
@@ -285,6 +284,9 @@ def _imports_chart(
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+_CASE_NAME = re.compile(r"(?P<kind>.+)-(?P<count>\d+)-tasks-(?P<rest>.+)")
 
 
 def _case_label(case: str) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Final
@@ -70,25 +71,19 @@ HELD = {
 
 def cases(profile: str) -> list[Case]:
     size = SIZES[profile]
-    found = [
-        Case(
-            "imports",
-            f"{kind}-{size.tasks}-tasks-p{size.parallelism}",
-            {"dag_id": dag_id, **asdict(size)},
-            functools.partial(run, dag_id, size),
-        )
-        for kind, dag_id in DAG_IDS.items()
-    ]
+    found = [_case(kind, dag_id, size) for kind, dag_id in DAG_IDS.items()]
     if held := HELD.get(profile):
-        found.append(
-            Case(
-                "imports",
-                f"pandas-held-{held.tasks}-tasks-p{held.parallelism}",
-                {"dag_id": DAG_IDS["pandas"], **asdict(held)},
-                functools.partial(run, DAG_IDS["pandas"], held),
-            )
-        )
+        found.append(_case("pandas-held", DAG_IDS["pandas"], held))
     return found
+
+
+def _case(kind: str, dag_id: str, size: Size) -> Case:
+    return Case(
+        "imports",
+        f"{kind}-{size.tasks}-tasks-p{size.parallelism}",
+        {"dag_id": dag_id, **asdict(size)},
+        functools.partial(run, dag_id, size),
+    )
 
 
 def run(dag_id: str, size: Size, ctx: RunContext) -> Outcome:
@@ -110,7 +105,10 @@ def run(dag_id: str, size: Size, ctx: RunContext) -> Outcome:
             time.sleep(size.idle_window)
             idle = memory.between(idle_from, time.monotonic())
             done = trigger_and_wait(dep, dag_id, size.timeout)
-        task_uss = task_process_uss_mb(dep.sandbox.home / "logs" / f"dag_id={dag_id}")
+        sb = dep.sandbox
+        task_uss = task_process_uss_mb(
+            sb.task_log_path(dag_id, done.run_id, r.task_id, r.try_number, r.map_index) for r in done.rows
+        )
     rows = done.rows
     durations = [(r.end_date - r.start_date).total_seconds() for r in rows if r.start_date and r.end_date]
     succeeded = sum(1 for r in rows if r.state == "success")
@@ -138,16 +136,16 @@ def run(dag_id: str, size: Size, ctx: RunContext) -> Outcome:
     return Outcome(metrics, series, status, [done.problem] if done.problem else [], info=info)
 
 
-def task_process_uss_mb(logs: Path) -> list[float]:
-    """What each task said of its own process's private memory, read from the task logs under ``logs``.
+def task_process_uss_mb(logs: Iterable[Path]) -> list[float]:
+    """What each task said of its own process's private memory, read from its log (one path per task).
 
     The same figure for every executor: the process that runs the task's code (stock's task process,
     forked by a worker; ours, forked by the workload's supervisor), read by the task itself when it runs,
     after that process parsed its DAG file. The workers or supervisors are not in it: the scheduler-tree
-    figures above count them.
+    figures above count them. A log that is missing or says nothing of it is left out.
     """
     found = []
-    for path in sorted(logs.rglob("*.log")):
+    for path in logs:
         try:
             text = path.read_text(errors="replace")
         except OSError:

@@ -195,8 +195,8 @@ def test_the_task_process_uss_is_read_from_every_task_log_that_says_it(tmp_path:
     first.write_text('{"event": "ale-bench-task-uss-kib=20480", "chan": "stdout"}\n')
     second.write_text("[2026-12-02] {logging_mixin.py:190} INFO - ale-bench-task-uss-kib=10240\n")
     silent.write_text('{"event": "Task failed"}\n')
-    assert imports.task_process_uss_mb(logs) == [20.0, 10.0]
-    assert imports.task_process_uss_mb(tmp_path / "none") == []
+    assert imports.task_process_uss_mb([first, second, silent]) == [20.0, 10.0]
+    assert imports.task_process_uss_mb([tmp_path / "none" / "attempt=1.log"]) == []
 
 
 def test_every_imports_dag_task_prints_the_line_the_benchmark_reads() -> None:

@@ -20,6 +20,7 @@ them fails: sharing is an optimisation, and its failure must not cost the fork s
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,7 +31,7 @@ COMMS_DECODER_FIELDS = ("body_decoder", "err_decoder")
 
 
 def memoize_attrs_factories(cls: type, fields: Sequence[str]) -> list[str]:
-    """Make each named attrs field's default factory build its value once, then return that value.
+    """Make each named attrs field's default factory build its value now, once, then return that value.
 
     :return: the fields memoized (those whose factory was found; none on an unknown attrs layout)
     """
@@ -39,21 +40,13 @@ def memoize_attrs_factories(cls: type, fields: Sequence[str]) -> list[str]:
     for name in fields:
         key = _FACTORY_GLOBAL.format(name)
         factory = init_globals.get(key)
-        if not callable(factory) or isinstance(factory, Memoized):
+        if not callable(factory) or hasattr(factory, "cache_info"):  # cache_info: memoized already
             continue
-        init_globals[key] = Memoized(factory())
+        memoized = functools.cache(factory)
+        memoized()  # built here, before the fork server forks, so that every task inherits it
+        init_globals[key] = memoized
         done.append(name)
     return done
-
-
-class Memoized:
-    """A factory that returns the one value it was given."""
-
-    def __init__(self, value: object) -> None:
-        self.value = value
-
-    def __call__(self) -> object:
-        return self.value
 
 
 class PrebuiltAdapters:
