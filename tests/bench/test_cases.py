@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from benchmarks import deployment as deployment_module
+from benchmarks import report
 from benchmarks.deployment import KNOWN_VARIANTS
 from benchmarks.harness import PROFILES, Plan, default_database, select_cases
 from benchmarks.report import markdown_table
@@ -202,3 +203,9 @@ def test_the_task_process_uss_is_read_from_every_task_log_that_says_it(tmp_path:
 def test_every_imports_dag_task_prints_the_line_the_benchmark_reads() -> None:
     for path in imports.DAGS_FOLDER.glob("*.py"):
         assert f'print(f"{imports.USS_MARKER}{{kib}}")' in path.read_text(), path.name
+
+
+def test_an_imports_case_is_labelled_on_two_short_lines_under_its_bars() -> None:
+    labels = [report._case_label(case.name) for case in imports.cases("full")]
+    assert labels == ["pandas\n100 tasks p16", "real-imports\n100 tasks p16", "pandas-held\n16 tasks p16"]
+    assert report._case_label("no-size") == "no-size"
