@@ -141,14 +141,14 @@ def deployment(
     progress: Callable[[str], None] | None,
     keep_home: bool = False,
     airflow_env: Mapping[str, str] | None = None,
-    execution_api_timeout: float | None = 60.0,
+    airflow_cfg: str = "generated",
     dags_folder: Path = DAGS_FOLDER,
 ) -> Iterator[Deployment]:
     """Start a fresh sandbox running ``variant`` with the benchmark DAGs; stop and remove it after.
 
     ``airflow_env`` is a case's own Airflow configuration (``AIRFLOW__SECTION__KEY`` variables) on top
-    of the sandbox's; a variant's environment still comes last. ``execution_api_timeout`` goes to the
-    sandbox: None leaves ``[workers] execution_api_timeout`` unset (Airflow's default, 5 s).
+    of the sandbox's; a variant's environment still comes last. ``airflow_cfg`` goes to the sandbox:
+    ``"generated"`` (Airflow writes its own, as on a deployment) or ``"empty"``.
     ``dags_folder`` is what the dag-processor parses: a scenario whose DAG files import heavy libraries
     keeps them in a folder of its own, so the other scenarios' deployments never parse them.
     """
@@ -176,7 +176,7 @@ def deployment(
         extra_config=env,
         home=home,
         progress=progress,
-        execution_api_timeout=execution_api_timeout,
+        airflow_cfg=airflow_cfg,
     )
     failed = True
     try:

@@ -123,6 +123,8 @@ class Plan:
     repeat: int
     # --database: overrides every case's own choice when set.
     database: str | None = None
+    # --airflow-cfg: what every deployment's airflow.cfg is (harness.environment.AIRFLOW_CFG_KINDS).
+    airflow_cfg: str = "generated"
 
     def runs(self) -> list[tuple[Case, int, Variant]]:
         # Paired runs sit next to each other in time: A B A B per case, so drift hits both sides.
@@ -152,7 +154,7 @@ def run_plan(plan: Plan, out: Path, listener: Listener, *, keep_home: bool = Fal
     for index, (case, rep, variant) in enumerate(runs):
         listener.run_started(index, len(runs), case, rep, variant)
         database = plan.database_for(case)
-        ctx = RunContext(variant, database, listener.line, keep_home)
+        ctx = RunContext(variant, database, listener.line, keep_home, plan.airflow_cfg)
         started_at = datetime.now(timezone.utc)
         began = time.monotonic()
         load = os.getloadavg()
@@ -178,6 +180,7 @@ def run_plan(plan: Plan, out: Path, listener: Listener, *, keep_home: bool = Fal
             "source_digest": digest,
             "repetition": rep,
             "database": database,
+            "airflow_cfg": plan.airflow_cfg,
             "command": python_command(),
             "started_at": started_at.isoformat(),
             "wall_s": round(time.monotonic() - began, 2),

@@ -23,6 +23,7 @@ import async_local_executor
 from harness.postgres import PostgresDatabase
 
 __all__ = [
+    "AIRFLOW_CFG_KINDS",
     "DEFAULT_DAGS_FOLDER",
     "DEMO_CALLBACK_DIR_ENV",
     "SANDBOX_MARKER_ENV",
@@ -42,6 +43,11 @@ DEFAULT_DAGS_FOLDER: Final[Path] = Path(async_local_executor.__file__).resolve()
 SANDBOX_MARKER_ENV: Final[str] = "AIRFLOW_SANDBOX_ID"
 # The demo DAG's deadline callback writes its marker file here (see example_dags/demo_dag.py).
 DEMO_CALLBACK_DIR_ENV: Final[str] = "ALE_DEMO_CALLBACK_DIR"
+# What the home's airflow.cfg is. "generated": none is written beforehand, so Airflow's first command
+# writes its own (every option with its default, [workers] execution_api_timeout = 5.0 among them, and
+# the environment's values), as on a real deployment: the default. "empty": an empty file, so every
+# option not in the environment is unset; an explicit variant, never what operators run.
+AIRFLOW_CFG_KINDS: Final[tuple[str, ...]] = ("generated", "empty")
 _SIMPLE_AUTH_MANAGER: Final[str] = (
     "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
 )
@@ -147,7 +153,8 @@ def airflow_env(
             # faulthandler then writes every thread's stack to its log, so a hang says where.
             "PYTHONFAULTHANDLER": "1",
             "AIRFLOW_HOME": str(home.root),
-            # An existing (empty) file stops Airflow from writing a default airflow.cfg.
+            # Airflow writes its airflow.cfg here on the first command (airflow db migrate), every
+            # option with its default, as on a deployment's first start (see AIRFLOW_CFG_KINDS).
             "AIRFLOW_CONFIG": str(home.root / "airflow.cfg"),
             "AIRFLOW__CORE__EXECUTOR": executor,
             "AIRFLOW__CORE__DAGS_FOLDER": str(dags_folder),
@@ -188,10 +195,8 @@ def airflow_env(
         }
     )
     if execution_api_timeout is not None:
-        # With one api-server worker on 2 cores, a burst of task starts can queue a request past
-        # the 5 s default client timeout; the task SDK then retries calls that are not
-        # idempotent in Airflow 3.3.2 (a late duplicate PATCH .../run puts a finished task back
-        # to running, a retried connection-test GET gets 409). Same setting for every executor.
+        # An operator's explicit choice, as a variant: by default the option keeps what Airflow
+        # writes into airflow.cfg (5 s), as in a deployment nobody tuned.
         env["AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT"] = f"{execution_api_timeout:g}"
     return env
 
@@ -214,14 +219,18 @@ def write_passwords(env: Mapping[str, str], passwords: Mapping[str, str]) -> Non
         json.dump(dict(passwords), file)
 
 
-def prepare_home(home: HomeLayout, env: Mapping[str, str], callback_dir: Path) -> None:
-    """Create the home's directories, an empty ``airflow.cfg`` and ``sandbox.env`` (both 0600)."""
+def prepare_home(home: HomeLayout, env: Mapping[str, str], callback_dir: Path, airflow_cfg: str) -> None:
+    """Create the home's directories and ``sandbox.env`` (0600), and an empty ``airflow.cfg`` if asked.
+
+    :param airflow_cfg: one of :data:`AIRFLOW_CFG_KINDS`; ``"generated"`` leaves the file to Airflow
+    """
     home.root.mkdir(parents=True, exist_ok=True)
     home.proc_logs.mkdir(exist_ok=True)
     home.logs.mkdir(exist_ok=True)
     callback_dir.mkdir(exist_ok=True)
-    cfg = home.root / "airflow.cfg"
-    cfg.touch(mode=0o600, exist_ok=True)
+    if airflow_cfg == "empty":
+        # An existing file, even empty, stops Airflow from writing its own.
+        (home.root / "airflow.cfg").touch(mode=0o600, exist_ok=True)
     # Handy for `set -a; . sandbox.env` when debugging a kept home; holds secrets, so 0600.
     env_file = home.root / "sandbox.env"
     fd = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

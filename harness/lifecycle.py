@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from harness import cgroups, waits
 from harness.environment import (
+    AIRFLOW_CFG_KINDS,
     DEFAULT_DAGS_FOLDER,
     DEMO_CALLBACK_DIR_ENV,
     HomeLayout,
@@ -76,8 +77,11 @@ class SandboxLifecycle:
     :param stop_timeout: how long ``stop()`` waits for each process after SIGTERM before it sends
         SIGABRT (a traceback of every thread, with ``PYTHONFAULTHANDLER``) and then SIGKILL.
     :param execution_api_timeout: ``[workers] execution_api_timeout``, the task SDK's timeout for its
-        calls to the api-server, in seconds; None leaves the option unset, so Airflow's own default
-        (5 s) applies.
+        calls to the api-server, in seconds, set in the environment as an operator's choice; None (the
+        default) leaves it as ``airflow.cfg`` has it.
+    :param airflow_cfg: ``"generated"`` (the default): Airflow writes the home's ``airflow.cfg`` on
+        its first command, every option with its default, as on a deployment's first start;
+        ``"empty"``: an empty file, so options the environment does not set are unset.
     :param progress: called with one line per startup/shutdown step; default prints to stderr.
     """
 
@@ -98,7 +102,8 @@ class SandboxLifecycle:
         keep_home: bool = False,
         startup_timeout: float = 180.0,
         stop_timeout: float = 30.0,
-        execution_api_timeout: float | None = 60.0,
+        execution_api_timeout: float | None = None,
+        airflow_cfg: str = "generated",
         users: Mapping[str, str] | None = None,
         progress: Progress | None = _log,
     ) -> None:
@@ -106,7 +111,12 @@ class SandboxLifecycle:
             raise ValueError("parallelism must be >= 1")
         if execution_api_timeout is not None and execution_api_timeout <= 0:
             raise ValueError("execution_api_timeout must be > 0 or None")
+        if airflow_cfg not in AIRFLOW_CFG_KINDS:
+            raise ValueError(
+                f"airflow_cfg must be one of {', '.join(AIRFLOW_CFG_KINDS)}, not {airflow_cfg!r}"
+            )
         self.execution_api_timeout = execution_api_timeout
+        self.airflow_cfg = airflow_cfg
         self.executor = executor
         self.parallelism = parallelism
         self.dags_folder = Path(dags_folder).resolve()
@@ -162,6 +172,11 @@ class SandboxLifecycle:
     def env(self) -> dict[str, str]:
         """A copy of the full environment given to every Airflow process of this sandbox."""
         return dict(self._env)
+
+    @property
+    def airflow_cfg_path(self) -> Path:
+        """The home's ``airflow.cfg`` (``AIRFLOW_CONFIG``): Airflow's generated one unless asked otherwise."""
+        return Path(self._env["AIRFLOW_CONFIG"])
 
     @property
     def logs_dir(self) -> Path:
@@ -232,7 +247,7 @@ class SandboxLifecycle:
         self._started = True
         try:
             self._say(f"home {self.home}, executor {self.executor}, api {self.api_url}")
-            prepare_home(self._layout, self._env, self.callback_dir)
+            prepare_home(self._layout, self._env, self.callback_dir, self.airflow_cfg)
             if self.passwords:
                 write_passwords(self._env, self.passwords)
             if self._postgres is not None:
@@ -240,6 +255,8 @@ class SandboxLifecycle:
                     self._postgres.create()
             with self._step("airflow db migrate"):
                 self._processes.migrate(self.startup_timeout * 2)
+            if not self.airflow_cfg_path.is_file():
+                raise SandboxError(f"airflow db migrate wrote no {self.airflow_cfg_path}")
             for name in (*self.process_names, *self.extra_processes):
                 with self._step(f"starting {name}"):
                     self._processes.spawn(name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import configparser
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -25,6 +26,8 @@ class RunContext:
     database: str
     progress: Callable[[str], None] | None
     keep_home: bool = False
+    # The home's airflow.cfg: "generated" by Airflow as on a deployment (the default), or "empty".
+    airflow_cfg: str = "generated"
 
 
 @dataclass
@@ -126,9 +129,17 @@ CONFIG_KEYS = (
 
 
 def airflow_config(sandbox: AirflowSandbox) -> dict[str, str]:
-    """The deployment's values of ``CONFIG_KEYS``; "unset" when Airflow's default applies."""
+    """The deployment's values of ``CONFIG_KEYS`` as Airflow reads them: from the environment, else
+    from ``airflow.cfg`` (Airflow's generated one holds every option's default); "unset" in neither.
+    """
+    file = configparser.RawConfigParser(strict=False, interpolation=None)
+    file.read(sandbox.airflow_cfg_path)
     env = sandbox.env
-    return {key: env.get(key, "unset") for key in CONFIG_KEYS}
+    values: dict[str, str] = {}
+    for key in CONFIG_KEYS:
+        _, section, option = key.lower().split("__", 2)
+        values[key] = env.get(key) or str(file.get(section, option, fallback="unset"))
+    return values
 
 
 def wait_for_run(

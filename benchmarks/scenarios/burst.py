@@ -153,6 +153,7 @@ def run(size: Size, ctx: RunContext) -> Outcome:
     first_running_s: float | None = None
     with deployment(
         ctx.variant,
+        airflow_cfg=ctx.airflow_cfg,
         parallelism=size.parallelism,
         database=ctx.database,
         dag_env=dag_env,

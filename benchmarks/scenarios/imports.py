@@ -89,6 +89,7 @@ def _case(kind: str, dag_id: str, size: Size) -> Case:
 def run(dag_id: str, size: Size, ctx: RunContext) -> Outcome:
     with deployment(
         ctx.variant,
+        airflow_cfg=ctx.airflow_cfg,
         parallelism=size.parallelism,
         database=ctx.database,
         dag_env={"ALE_BENCH_TASKS": str(size.tasks), "ALE_BENCH_HOLD_S": str(size.hold_s)},

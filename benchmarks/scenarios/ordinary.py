@@ -1,11 +1,12 @@
-"""Ordinary load: many no-op mapped tasks with Airflow's own defaults for the api-server and its client.
+"""Ordinary load: many no-op mapped tasks on a deployment as Airflow sets one up.
 
-The other scenarios run the task SDK with a 60 s ``[workers] execution_api_timeout`` (the sandbox's
-setting). This one leaves it unset, so Airflow's 5 s default applies, with one api-server worker: what
-a deployment gets out of the box. A start burst can then queue a task's call to the api-server past
-the timeout; Airflow 3.3.2 retries calls that are not idempotent, and a task that succeeded can end up
-failed by the scheduler. So the figures are how many tasks really succeeded (final states from the
-database) and how often the scheduler logged an executor event that contradicted the database.
+The home's ``airflow.cfg`` is the one Airflow writes on its first start (every option with its
+default: ``[workers] execution_api_timeout = 5.0``), with one api-server worker: what a deployment gets
+out of the box (``--airflow-cfg empty`` runs it on an empty file instead). A start burst can queue a
+task's call to the api-server past the client's timeout; Airflow 3.3.2 retries calls that are not
+idempotent, and a task that succeeded can end up failed by the scheduler. So the figures are how many
+tasks really succeeded (final states from the database) and how often the scheduler logged an executor
+event that contradicted the database.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ SIZES = {
 
 def cases(profile: str) -> list[Case]:
     size = SIZES[profile]
-    config = {**asdict(size), "execution_api_timeout": "unset (Airflow's default, 5 s)"}
+    config = asdict(size)
     return [
         Case(
             "ordinary",
@@ -64,11 +65,11 @@ def cases(profile: str) -> list[Case]:
 def run(size: Size, ctx: RunContext) -> Outcome:
     with deployment(
         ctx.variant,
+        airflow_cfg=ctx.airflow_cfg,
         parallelism=size.parallelism,
         database=ctx.database,
         dag_env={"ALE_BENCH_TASKS": str(size.tasks)},
         airflow_env={"AIRFLOW__API__WORKERS": str(size.api_workers)},
-        execution_api_timeout=None,
         progress=ctx.progress,
         keep_home=ctx.keep_home,
     ) as dep:

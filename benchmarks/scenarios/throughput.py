@@ -49,6 +49,7 @@ def cases(profile: str) -> list[Case]:
 def run(size: Size, ctx: RunContext) -> Outcome:
     with deployment(
         ctx.variant,
+        airflow_cfg=ctx.airflow_cfg,
         parallelism=size.parallelism,
         database=ctx.database,
         dag_env={"ALE_BENCH_TASKS": str(size.tasks)},

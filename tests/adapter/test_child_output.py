@@ -82,4 +82,7 @@ def test_an_operators_own_client_timeout_is_kept(
     started = [r.getMessage() for r in child_lines(caplog) if "stub running" in r.getMessage()]
     assert started
     assert "client_timeout=7" in started[0]
-    assert not any("execution_api_timeout" in r.getMessage() for r in caplog.records)
+    said = [r.getMessage() for r in caplog.records if "execution_api_timeout" in r.getMessage()]
+    assert said == [
+        f"task processes keep [workers] execution_api_timeout = 7s: set in the environment ({CLIENT_TIMEOUT})"
+    ]

@@ -14,6 +14,7 @@ from benchmarks.harness import PROFILES, Plan, default_database, select_cases
 from benchmarks.report import markdown_table
 from benchmarks.scenarios import burst, imports, ordinary
 from benchmarks.summary import summarize, words
+from harness.environment import HomeLayout, prepare_home
 from harness.sandbox import AirflowSandbox, SandboxError
 
 TIMEOUT_ENV = "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT"
@@ -89,17 +90,32 @@ def test_burst_defaults_to_postgres_and_the_other_scenarios_keep_theirs() -> Non
     assert {override.database_for(case) for case in cases} == {"sqlite"}
 
 
-def test_the_sandbox_leaves_the_execution_api_timeout_unset_on_request(tmp_path: Path) -> None:
+def test_the_sandbox_leaves_airflow_cfg_to_airflow_and_the_client_timeout_to_it(tmp_path: Path) -> None:
     default = AirflowSandbox(home=tmp_path / "a", progress=None)
-    assert default.env[TIMEOUT_ENV] == "60"
-    unset = AirflowSandbox(home=tmp_path / "b", progress=None, execution_api_timeout=None)
-    assert TIMEOUT_ENV not in unset.env
-    assert (
-        AirflowSandbox(home=tmp_path / "c", progress=None, execution_api_timeout=7.5).env[TIMEOUT_ENV]
-        == "7.5"
-    )
+    assert default.airflow_cfg == "generated"
+    # Not in the environment: the value Airflow writes into its airflow.cfg (5.0) is what applies.
+    assert TIMEOUT_ENV not in default.env
+    # An operator's choice is an explicit variant.
+    chosen = AirflowSandbox(home=tmp_path / "c", progress=None, execution_api_timeout=7.5)
+    assert chosen.env[TIMEOUT_ENV] == "7.5"
     with pytest.raises(ValueError, match="execution_api_timeout"):
         AirflowSandbox(home=tmp_path / "d", progress=None, execution_api_timeout=0)
+    with pytest.raises(ValueError, match="airflow_cfg must be one of generated, empty"):
+        AirflowSandbox(home=tmp_path / "e", progress=None, airflow_cfg="blank")
+
+
+@pytest.mark.parametrize(("kind", "written"), [("generated", False), ("empty", True)])
+def test_a_home_gets_an_airflow_cfg_beforehand_only_when_asked_for_an_empty_one(
+    tmp_path: Path, kind: str, written: bool
+) -> None:
+    layout = HomeLayout(tmp_path / "home")
+    prepare_home(layout, {}, tmp_path / "callbacks", kind)
+    cfg = layout.root / "airflow.cfg"
+    # No file: Airflow's first command writes its own, as on a deployment's first start.
+    assert cfg.exists() is written
+    if written:
+        assert cfg.read_text() == ""
+        assert cfg.stat().st_mode & 0o777 == 0o600
 
 
 def test_a_deployment_hands_the_case_s_config_to_the_sandbox(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -124,10 +140,10 @@ def test_a_deployment_hands_the_case_s_config_to_the_sandbox(monkeypatch: pytest
         dag_env={"ALE_BENCH_TASKS": "3"},
         progress=None,
         airflow_env={"AIRFLOW__API__WORKERS": "2"},
-        execution_api_timeout=None,
+        airflow_cfg="empty",
     ):
         pass
-    assert seen["execution_api_timeout"] is None
+    assert seen["airflow_cfg"] == "empty"
     assert seen["extra_config"]["AIRFLOW__API__WORKERS"] == "2"
     assert seen["extra_config"]["ALE_BENCH_TASKS"] == "3"
     assert seen["dags_folder"] == deployment_module.DAGS_FOLDER

@@ -138,7 +138,8 @@ def test_figures_are_sane(smoke: Smoke, variant: str) -> None:
         "AIRFLOW__CORE__PARALLELISM": str(size["parallelism"]),
         "AIRFLOW__API__WORKERS": "2",
         "AIRFLOW__SCHEDULER__MAX_TIS_PER_QUERY": "0",
-        "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "60",
+        # Every deployment runs on the airflow.cfg Airflow generated, with its defaults.
+        "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "5.0",
     }
 
     ordinary_record = by(smoke, "ordinary", variant)
@@ -148,12 +149,13 @@ def test_figures_are_sane(smoke: Smoke, variant: str) -> None:
     assert ordinary["tasks_failed"] == ordinary["tasks_lost"] == 0
     assert ordinary["state_mismatches"] >= 0
     assert 0 < ordinary["makespan_s"] <= ordinary["run_duration_s"] < 120
-    # Airflow's own defaults: one api-server worker, no execution_api_timeout (5 s applies).
+    # Airflow's own defaults, from the airflow.cfg it generated: one api-server worker, a 5 s client timeout.
+    assert ordinary_record["airflow_cfg"] == "generated"
     assert ordinary_record["series"]["airflow_config"] == {
         "AIRFLOW__CORE__PARALLELISM": str(ordinary_record["config"]["parallelism"]),
         "AIRFLOW__API__WORKERS": "1",
-        "AIRFLOW__SCHEDULER__MAX_TIS_PER_QUERY": "unset",
-        "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "unset",
+        "AIRFLOW__SCHEDULER__MAX_TIS_PER_QUERY": "16",
+        "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "5.0",
     }
 
     dispatch = by(smoke, "dispatch", variant)["metrics"]

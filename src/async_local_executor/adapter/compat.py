@@ -8,6 +8,7 @@ adapter needs is named here once, so executor.py reads the same on both.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow import __version__ as AIRFLOW_VERSION
@@ -39,10 +40,11 @@ __all__ = [
     "AIRFLOW_V3",
     "AIRFLOW_VERSION",
     "CallbackKey",
+    "ClientTimeout",
     "ConnectionTestKey",
     "airflow2_audit",
     "airflow2_log_path",
-    "child_client_env",
+    "client_timeout",
     "execution_api_url",
     "executor_conf",
     "requeue_unreachable",
@@ -71,30 +73,60 @@ def execution_api_url(conf: Any) -> str:
 
 
 # Airflow's default [workers] execution_api_timeout is 5 s. A burst of task starts queues their first
-# calls at the api-server past that; the task SDK then retries PATCH .../run, and in Airflow 3.3 a late
-# original can put a task that already finished back to running, which the scheduler then fails.
+# calls at the api-server past that; the task SDK then retries PATCH .../run, and in Airflow 3.3 on SQLite
+# a late original can put a task that already finished back to running, which the scheduler then fails.
 CLIENT_TIMEOUT_OPTION = ("workers", "execution_api_timeout")
 SAFE_CLIENT_TIMEOUT = 60.0
 
 
-def child_client_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """Environment for task processes: a safe execution-API client timeout unless the operator set one.
+@dataclass(frozen=True)
+class ClientTimeout:
+    """The execution-API client timeout task processes get, and why: the executor's one start line.
 
-    Airflow 2 tasks use the database, not the API: nothing to set there.
+    :ivar env: what task processes get on top of the scheduler's environment (empty: nothing changed)
+    :ivar seconds: the timeout their client then uses
+    :ivar reason: where that value comes from, for the start line
+    """
+
+    env: dict[str, str]
+    seconds: float
+    reason: str
+
+    def describe(self) -> str:
+        section, key = CLIENT_TIMEOUT_OPTION
+        verb = "get" if self.env else "keep"
+        return f"task processes {verb} [{section}] {key} = {self.seconds:g}s: {self.reason}"
+
+
+def client_timeout(conf: Any, environ: Mapping[str, str]) -> ClientTimeout | None:
+    """The client timeout for task processes: a safe one unless the operator chose another (Airflow 3).
+
+    Airflow writes every option with its default into the ``airflow.cfg`` it generates, so a value in
+    the file equal to Airflow's default is not taken as a choice; a different value, or the option's
+    environment variable, is. Airflow 2 tasks use the database, not the API: nothing to choose there.
     """
     if not AIRFLOW_V3:
-        return {}
+        return None
     import configparser
-
-    from airflow.configuration import conf
 
     section, key = CLIENT_TIMEOUT_OPTION
     variable = f"AIRFLOW__{section.upper()}__{key.upper()}"
-    if any(name in environ for name in (variable, f"{variable}_CMD", f"{variable}_SECRET")):
-        return {}
-    if configparser.ConfigParser.has_option(conf, section, key):  # set in airflow.cfg
-        return {}
-    return {variable: f"{SAFE_CLIENT_TIMEOUT:g}"}
+    configured = conf.getfloat(section, key)
+    if variable in environ:
+        return ClientTimeout({}, configured, f"set in the environment ({variable})")
+    default = float(conf.get_default_value(section, key))
+    # RawConfigParser's own has_option: Airflow's also answers true for a default or the environment.
+    in_file = configparser.ConfigParser.has_option(conf, section, key)
+    if in_file and configured != default:
+        return ClientTimeout({}, configured, "set in airflow.cfg")
+    where = "in airflow.cfg as Airflow writes it" if in_file else "not set"
+    return ClientTimeout(
+        {variable: f"{SAFE_CLIENT_TIMEOUT:g}"},
+        SAFE_CLIENT_TIMEOUT,
+        f"Airflow's default of {default:g}s ({where}) lets a burst of task starts wait past it at the "
+        f"api-server and be retried unsafely, failing tasks that succeeded; any other value, or "
+        f"{variable} in the scheduler's environment, is kept as your choice",
+    )
 
 
 def airflow2_log_path(key: Any) -> str | None:

@@ -19,6 +19,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, cast
 
+from airflow.configuration import conf as airflow_conf
 from airflow.models.taskinstancekey import TaskInstanceKey
 from airflow.utils.state import TaskInstanceState
 
@@ -28,8 +29,7 @@ from async_local_executor.adapter.airflow3 import Airflow3Workloads
 from async_local_executor.adapter.cleared_exits import ClearedExitGate
 from async_local_executor.adapter.compat import (
     AIRFLOW_V3,
-    SAFE_CLIENT_TIMEOUT,
-    child_client_env,
+    client_timeout,
     execution_api_url,
     executor_conf,
     requeue_unreachable,
@@ -119,14 +119,11 @@ class AsyncLocalExecutor(Airflow2Commands, Airflow3Workloads, Prefetching, Execu
             root=config.cgroup_root,
             limits=config.limits,
         )
-        client_env = child_client_env(os.environ)
-        if client_env:
-            log.info(
-                "task processes get [workers] execution_api_timeout = %gs (Airflow's default of 5s lets a "
-                "burst of task starts time out at the api-server and be retried unsafely); set it to "
-                "choose your own",
-                SAFE_CLIENT_TIMEOUT,
-            )
+        # [workers] is not a team's section: the deployment's own configuration holds it.
+        timeout = client_timeout(airflow_conf, os.environ)
+        if timeout is not None:
+            log.info("%s", timeout.describe())
+        client_env = timeout.env if timeout is not None else {}
         self._status = writer = status.StatusWriter(
             status.status_path(launches.directory, launches.instance),
             self._status_meta(launches.instance),
