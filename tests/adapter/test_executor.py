@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,7 +21,7 @@ import pytest
 from airflow.models.connection_test import ConnectionTestState
 from airflow.utils.state import CallbackState, TaskInstanceState
 
-from async_local_executor.adapter import child, child_entry
+from async_local_executor.adapter import child, child_entry, startup
 from async_local_executor.adapter.executor import AsyncLocalExecutor
 from async_local_executor.core.errors import RuntimeNotRunning
 from async_local_executor.ops import journal
@@ -365,6 +366,43 @@ def test_a_team_executor_uses_its_own_api_url_and_options(
     finally:
         ex.end()
     assert any("server=http://team-a.invalid/execution/" in r.getMessage() for r in caplog.records)
+
+
+def test_two_teams_executors_learn_apart_in_one_state_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launcher: str
+) -> None:
+    state = tmp_path / "state"
+    # One state directory, as two teams get when neither sets its own.
+    for prefix in ("AIRFLOW__", "AIRFLOW__TEAM_A___"):
+        monkeypatch.setenv(f"{prefix}ASYNC_LOCAL_EXECUTOR__STATE_DIR", str(state))
+        monkeypatch.setenv(f"{prefix}ASYNC_LOCAL_EXECUTOR__LAUNCHER", launcher)
+    ours, theirs = RecordingExecutor(parallelism=1), RecordingExecutor(parallelism=1, team_name="team_a")
+    ours.start()
+    try:
+        theirs.start()
+        theirs.end()
+    finally:
+        ours.end()
+    if launcher != "forkserver":
+        assert ours._learn_dir == theirs._learn_dir == ""  # nothing to learn for
+        return
+    # Each reads only the records its own tasks wrote, and keeps its own learned set.
+    assert ours._learn_dir == str(state / "imports" / "no-team")
+    assert theirs._learn_dir == str(state / "imports" / "team-team_a")
+    assert sorted(p.name for p in (state / "imports").iterdir()) == ["no-team", "team-team_a"]
+
+
+@pytest.mark.parametrize(
+    ("team", "name"),
+    [(None, "no-team"), ("a-b_c.1", "team-a-b_c.1"), ("../x", None), ("x/y", None), ("", "no-team")],
+)
+def test_a_team_s_learning_directory_is_one_name_under_imports(team: str | None, name: str | None) -> None:
+    path = Path(startup.learn_dir(Path("/s"), team))
+    assert path.parent == Path("/s/imports")
+    if name is None:  # not a safe file name: a digest of it
+        assert re.fullmatch(r"team-[0-9a-f]{16}", path.name)
+    else:
+        assert path.name == name
 
 
 def _gone(pid: int) -> bool:

@@ -7,6 +7,7 @@ the helpers' PYTHONPATH only. Workloads name a "DAG file" importing them all at 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -318,3 +319,14 @@ async def test_a_failure_while_learning_stops_the_learning_and_nothing_else(
     assert all(o.ok for o in recorder.outcomes)
     assert "learning what tasks import stopped" in caplog.text
     assert "a bug in the learning" in caplog.text
+
+
+def test_the_learned_set_is_written_through_a_temporary_name_of_its_own(tmp_path: Path) -> None:
+    # Another writer's file at the old fixed name is neither truncated nor taken as ours.
+    (tmp_path / "preloaded.json.tmp").write_text('["theirs"]')
+    learned = Learned(str(tmp_path))
+    learned.took({"loaded": [["json5", "json5", "1", 1, None]]}, ["json5"])
+    assert json.loads((tmp_path / "preloaded.json").read_text()) == ["json5"]
+    assert (tmp_path / "preloaded.json.tmp").read_text() == '["theirs"]'
+    assert (tmp_path / "preloaded.json").stat().st_mode & 0o777 == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["preloaded.json", "preloaded.json.tmp"]

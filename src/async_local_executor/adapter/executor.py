@@ -100,7 +100,7 @@ class AsyncLocalExecutor(Airflow2Commands, Airflow3Workloads, Prefetching, Execu
             parallelism=self.parallelism,
             queued_timeout=startup.queued_timeout(conf),
             fork_target=self._fork_target(),
-            learn_dir=str(directory / "imports"),
+            learn_dir=startup.learn_dir(directory, self.team_name),
         )
         self._task_log_folder = conf.get("logging", "base_log_folder", fallback="") or ""
         self._server = execution_api_url(conf)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
+import re
 from datetime import timedelta
+from pathlib import Path
 
 from async_local_executor.adapter import dag_files
 from async_local_executor.adapter.config import ConfSource, ExecutorConfig, LauncherKind, PreloadMode
@@ -29,6 +32,18 @@ def queued_timeout(conf: ConfSource) -> float:
             f"{_QUEUED_TIMEOUT_MAX:.15g} (the largest timedelta), got {raw!r}"
         )
     return value
+
+
+def learn_dir(state_dir: Path, team: str | None) -> str:
+    """Where one executor's tasks record what they import, and its learned set is kept.
+
+    A directory per team: two teams' executors in one scheduler share the state directory, and each
+    must read only what its own tasks recorded and keep its own learned set.
+    """
+    name = f"team-{team}" if team else "no-team"
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,100}", name) or name.startswith("."):
+        name = "team-" + hashlib.sha256(str(team).encode()).hexdigest()[:16]
+    return str(state_dir / "imports" / name)
 
 
 def plan(

@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -218,12 +219,17 @@ class Learned:
         return []
 
     def _save(self) -> None:
-        tmp = f"{self._store}.tmp"
+        # A name of its own (mkstemp: 0600, O_EXCL): a writer never truncates another's half-written file.
         with contextlib.suppress(OSError):
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(list(self.preloaded), f)
-            os.replace(tmp, self._store)
+            fd, tmp = tempfile.mkstemp(prefix=".preloaded-", suffix=".tmp", dir=self.directory)
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    json.dump(list(self.preloaded), f)
+                os.replace(tmp, self._store)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
 
 
 def _few(names: Sequence[str], most: int = 8) -> str:
