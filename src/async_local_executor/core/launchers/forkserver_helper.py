@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from async_local_executor.core.launchers.forkserver_clone import fork_sibling, sibling_fork_supported
+from async_local_executor.core.launchers.forkserver_hygiene import ImportWatch, reseed_inherited
 from async_local_executor.core.launchers.forkserver_pools import stop_known_pools
 from async_local_executor.core.launchers.forkserver_preload import Unfit, preload_learned
 from async_local_executor.core.launchers.forkserver_protocol import (
@@ -204,6 +205,7 @@ def _become_child(out_fd: int, control_fd: int, argv: list[str], target: Target,
         os.dup2(out_fd, 2)
         # Nothing of the helper's (its channel, the fds of other requests) is the child's business.
         os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+        reseed_inherited()  # before any workload code: its draws are its own, as in a fresh process
         code = target(argv, stdin)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -276,7 +278,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             return 1
     # Moved to a permanent generation, the imported objects are never touched by a child's GC, so
-    # their pages stay shared.
+    # their pages stay shared. (The learning froze objects along the way: each is collected first.)
+    ImportWatch.release()
     gc.collect()
     gc.freeze()
     return Helper(sock, target, args.parent_pid, census, learned).serve()

@@ -9,9 +9,11 @@ checked before it is imported, and watched while it is:
 - the helper's memory must not have grown past its budget for learned modules;
 - it must import without raising (a module that does not is skipped: the task imports it itself and
   meets the error, or not, exactly as it would have);
-- it must leave no thread running (the helper must stay single-threaded to fork). A thread cannot be
-  undone: the helper stops there, says which module started it, and exits; the launcher refuses that
-  module and starts a helper without it, while the previous one goes on serving.
+- it must leave no thread running (the helper must stay single-threaded to fork), create no random
+  generator every task would then share, draw nothing from NumPy's global one, and leave no descriptor
+  open (:mod:`~async_local_executor.core.launchers.forkserver_hygiene`). Neither can be undone: the helper
+  stops there, says which module did it, and exits; the launcher refuses that module and starts a
+  helper without it, while the previous one goes on serving.
 
 Only the standard library is imported: the helper imports this module and must start fast.
 """
@@ -26,6 +28,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from async_local_executor.core.launchers.forkserver_hygiene import ImportWatch, kept_warnings_filters
 from async_local_executor.core.launchers.forkserver_pools import stop_known_pools
 from async_local_executor.core.launchers.forkserver_threads import ThreadCensus, thread_ids
 
@@ -33,7 +36,7 @@ KIB = 1024
 
 
 class Unfit(Exception):
-    """Importing ``module`` left a thread running: this helper must not fork."""
+    """Importing ``module`` did what cannot be undone (a thread, a shared generator): this helper must not fork."""
 
     def __init__(self, module: str, reason: str, report: dict[str, Any]) -> None:
         super().__init__(reason)
@@ -148,42 +151,47 @@ def preload_learned(
     loaded: list[list[Any]] = []
     refused: list[list[str]] = []
     covered: list[str] = []
-    report = {"loaded": loaded, "refused": refused, "covered": covered}
+    report: dict[str, list[Any]] = {"loaded": loaded, "refused": refused, "covered": covered}
+    watch = ImportWatch()
     main_thread = {os.getpid()}
-    for name in modules:
-        if name in baseline or _is_attribute(name):
-            covered.append(name)  # already here, or a name a module defines rather than a module
-            continue
-        distribution, why = _distribution(name.partition(".")[0], roots, cache)
-        if distribution is None:
-            refused.append([name, why])
-            continue
-        if name not in sys.modules:
-            if budget and resident() - start >= budget:
-                refused.append(
-                    [
-                        name,
-                        f"the helper's memory budget for learned modules ({budget // KIB // KIB} MiB) is used up",
-                    ]
-                )
+    # Airflow parses DAG files inside catch_warnings(): filters their imports add never reach a task.
+    with kept_warnings_filters():
+        for name in modules:
+            if name in baseline or _is_attribute(name):
+                covered.append(name)  # already here, or a name a module defines rather than a module
                 continue
-            progress(name)
-            before = resident()
-            try:
-                with census.watching(name):
-                    importlib.import_module(name)
-            except (Exception, SystemExit) as exc:  # noqa: BLE001 - the task meets it, or not, on its own
-                refused.append([name, f"import failed: {type(exc).__name__}: {exc}"[:300]])
+            distribution, why = _distribution(name.partition(".")[0], roots, cache)
+            if distribution is None:
+                refused.append([name, why])
                 continue
-            if thread_ids() - main_thread:
-                stop_known_pools()  # NumPy's OpenBLAS: its idle workers stop, and restart in each task
-                census.settle(settle)
-                if (reason := census.unfit()) is not None:
-                    raise Unfit(name, f"importing it starts a thread: {reason}", report)
-            kib = max(0, resident() - before) // KIB
-        else:
-            kib = 0  # brought in by a module before it
-        module = sys.modules.get(name)
-        path = getattr(module, "__file__", None)
-        loaded.append([name, distribution, _version(distribution), kib, path])
+            if name not in sys.modules:
+                if budget and resident() - start >= budget:
+                    refused.append(
+                        [
+                            name,
+                            f"the helper's memory budget for learned modules ({budget // KIB // KIB} MiB) is used up",
+                        ]
+                    )
+                    continue
+                progress(name)
+                before = resident()
+                try:
+                    with census.watching(name), watch.watching():
+                        importlib.import_module(name)
+                except (Exception, SystemExit) as exc:  # noqa: BLE001 - the task meets it, or not, on its own
+                    refused.append([name, f"import failed: {type(exc).__name__}: {exc}"[:300]])
+                    continue
+                if watch.problems:
+                    raise Unfit(name, "; ".join(watch.problems), report)
+                if thread_ids() - main_thread:
+                    stop_known_pools()  # NumPy's OpenBLAS: its idle workers stop, and restart in each task
+                    census.settle(settle)
+                    if (reason := census.unfit()) is not None:
+                        raise Unfit(name, f"importing it starts a thread: {reason}", report)
+                kib = max(0, resident() - before) // KIB
+            else:
+                kib = 0  # brought in by a module before it
+            module = sys.modules.get(name)
+            path = getattr(module, "__file__", None)
+            loaded.append([name, distribution, _version(distribution), kib, path])
     return report
