@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -139,3 +140,20 @@ def test_the_workload_process_freezes_its_objects_before_its_first_fork_only() -
     assert seen["first"] == [frozen, frozen]  # the task's process inherits them, and freezes no more
     assert seen["second"] == [frozen, frozen]  # a second fork of the workload process: nothing more
     assert seen["end"] == frozen
+
+
+def test_a_fresh_workload_interpreter_takes_the_scheduler_s_first_path_entry(tmp_path: Path) -> None:
+    # `python -m` puts the working directory first on sys.path; a module there would shadow a library.
+    (tmp_path / "json.py").write_text("raise SystemExit('the working directory shadowed json')\n")
+    code = (
+        "import sys; from async_local_executor.adapter import child_entry; "
+        "args = child_entry.parse(sys.argv[1:]); child_entry.prepare(args); print(sys.path[0]); "
+        "sys.modules.pop('json', None); import json; print(json.__name__)"
+    )
+    flags = child_entry.argv_flags(0, "normal", path0="/the/scheduler/first")
+    done = subprocess.run(
+        [sys.executable, "-c", code, *flags], cwd=tmp_path, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.split() == ["/the/scheduler/first", "json"]
+    assert child_entry.parse(flags).path0 == "/the/scheduler/first"
+    assert child_entry.parse(child_entry.argv_flags(0, "normal")).path0 is None

@@ -37,6 +37,7 @@ class EntryArgs:
     parent_pid: int  # 0: not checked
     cpu_priority: str
     learn_imports: str = ""  # where to record the modules the workload loads; empty: not recorded
+    path0: str | None = None  # the scheduler's sys.path[0], for ours (None: left as the interpreter set it)
 
 
 def parse(argv: Sequence[str] | None) -> EntryArgs:
@@ -45,18 +46,30 @@ def parse(argv: Sequence[str] | None) -> EntryArgs:
     parser.add_argument("--parent-pid", type=int, default=0)
     parser.add_argument("--cpu-priority", default=cpu_priority.NORMAL)
     parser.add_argument("--learn-imports", default="")
+    parser.add_argument("--path0", default=None)
     args, _ = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
-    return EntryArgs(int(args.parent_pid), str(args.cpu_priority), str(args.learn_imports))
+    return EntryArgs(int(args.parent_pid), str(args.cpu_priority), str(args.learn_imports), args.path0)
 
 
-def argv_flags(parent_pid: int, priority: str, learn_imports: str = "") -> tuple[str, ...]:
-    """The flags the executor puts on a workload's command line (no secret: argv is world-readable)."""
+def argv_flags(
+    parent_pid: int, priority: str, learn_imports: str = "", path0: str | None = None
+) -> tuple[str, ...]:
+    """The flags the executor puts on a workload's command line (no secret: argv is world-readable).
+
+    :param path0: the scheduler's ``sys.path[0]``, which the workload takes for its own
+    """
     learn = ("--learn-imports", learn_imports) if learn_imports else ()
-    return ("--parent-pid", str(parent_pid), "--cpu-priority", priority, *learn)
+    first = ("--path0", path0) if path0 is not None else ()
+    return ("--parent-pid", str(parent_pid), "--cpu-priority", priority, *learn, *first)
 
 
 def prepare(args: EntryArgs) -> None:
     """Before the workload runs: its CPU priority, and the record of what it imports if asked for."""
+    if args.path0 is not None and sys.path:
+        # `python -m` put the working directory ($AIRFLOW_HOME, often) first on the path, where a stray
+        # file there would shadow a library; a task of the stock executor, forked from the scheduler,
+        # has the scheduler's first entry (the `airflow` script's folder).
+        sys.path[0] = args.path0
     lower_priority(args)
     freeze_before_first_fork()
     if args.learn_imports:

@@ -163,7 +163,12 @@ class AsyncLocalExecutor(Airflow2Commands, Airflow3Workloads, Prefetching, Execu
     def _child_argv(self) -> tuple[str, ...]:
         """The command that runs one workload; it reads the workload (or Airflow 2 command) from stdin."""
         entry = child.__name__ if AIRFLOW_V3 else child_cli.__name__
-        flags = child_entry.argv_flags(os.getpid(), self._config.workload_cpu_priority, self._learn_dir)
+        flags = child_entry.argv_flags(
+            os.getpid(),
+            self._config.workload_cpu_priority,
+            self._learn_dir,
+            sys.path[0] if sys.path else None,
+        )
         return (sys.executable, "-m", entry, *flags)
 
     def _fork_target(self) -> str:
