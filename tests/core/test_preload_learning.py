@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import textwrap
 from collections.abc import Callable
@@ -19,7 +20,7 @@ import anyio
 import pytest
 
 from async_local_executor.core.imports import observe
-from async_local_executor.core.imports.learned import Learned
+from async_local_executor.core.imports.learned import RETRY_FIRST, Learned
 from async_local_executor.core.imports.source import top_level_imports
 from async_local_executor.core.launchers import forkserver_learning
 from async_local_executor.core.launchers.base import LaunchRequest
@@ -46,7 +47,10 @@ def _distribution(site: Path, version: str) -> None:
     info = site / f"fakepre_good-{version}.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {DIST}\nVersion: {version}\n")
-    (info / "top_level.txt").write_text("fakepre_good\nfakepre_thread\nfakepre_broken\nfakepre_late\n")
+    (info / "top_level.txt").write_text(
+        "fakepre_good\nfakepre_thread\nfakepre_broken\nfakepre_late\nfakepre_rng\nfakepre_seeds\n"
+        "fakepre_env\nfakepre_log\nfakepre_patch\nfakepre_warns\n"
+    )
     (info / "RECORD").write_text("")
 
 
@@ -60,6 +64,17 @@ def world(tmp_path: Path) -> dict[str, Path]:
         "import threading, time\nthreading.Thread(target=time.sleep, args=(3600,), daemon=True, name='phone-home').start()\n"
     )
     (site / "fakepre_broken.py").write_text("raise RuntimeError('this library is broken')\n")
+    # As more_itertools.recipes does: a generator of its own, seeded from the OS at import.
+    (site / "fakepre_rng.py").write_text("import random\n_randrange = random.Random().randrange\n")
+    # Libraries that change the whole process when imported.
+    (site / "fakepre_env.py").write_text("import os\nos.environ['FAKEPRE_MODE'] = 'on'\n")
+    (site / "fakepre_log.py").write_text("import os\n_log = open(os.devnull, 'w')\n")
+    (site / "fakepre_patch.py").write_text("import time\ntime.sleep = lambda seconds: None\n")
+    (site / "fakepre_warns.py").write_text(
+        "import warnings\nwarnings.filterwarnings('ignore', message='fakepre')\n"
+    )
+    # A library that seeds NumPy's global generator when imported.
+    (site / "fakepre_seeds.py").write_text("import numpy.random\nnumpy.random.seed(7)\n")
     late = Path(__file__).with_name("forkserver_late_thread.py").read_text()
     (site / "fakepre_late.py").write_text(late)  # starts a thread when the helper gets SIGUSR1
     (dags / "dagmod.py").write_text("VALUE = 1\n")
@@ -276,6 +291,81 @@ async def test_numpy_is_preloaded_and_its_blas_threads_restart_in_each_task(worl
 
 
 @pytest.mark.asyncio
+async def test_tasks_forked_after_numpy_random_was_preloaded_draw_numbers_of_their_own(
+    world: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # NumPy seeds its global generator from the OS when numpy.random is imported (pandas imports it):
+    # preloaded, that one state would be every task's. Generators a library makes are refused.
+    monkeypatch.setattr(forkserver_learning, "RETRY_AFTER_REFUSAL", 0.1)
+    (world["dags"] / "random_dag.py").write_text(
+        "import numpy.random\nimport fakepre_rng\nimport fakepre_seeds\n"
+    )
+    recorder = Recorder()
+    launcher, learning = learning_server(recorder, world)
+    draw = (
+        "import random, sys, numpy.random; "
+        "print('draw', 'numpy.random' in sys.modules, numpy.random.randint(2**62), random.getrandbits(62))"
+    )
+    async with serving(recorder, launcher) as supervisor:
+        supervisor.submit(LaunchRequest("cold", py("pass"), source=str(world["dags"] / "random_dag.py")))
+        await until(learning, lambda: {"fakepre_rng", "fakepre_seeds"} <= set(refused(learning)))
+        await until(learning, lambda: "numpy.random" in preloaded(learning))
+        for i in range(4):
+            supervisor.submit(LaunchRequest(i, py(draw)))
+        await recorder.until(lambda: len(recorder.outcomes) == 5)
+    assert all(o.ok for o in recorder.outcomes), recorder.outcomes
+    draws = [line.split()[1:] for k, line in recorder.lines if line.startswith("draw")]
+    assert len(draws) == 4
+    assert {d[0] for d in draws} == {"True"}  # forked after the preload
+    assert len({d[1] for d in draws}) == 4  # NumPy's global generator: reseeded in each
+    assert len({d[2] for d in draws}) == 4  # Python's own reseeds itself at fork
+    reasons = refused(learning)
+    assert (
+        reasons["fakepre_rng"]
+        == "importing it seeds a random generator every task would share: random.Random"
+    )
+    assert "numpy.random's global generator" in reasons["fakepre_seeds"]
+
+
+@pytest.mark.asyncio
+async def test_a_module_that_changes_the_whole_process_is_refused_and_warnings_filters_stay_as_they_were(
+    world: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(forkserver_learning, "RETRY_AFTER_REFUSAL", 0.1)
+    names = ("fakepre_env", "fakepre_log", "fakepre_patch", "fakepre_warns")
+    (world["dags"] / "side_effects_dag.py").write_text("".join(f"import {n}\n" for n in names))
+    recorder = Recorder()
+    launcher, learning = learning_server(recorder, world)
+    look = (
+        "import os, sys, warnings; "
+        "print('seen', 'fakepre_warns' in sys.modules, any(getattr(f[1], 'pattern', '') == 'fakepre' "
+        "for f in warnings.filters), os.environ.get('FAKEPRE_MODE'))"
+    )
+    async with serving(recorder, launcher) as supervisor:
+        supervisor.submit(
+            LaunchRequest("cold", py("pass"), source=str(world["dags"] / "side_effects_dag.py"))
+        )
+        await until(learning, lambda: set(names[:3]) <= set(refused(learning)))
+        await until(learning, lambda: "fakepre_warns" in preloaded(learning))
+        supervisor.submit(LaunchRequest("warm", py(look)))
+        await recorder.until(lambda: len(recorder.outcomes) == 2)
+    assert all(o.ok for o in recorder.outcomes), recorder.outcomes
+    # Preloaded, but its filter is gone: Airflow drops what a DAG file's imports add (catch_warnings).
+    assert next(line for _, line in recorder.lines if line.startswith("seen")) == "seen True False None"
+    reasons = refused(learning)
+    assert reasons["fakepre_env"] == (
+        "importing it changes what every task would observe: the environment (FAKEPRE_MODE)"
+    )
+    assert reasons["fakepre_patch"] == (
+        "importing it changes what every task would observe: time.sleep (replaced)"
+    )
+    assert reasons["fakepre_log"].startswith(
+        "importing it leaves descriptors open that a task's own files would reuse: "
+    )
+    assert "(/dev/null)" in reasons["fakepre_log"]
+
+
+@pytest.mark.asyncio
 async def test_a_thread_a_learned_module_starts_later_costs_the_preloads_not_the_fork_server(
     world: dict[str, Path],
 ) -> None:
@@ -330,3 +420,45 @@ def test_the_learned_set_is_written_through_a_temporary_name_of_its_own(tmp_path
     assert (tmp_path / "preloaded.json.tmp").read_text() == '["theirs"]'
     assert (tmp_path / "preloaded.json").stat().st_mode & 0o777 == 0o600
     assert sorted(p.name for p in tmp_path.iterdir()) == ["preloaded.json", "preloaded.json.tmp"]
+
+
+def test_a_refusal_that_may_pass_is_tried_again_later_and_one_that_cannot_never_is(tmp_path: Path) -> None:
+    learned = Learned(str(tmp_path))
+    learned.refuse(
+        "flaky", "importing it starts a thread: preloading flaky started 1 thread (native python3)", 100.0
+    )
+    learned.refuse(
+        "mine", "not a module of an installed distribution (the DAGs folder, a bundle, or none)", 100.0
+    )
+    assert not learned.retry_due(100.0 + RETRY_FIRST - 1)
+    assert learned.retry_due(100.0 + RETRY_FIRST)
+    assert list(learned.pending) == ["flaky"]
+    assert set(learned.refused) == {"mine"}
+    # Refused again: the wait doubles.
+    learned.refuse("flaky", "fork server crashed while importing flaky", 1000.0)
+    assert not learned.retry_due(1000.0 + 2 * RETRY_FIRST - 1)
+    assert learned.retry_due(1000.0 + 2 * RETRY_FIRST)
+    assert not learned.retry_due(10**9)  # nothing else is ever tried again
+    assert set(learned.refused) == {"mine"}
+
+
+def test_pandas_and_numpy_get_the_same_verdict_on_every_start() -> None:
+    # NumPy's OpenBLAS workers are stopped before the count; whether the kernel still listed one then
+    # decided, on some starts, to refuse pandas. Five fresh helpers' worth of learning, one verdict.
+    code = textwrap.dedent(
+        """
+        import json
+        from async_local_executor.core.launchers.forkserver_preload import Unfit, preload_learned
+        from async_local_executor.core.launchers.forkserver_threads import ThreadCensus
+        try:
+            report = preload_learned(["pandas", "numpy"], budget=0, census=ThreadCensus(), settle=1.0)
+            print(json.dumps(sorted(row[0] for row in report["loaded"])))
+        except Unfit as exc:
+            print(json.dumps(["refused", exc.module, exc.reason]))
+        """
+    )
+    verdicts = {
+        subprocess.run(py(code), capture_output=True, text=True, check=True, timeout=GUARD).stdout.strip()
+        for _ in range(5)
+    }
+    assert verdicts == {json.dumps(["numpy", "pandas"])}

@@ -33,6 +33,25 @@ MAX_CANDIDATES = 2000
 MAX_REASON = 300
 # Never preloaded: what the fork server has already imported, and what is no module of a library.
 ALWAYS_EXCLUDED = ("__main__", "async_local_executor")
+# Refusals that come from what the module is, and so are the same on every try. Any other (a thread
+# still running when counted, a crash or a hang while importing, an import that failed, the memory
+# budget) may come from the moment: the module is tried again later, after RETRY_FIRST seconds,
+# doubling up to RETRY_MAX, instead of never again while the scheduler lives.
+PERMANENT = (
+    "not a module of an installed distribution",
+    "not found on the fork server's path",
+    "found at ",
+    "importing it seeds a random generator",
+    "importing it changes what every task would observe",
+    "importing it leaves descriptors open",
+)
+RETRY_FIRST = 600.0
+RETRY_MAX = 6 * 3600.0
+
+
+def permanent(reason: str) -> bool:
+    """Whether a refusal for ``reason`` would be the same on every try."""
+    return reason.startswith(PERMANENT)
 
 
 @dataclass(frozen=True)
@@ -87,6 +106,7 @@ class Learned:
         self.refused: dict[str, str] = {}
         self._covered: set[str] = set()  # names that cost nothing: already imported, or not modules
         self._changed: list[str] = []
+        self._retries: dict[str, tuple[float, int]] = {}  # refused for now: (when to try again, tries)
         self.generation = 0  # helpers that took a learned set
         for name in self._load():
             self._learn(name)
@@ -142,8 +162,11 @@ class Learned:
         """What a helper started on demand (after a crash, say) imports: what a helper already took."""
         return list(self.preloaded)
 
-    def took(self, report: dict[str, Any], tried: Sequence[str]) -> str | None:
-        """Record the verdicts of a helper that took ``tried``; what changed, in words, or ``None``."""
+    def took(self, report: dict[str, Any], tried: Sequence[str], now: float = 0.0) -> str | None:
+        """Record the verdicts of a helper that took ``tried``; what changed, in words, or ``None``.
+
+        :param now: the launcher's clock (monotonic): when a refusal that may pass is tried again
+        """
         before, refused_before = set(self.preloaded), set(self.refused)
         preloaded: dict[str, Preloaded] = {}
         for row in report.get("loaded") or ():
@@ -152,7 +175,7 @@ class Learned:
                 str(module), distribution, version, int(kib or 0), path, stamp(path)
             )
         for module, reason in report.get("refused") or ():
-            self.refused[str(module)] = str(reason)[:MAX_REASON]
+            self._refused(str(module), str(reason), now)
         self._covered.update(str(m) for m in report.get("covered") or ())
         self.preloaded = preloaded
         for name in tried:
@@ -174,12 +197,28 @@ class Learned:
             parts.append("refused " + _few([f"{m} ({self.refused[m]})" for m in newly_refused]))
         return "; ".join(parts)
 
-    def refuse(self, module: str, reason: str) -> None:
+    def refuse(self, module: str, reason: str, now: float = 0.0) -> None:
         """A helper could not take ``module`` (it started a thread, crashed or hung while importing it)."""
-        self.refused[module] = reason[:MAX_REASON]
+        self._refused(module, reason, now)
         self.pending.pop(module, None)
         self.preloaded.pop(module, None)
         self._save()
+
+    def retry_due(self, now: float) -> bool:
+        """Put back what was refused for a reason that may pass, once its wait is over; True if any."""
+        due = [m for m, (when, _) in self._retries.items() if when <= now and m in self.refused]
+        for module in due:
+            del self.refused[module]
+            self.pending[module] = None
+        return bool(due)
+
+    def _refused(self, module: str, reason: str, now: float) -> None:
+        self.refused[module] = reason[:MAX_REASON]
+        if permanent(reason):
+            self._retries.pop(module, None)
+            return
+        tries = self._retries.get(module, (0.0, 0))[1] + 1
+        self._retries[module] = (now + min(RETRY_FIRST * 2 ** (tries - 1), RETRY_MAX), tries)
 
     def as_dict(self) -> dict[str, Any]:
         """For the status file and the status command."""
@@ -189,7 +228,9 @@ class Learned:
                 {"module": p.module, "distribution": p.distribution, "version": p.version, "kib": p.kib}
                 for p in self.preloaded.values()
             ],
-            "refused": [{"module": m, "reason": r} for m, r in self.refused.items()],
+            "refused": [
+                {"module": m, "reason": r, "retried": m in self._retries} for m, r in self.refused.items()
+            ],
             "pending": list(self.pending)[:50],
             "generation": self.generation,
         }

@@ -64,14 +64,17 @@ class Learning:
 
     def refuse(self, module: str, reason: str) -> None:
         log.warning("fork server: not preloading %s any more: %s", module, reason)
-        self.learned.refuse(module, reason)
+        self.learned.refuse(module, reason, self._clock.monotonic())
         self._notify()
 
     def unfit_later(self, why: str) -> None:
         """A helper with learned modules found a thread running after its start: which module started
         it cannot be told, so none of them is preloaded again (rather than no fork server at all)."""
+        now = self._clock.monotonic()
         for module in list(self.learned.preloaded):
-            self.learned.refuse(module, f"a thread started in the fork server after it preloaded this: {why}")
+            self.learned.refuse(
+                module, f"a thread started in the fork server after it preloaded this: {why}", now
+            )
         log.warning(
             "fork server: a thread started after it preloaded what tasks import (%s); preloading none of it",
             why,
@@ -80,7 +83,7 @@ class Learning:
 
     def took(self, report: dict[str, Any], tried: list[str]) -> str | None:
         """A helper that tried ``tried`` took over; what changed, in words, or ``None``."""
-        change = self.learned.took(report, tried)
+        change = self.learned.took(report, tried, self._clock.monotonic())
         self._notify()
         return change
 
@@ -112,7 +115,7 @@ class Learning:
                 await self._wake.wait()
             self._wake = anyio.Event()
             found = await anyio.to_thread.run_sync(self.learned.scan)
-            wanted = self.learned.apply(found)
+            wanted = self.learned.apply(found) | self.learned.retry_due(self._clock.monotonic())
             if found.more:  # the rest of a large DAGs folder: read next, a slice at a time
                 self._wake.set()
             if not wanted:

@@ -69,14 +69,19 @@ class ThreadCensus:
         """Give Python threads that are finishing a one-off job up to ``timeout`` seconds to end.
 
         Only the startup check waits: a thread that ends on its own is no reason to refuse to fork.
+        Native threads are waited for too, until the kernel no longer lists them.
         """
-        threading = sys.modules.get("threading")
-        if threading is None:
-            return
         deadline = time.monotonic() + timeout
-        for thread in threading.enumerate():
-            if thread is not threading.main_thread():
-                thread.join(max(0.0, deadline - time.monotonic()))
+        threading = sys.modules.get("threading")
+        if threading is not None:
+            for thread in threading.enumerate():
+                if thread is not threading.main_thread():
+                    thread.join(max(0.0, deadline - time.monotonic()))
+        # A native thread that was told to stop (OpenBLAS's, by stop_known_pools) has been joined, but
+        # the kernel may list it a moment longer: counted then, it would refuse a module for nothing,
+        # on some starts and not others. The kernel's listing is the only thing to watch.
+        while thread_ids() - {self._main} and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def unfit(self) -> str | None:
         """Why forking now would be unsafe (the threads running besides ours and who started them)."""
