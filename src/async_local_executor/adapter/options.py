@@ -179,7 +179,10 @@ OPTIONS: tuple[OptionDoc, ...] = (
         "512MiB",
         "How much the fork server's memory may grow by for learned modules (bytes, or with a K, M, G "
         "or T suffix, powers of 1024). Modules learned beyond it are refused, and the status command "
-        "says so. The fork server's pages are shared by every task, so this is paid once, not per task.",
+        "says so. The fork server's pages are shared by every task forked from it, so this is paid once per "
+        "fork server, not per task. When the learned set grows a new fork server takes over and the old "
+        "one exits at once, but the pages its tasks still run on stay until the last of them ends: for "
+        "that while, both sets are in memory.",
     ),
     OptionDoc(
         "preload_interval",
