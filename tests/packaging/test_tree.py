@@ -1,24 +1,11 @@
-"""The shape of the source tree: small modules, and old import paths that still lead somewhere."""
+"""The shape of the source tree: old import paths that still lead somewhere."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-MAX_LINES = 300
-
-
-def test_every_module_under_src_is_small() -> None:
-    sizes = {
-        str(path.relative_to(ROOT)): len(path.read_text().splitlines())
-        for path in (ROOT / "src").rglob("*.py")
-    }
-    assert sizes, "no module found"
-    assert {path: lines for path, lines in sizes.items() if lines > MAX_LINES} == {}
 
 
 @pytest.mark.parametrize(
