@@ -1,0 +1,126 @@
+"""What a task observes of its process, compared between executors (both Airflow majors use this).
+
+Each task of ``dags_fingerprint/fingerprint_dag.py`` returns an observation of its own process. A run's
+tasks are summed up per item (its distinct values); a run under this executor must then equal the run
+under the stock LocalExecutor in every item, except the deliberate differences listed in
+docs/design.md ("What a task observes"), which :data:`DELIBERATE` names with the reason given there.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from harness.sandbox import AirflowSandbox
+from tests.e2e.helpers import poll, preload, preloaded
+
+DAG_FILE = Path(__file__).with_name("dags_fingerprint") / "fingerprint_dag.py"
+DAG_ID, TASK_ID, TASKS = "fingerprint", "look", 12
+DRAWS = ("draw.random", "draw.numpy", "draw.module_generator")
+# Differs from task to task under any executor.
+PER_TASK = ("pid", "dags")
+# Deliberate differences (docs/design.md, "What a task observes"): item -> why no task is harmed.
+DELIBERATE: dict[str, str] = {
+    "modules": "what is imported: a stock task is forked from the scheduler and holds the scheduler's "
+    "modules, ours the executor's entry and the fork server's preloads; a module imported before is "
+    "the same module, and a preload whose import changes what a task observes is refused",
+    "fds": "descriptors: ours holds only its own (its log, its supervisor's sockets and pipes); a stock "
+    "task also holds the scheduler's (its database file, its log, its workers' pipes)",
+    "threads": "native threads: NumPy's OpenBLAS workers start at a task's first BLAS call instead of at "
+    "import (the fork server stops them before forking); the same number then runs",
+    "exit hooks": "registered exit hooks: a stock task counts the scheduler's too; none inherited runs at "
+    "a task's exit (Airflow 3's task SDK clears them in the task process, Airflow 2 ends it with os._exit)",
+    "gc frozen": "a frozen GC generation (Airflow 2): the workload process freezes its objects before it "
+    "forks the task, so the task's collector never scans them; the task's own objects are collected "
+    "as usual (Airflow 3's stock task has one too)",
+}
+# Environment variables only this executor sets for a task: its crash-recovery mark, and the
+# execution-API client timeout while [workers] execution_api_timeout is Airflow's default.
+OURS_ENV = frozenset({"ASYNC_LOCAL_EXECUTOR_INSTANCE", "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT"})
+# Handlers a stock task inherits from the scheduler it is forked from (SIGQUIT's stack dump, an ignored
+# SIGHUP); ours, like a task any other executor starts in a fresh process, has the defaults.
+SCHEDULER_SIGNALS = frozenset({"1", "3"})
+
+
+# What the DAG file imports at its top; under the defaults, each is preloaded or refused before the run.
+LEARNED = frozenset({"pandas", "numpy", "more_itertools"})
+
+
+def observe(
+    kind: type[AirflowSandbox], executor: str, config: Mapping[str, str], dags: Path, *, learns: bool
+) -> dict[str, Any]:
+    """Run the fingerprint DAG once on a fresh deployment; the run's summary.
+
+    :param learns: the executor learns what to preload: the run waits until it decided on each of
+        :data:`LEARNED` (preloaded, under ``"preloaded"`` in the summary, or refused)
+    """
+    dags.mkdir(parents=True, exist_ok=True)
+    shutil.copy(DAG_FILE, dags / DAG_FILE.name)
+    with kind(executor=executor, dags_folder=dags, parallelism=TASKS, extra_config=dict(config)) as sandbox:
+        sandbox.wait_for_dag(DAG_ID, timeout=300)
+        if learns:
+
+            def decided() -> bool:
+                refused = {r["module"] for r in preload(sandbox).get("refused", [])}
+                return preloaded(sandbox) | refused >= LEARNED
+
+            poll("the DAG file's libraries to be decided on", decided)
+        run_id = sandbox.trigger(DAG_ID)
+        assert sandbox.wait_for_run(DAG_ID, run_id, timeout=600) == "success"
+        observed = [sandbox.xcom(DAG_ID, run_id, TASK_ID, map_index=i) for i in range(TASKS)]
+        result = summary(observed)
+        result["preloaded"] = sorted(preloaded(sandbox))
+        result["refused"] = {r["module"]: r["reason"] for r in preload(sandbox).get("refused", [])}
+    return result
+
+
+def normalised(observation: dict[str, Any]) -> dict[str, Any]:
+    """Without what differs by design (each deployment's paths, the test's own options, ``OURS_ENV``)."""
+    home = observation["home"]
+    out = {k: v for k, v in observation.items() if k != "home"}
+    text = json.dumps(out).replace(home, "$AIRFLOW_HOME").replace(observation["dags"], "$DAGS")
+    out = dict(json.loads(text))
+    out["environment"] = [
+        name
+        for name in out["environment"]
+        if name not in OURS_ENV and not name.startswith("AIRFLOW__ASYNC_LOCAL_EXECUTOR__")
+    ]
+    out["signals"] = {s: h for s, h in out["signals"].items() if s not in SCHEDULER_SIGNALS}
+    # Kinds only (socket, pipe, file: path): numbers depend on what a process opened before.
+    kinds = {
+        "file: its log" if k.startswith("file:$AIRFLOW_HOME/logs/dag_id=") else k for k in out["fds"].values()
+    }
+    out["fds"] = sorted(kinds - {"gone"})
+    return out
+
+
+def summary(observations: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per item, the sorted distinct values the run's tasks observed (draws: how many were distinct)."""
+    assert len(observations) == TASKS, len(observations)
+    observations = [normalised(o) for o in observations]
+    out: dict[str, Any] = {}
+    for key in observations[0]:
+        if key in PER_TASK:
+            continue
+        values = {json.dumps(o[key], sort_keys=True) for o in observations}
+        out[key] = len(values) if key in DRAWS else sorted(values)
+    return out
+
+
+def differences(stock: dict[str, Any], ours: dict[str, Any], deliberate: dict[str, str]) -> dict[str, Any]:
+    """Items whose values differ between the runs and are no deliberate difference."""
+    found = {}
+    for key in sorted(set(stock) | set(ours)):
+        if key in deliberate or key in ("preloaded", "refused"):
+            continue
+        if stock.get(key) != ours.get(key):
+            found[key] = {"stock": stock.get(key), "ours": ours.get(key)}
+    return found
+
+
+def descriptor_kinds(summary: dict[str, Any]) -> set[str]:
+    """Every kind of descriptor any task of the run held."""
+    return {kind for value in summary["fds"] for kind in json.loads(value)}
