@@ -9,7 +9,7 @@ forked task's draws its own:
   seeded again from the OS: Python's ``random`` does it itself at fork; NumPy's legacy global generator
   (``numpy.random.rand``, ``DataFrame.sample`` without a seed) is done here;
 - in the helper, a learned module whose import creates any other generator, or changes the state of
-  NumPy's global one, is refused (:func:`generators_created`): nothing can tell a generator seeded from
+  NumPy's global one, is refused (:class:`ImportWatch`): nothing can tell a generator seeded from
   the OS from one a library seeded on purpose with a constant, so neither is reseeded, and the task
   imports that module itself, exactly as a fresh one does.
 
