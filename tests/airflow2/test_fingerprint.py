@@ -1,22 +1,33 @@
 """Airflow 2.11/2.10: a task forked by the fork server observes what a freshly started task observes.
 
-The same fingerprint DAG and comparison as tests/e2e/test_fingerprint.py, under the stock 2.x
-LocalExecutor, this executor with ``launcher = subprocess``, and its defaults (the fork server with
-learned preloading, decided on the DAG file's libraries before the run; ``preload_interval`` 5 s). A
-real scheduler on PostgreSQL; each task is ``airflow tasks run --local``, whose raw task process
-records what it observes.
+The same fingerprint DAG and tests as tests/e2e/test_fingerprint.py (written once in
+tests/e2e/fingerprint.py), under the stock 2.x LocalExecutor, this executor with ``launcher =
+subprocess``, and its defaults (the fork server with learned preloading, decided on the DAG file's
+libraries before the run; ``preload_interval`` 5 s). A real scheduler on PostgreSQL; each task is
+``airflow tasks run --local``, whose raw task process records what it observes.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import pytest
 
 from harness.airflow2 import Airflow2Sandbox
 from tests.e2e import fingerprint
+from tests.e2e.fingerprint import (
+    test_a_task_holds_no_descriptor_a_stock_task_would_not,
+    test_a_task_observes_what_it_observes_under_the_stock_executor,
+    test_every_task_draws_its_own_random_numbers,
+    test_the_defaults_preloaded_pandas_and_numpy_and_refused_the_shared_generator,
+)
 
 pytestmark = pytest.mark.e2e
+
+__all__ = [
+    "test_a_task_holds_no_descriptor_a_stock_task_would_not",
+    "test_a_task_observes_what_it_observes_under_the_stock_executor",
+    "test_every_task_draws_its_own_random_numbers",
+    "test_the_defaults_preloaded_pandas_and_numpy_and_refused_the_shared_generator",
+]
 
 EXECUTOR = "async_local_executor.AsyncLocalExecutor"
 VARIANTS = {
@@ -27,38 +38,10 @@ VARIANTS = {
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+def runs(tmp_path_factory: pytest.TempPathFactory) -> fingerprint.Runs:
     return {
         name: fingerprint.observe(
             Airflow2Sandbox, executor, config, tmp_path_factory.mktemp(name), learns=name == "defaults"
         )
         for name, (executor, config) in VARIANTS.items()
     }
-
-
-@pytest.mark.parametrize("variant", list(VARIANTS))
-def test_every_task_draws_its_own_random_numbers(runs: dict[str, dict[str, Any]], variant: str) -> None:
-    draws = {key: runs[variant][key] for key in fingerprint.DRAWS}
-    assert draws == dict.fromkeys(fingerprint.DRAWS, fingerprint.TASKS)
-
-
-def test_the_defaults_preloaded_pandas_and_numpy_and_refused_the_shared_generator(
-    runs: dict[str, dict[str, Any]],
-) -> None:
-    assert {"pandas", "numpy"} <= set(runs["defaults"]["preloaded"])
-    assert "random.Random" in runs["defaults"]["refused"]["more_itertools"]
-
-
-@pytest.mark.parametrize("variant", ["subprocess", "defaults"])
-def test_a_task_observes_what_it_observes_under_the_stock_executor(
-    runs: dict[str, dict[str, Any]], variant: str
-) -> None:
-    assert fingerprint.differences(runs["stock"], runs[variant], fingerprint.DELIBERATE) == {}
-
-
-@pytest.mark.parametrize("variant", ["subprocess", "defaults"])
-def test_a_task_holds_no_descriptor_a_stock_task_would_not(
-    runs: dict[str, dict[str, Any]], variant: str
-) -> None:
-    kinds = fingerprint.descriptor_kinds
-    assert kinds(runs[variant]) <= kinds(runs["stock"])

@@ -4,6 +4,9 @@ Each task of ``dags_fingerprint/fingerprint_dag.py`` returns an observation of i
 tasks are summed up per item (its distinct values); a run under this executor must then equal the run
 under the stock LocalExecutor in every item, except the deliberate differences listed in
 docs/design.md ("What a task observes"), which :data:`DELIBERATE` names with the reason given there.
+
+The tests are written once, here: a test module imports them and supplies a ``runs`` fixture (the
+summary of each of :data:`VARIANT_NAMES`' runs, from :func:`observe`).
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from harness.sandbox import AirflowSandbox
 from tests.e2e.helpers import poll, preload, preloaded
@@ -124,3 +129,30 @@ def differences(stock: dict[str, Any], ours: dict[str, Any], deliberate: dict[st
 def descriptor_kinds(summary: dict[str, Any]) -> set[str]:
     """Every kind of descriptor any task of the run held."""
     return {kind for value in summary["fds"] for kind in json.loads(value)}
+
+
+# The runs a test module's ``runs`` fixture makes: stock, this executor with a fresh interpreter per
+# task, and its defaults (the fork server with learned preloading).
+VARIANT_NAMES = ("stock", "subprocess", "defaults")
+Runs = dict[str, dict[str, Any]]
+
+
+@pytest.mark.parametrize("variant", VARIANT_NAMES)
+def test_every_task_draws_its_own_random_numbers(runs: Runs, variant: str) -> None:
+    draws = {key: runs[variant][key] for key in DRAWS}
+    assert draws == dict.fromkeys(DRAWS, TASKS)
+
+
+def test_the_defaults_preloaded_pandas_and_numpy_and_refused_the_shared_generator(runs: Runs) -> None:
+    assert {"pandas", "numpy"} <= set(runs["defaults"]["preloaded"])
+    assert "random.Random" in runs["defaults"]["refused"]["more_itertools"]
+
+
+@pytest.mark.parametrize("variant", ["subprocess", "defaults"])
+def test_a_task_observes_what_it_observes_under_the_stock_executor(runs: Runs, variant: str) -> None:
+    assert differences(runs["stock"], runs[variant], DELIBERATE) == {}
+
+
+@pytest.mark.parametrize("variant", ["subprocess", "defaults"])
+def test_a_task_holds_no_descriptor_a_stock_task_would_not(runs: Runs, variant: str) -> None:
+    assert descriptor_kinds(runs[variant]) <= descriptor_kinds(runs["stock"])

@@ -1,24 +1,35 @@
 """A task forked by the fork server observes what a freshly started task observes (Airflow 3).
 
-The fingerprint DAG's tasks record their own process (tests/e2e/fingerprint.py says what, and how runs
-are compared) under the stock LocalExecutor, under this executor with ``launcher = subprocess`` (a
-fresh interpreter per task), and under the defaults: the fork server with learned preloading, which
-has decided on the DAG file's pandas, numpy and more_itertools before the run (``preload_interval`` is
-5 s instead of 60 s, so that the decisions come sooner). Real api-server, scheduler and dag-processor
-on SQLite; nothing is mocked.
+The fingerprint DAG's tasks record their own process (tests/e2e/fingerprint.py says what, holds the
+tests, and says how runs are compared) under the stock LocalExecutor, under this executor with
+``launcher = subprocess`` (a fresh interpreter per task), and under the defaults: the fork server with
+learned preloading, which has decided on the DAG file's pandas, numpy and more_itertools before the run
+(``preload_interval`` is 5 s instead of 60 s, so that the decisions come sooner). Real api-server,
+scheduler and dag-processor on SQLite; nothing is mocked.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import pytest
 
 from harness.demo import EXECUTOR
 from harness.sandbox import AirflowSandbox
 from tests.e2e import fingerprint
+from tests.e2e.fingerprint import (
+    test_a_task_holds_no_descriptor_a_stock_task_would_not,
+    test_a_task_observes_what_it_observes_under_the_stock_executor,
+    test_every_task_draws_its_own_random_numbers,
+    test_the_defaults_preloaded_pandas_and_numpy_and_refused_the_shared_generator,
+)
 
 pytestmark = pytest.mark.e2e
+
+__all__ = [
+    "test_a_task_holds_no_descriptor_a_stock_task_would_not",
+    "test_a_task_observes_what_it_observes_under_the_stock_executor",
+    "test_every_task_draws_its_own_random_numbers",
+    "test_the_defaults_preloaded_pandas_and_numpy_and_refused_the_shared_generator",
+]
 
 VARIANTS = {
     "stock": ("LocalExecutor", {}),
@@ -28,7 +39,7 @@ VARIANTS = {
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+def runs(tmp_path_factory: pytest.TempPathFactory) -> fingerprint.Runs:
     return {
         name: fingerprint.observe(
             AirflowSandbox, executor, config, tmp_path_factory.mktemp(name), learns=name == "defaults"
@@ -37,30 +48,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     }
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
-def test_every_task_draws_its_own_random_numbers(runs: dict[str, dict[str, Any]], variant: str) -> None:
-    draws = {key: runs[variant][key] for key in fingerprint.DRAWS}
-    assert draws == dict.fromkeys(fingerprint.DRAWS, fingerprint.TASKS)
-
-
-def test_the_defaults_preloaded_pandas_and_numpy_and_refused_the_shared_generator(
-    runs: dict[str, dict[str, Any]],
-) -> None:
-    assert {"pandas", "numpy"} <= set(runs["defaults"]["preloaded"])
-    assert "random.Random" in runs["defaults"]["refused"]["more_itertools"]
-
-
 @pytest.mark.parametrize("variant", ["subprocess", "defaults"])
-def test_a_task_observes_what_it_observes_under_the_stock_executor(
-    runs: dict[str, dict[str, Any]], variant: str
-) -> None:
-    assert fingerprint.differences(runs["stock"], runs[variant], fingerprint.DELIBERATE) == {}
-
-
-@pytest.mark.parametrize("variant", ["subprocess", "defaults"])
-def test_a_task_holds_no_descriptor_a_stock_task_would_not(
-    runs: dict[str, dict[str, Any]], variant: str
-) -> None:
-    kinds = fingerprint.descriptor_kinds
-    assert kinds(runs[variant]) <= kinds(runs["stock"])
-    assert {k for k in kinds(runs[variant]) if k.startswith("file")} == {"file: its log"}
+def test_the_only_file_a_task_holds_open_is_its_log(runs: fingerprint.Runs, variant: str) -> None:
+    kinds = fingerprint.descriptor_kinds(runs[variant])
+    assert {k for k in kinds if k.startswith("file")} == {"file: its log"}
