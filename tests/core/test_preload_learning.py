@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -27,7 +26,6 @@ from async_local_executor.core.launchers.base import LaunchRequest
 from async_local_executor.core.launchers.forkserver import ForkServerLauncher
 from async_local_executor.core.launchers.forkserver_learning import Learning
 from tests.core.helpers import GUARD, Recorder, py
-from tests.core.test_forkserver_fallback import _threads as threads
 from tests.core.test_supervisor import TARGET, serving
 
 DIST = "fakepre-good"
@@ -75,8 +73,25 @@ def world(tmp_path: Path) -> dict[str, Path]:
     )
     # A library that seeds NumPy's global generator when imported.
     (site / "fakepre_seeds.py").write_text("import numpy.random\nnumpy.random.seed(7)\n")
-    late = Path(__file__).with_name("forkserver_late_thread.py").read_text()
-    (site / "fakepre_late.py").write_text(late)  # starts a thread when the helper gets SIGUSR1
+    # Starts a thread later, once its gate file exists: at the helper's next look at its threads (an
+    # audit hook on that listing, which changes nothing a task observes; a signal handler would, and
+    # the module would be refused at import for it).
+    (site / "fakepre_late.py").write_text(
+        textwrap.dedent(
+            """
+            import os, sys, threading
+            _stop = threading.Event()
+            _gate = os.environ.get("FAKEPRE_LATE_GATE", "")
+
+            def _hook(event, args):
+                if event == "os.listdir" and _gate and os.path.exists(_gate) and not _stop.is_set():
+                    _stop.set()
+                    threading.Thread(target=threading.Event().wait, name="late-exporter", daemon=True).start()
+
+            sys.addaudithook(_hook)
+            """
+        )
+    )
     (dags / "dagmod.py").write_text("VALUE = 1\n")
     dag = dags / "my_dag.py"
     dag.write_text(
@@ -367,8 +382,10 @@ async def test_a_module_that_changes_the_whole_process_is_refused_and_warnings_f
 
 @pytest.mark.asyncio
 async def test_a_thread_a_learned_module_starts_later_costs_the_preloads_not_the_fork_server(
-    world: dict[str, Path],
+    world: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    gate = world["learn"].parent / "late-gate"
+    monkeypatch.setenv("FAKEPRE_LATE_GATE", str(gate))
     (world["dags"] / "late_dag.py").write_text("import fakepre_late\n")
     recorder = Recorder()
     launcher, learning = learning_server(recorder, world)
@@ -377,8 +394,7 @@ async def test_a_thread_a_learned_module_starts_later_costs_the_preloads_not_the
         await until(learning, lambda: "fakepre_late" in preloaded(learning))
         helper = launcher.helper_pid
         assert helper is not None
-        os.kill(helper, signal.SIGUSR1)  # the module's thread starts now, in the helper
-        await threads(helper, 2)
+        gate.touch()  # the module's thread starts when the helper next counts its threads: before a fork
         # The helper refuses this fork; the launch goes to a new helper that preloads none of it.
         supervisor.submit(LaunchRequest("after", py(PROBE)))
         await recorder.until(lambda: len(recorder.outcomes) == 2)
