@@ -216,9 +216,28 @@ def test_status_cli_shows_a_running_workload_and_the_file_goes_with_the_executor
     assert gone.returncode == 2
 
 
+# Ctrl-C's SIGINT at its default disposition in the command, whatever this test runs under: a job a
+# non-interactive shell starts in the background inherits SIGINT ignored, and Python then never raises
+# KeyboardInterrupt. Only an ignored or default disposition survives exec; the handler comes at startup.
+_WITH_SIGINT = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+)
+
+
 def _watch_redraws_until_interrupted(state_dir: Path, pid: str) -> None:
     watch = subprocess.Popen(
-        [*CLI, "status", "--watch", "0.1", "--state-dir", str(state_dir)],
+        [
+            sys.executable,
+            "-c",
+            _WITH_SIGINT,
+            *CLI[1:],
+            "status",
+            "--watch",
+            "0.1",
+            "--state-dir",
+            str(state_dir),
+        ],
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},

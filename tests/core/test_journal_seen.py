@@ -22,12 +22,17 @@ from tests.core.helpers import alive
 from tests.core.test_registry import SLEEP, read_line, spawned  # noqa: F401 - spawned is a fixture
 
 # A workload that starts a process which escapes everything but the journal: no mark in its environment
-# (env -i), a session and group of its own (setsid). It prints that process's pid.
+# (env -i), a session and group of its own (setsid). It prints that process's pid once the process runs
+# sleep: before that it is still env (or setsid), whose environment still holds the mark. The kernel
+# says nothing when a process execs, so its name is read until it changes.
 WORKLOAD = """
-import subprocess
+import subprocess, time
 escaped = subprocess.Popen(["env", "-i", "setsid", "sleep", "600"])
+deadline = time.monotonic() + 60
+while open(f"/proc/{escaped.pid}/comm").read().strip() != "sleep" and time.monotonic() < deadline:
+    time.sleep(0.01)
 print(escaped.pid, flush=True)
-import time; time.sleep(600)
+time.sleep(600)
 """
 
 # An executor stand-in: launches the workload, writes its status file once (whose walk journals what it
