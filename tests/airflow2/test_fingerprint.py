@@ -29,19 +29,7 @@ __all__ = [
     "test_the_defaults_preloaded_pandas_and_numpy_and_refused_the_shared_generator",
 ]
 
-EXECUTOR = "async_local_executor.AsyncLocalExecutor"
-VARIANTS = {
-    "stock": ("LocalExecutor", {}),
-    "subprocess": (EXECUTOR, {"AIRFLOW__ASYNC_LOCAL_EXECUTOR__LAUNCHER": "subprocess"}),
-    "defaults": (EXECUTOR, {"AIRFLOW__ASYNC_LOCAL_EXECUTOR__PRELOAD_INTERVAL": "5"}),
-}
-
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> fingerprint.Runs:
-    return {
-        name: fingerprint.observe(
-            Airflow2Sandbox, executor, config, tmp_path_factory.mktemp(name), learns=name == "defaults"
-        )
-        for name, (executor, config) in VARIANTS.items()
-    }
+    return fingerprint.observe_all(Airflow2Sandbox, tmp_path_factory)

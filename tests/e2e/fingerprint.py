@@ -131,10 +131,25 @@ def descriptor_kinds(summary: dict[str, Any]) -> set[str]:
     return {kind for value in summary["fds"] for kind in json.loads(value)}
 
 
-# The runs a test module's ``runs`` fixture makes: stock, this executor with a fresh interpreter per
-# task, and its defaults (the fork server with learned preloading).
-VARIANT_NAMES = ("stock", "subprocess", "defaults")
+# The runs a test module's ``runs`` fixture makes (:func:`observe_all`): stock, this executor with a
+# fresh interpreter per task, and its defaults (the fork server with learned preloading; 5 s between
+# two fork servers instead of 60 s, so that its decisions come sooner). Executor, then configuration.
+EXECUTOR = "async_local_executor.AsyncLocalExecutor"
+VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
+    "stock": ("LocalExecutor", {}),
+    "subprocess": (EXECUTOR, {"AIRFLOW__ASYNC_LOCAL_EXECUTOR__LAUNCHER": "subprocess"}),
+    "defaults": (EXECUTOR, {"AIRFLOW__ASYNC_LOCAL_EXECUTOR__PRELOAD_INTERVAL": "5"}),
+}
+VARIANT_NAMES = tuple(VARIANTS)
 Runs = dict[str, dict[str, Any]]
+
+
+def observe_all(kind: type[AirflowSandbox], folders: pytest.TempPathFactory) -> Runs:
+    """One run of each of :data:`VARIANTS`, on fresh deployments of ``kind``."""
+    return {
+        name: observe(kind, executor, config, folders.mktemp(name), learns=name == "defaults")
+        for name, (executor, config) in VARIANTS.items()
+    }
 
 
 @pytest.mark.parametrize("variant", VARIANT_NAMES)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import pytest
 
-from harness.demo import EXECUTOR
 from harness.sandbox import AirflowSandbox
 from tests.e2e import fingerprint
 from tests.e2e.fingerprint import (
@@ -31,21 +30,10 @@ __all__ = [
     "test_the_defaults_preloaded_pandas_and_numpy_and_refused_the_shared_generator",
 ]
 
-VARIANTS = {
-    "stock": ("LocalExecutor", {}),
-    "subprocess": (EXECUTOR, {"AIRFLOW__ASYNC_LOCAL_EXECUTOR__LAUNCHER": "subprocess"}),
-    "defaults": (EXECUTOR, {"AIRFLOW__ASYNC_LOCAL_EXECUTOR__PRELOAD_INTERVAL": "5"}),
-}
-
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> fingerprint.Runs:
-    return {
-        name: fingerprint.observe(
-            AirflowSandbox, executor, config, tmp_path_factory.mktemp(name), learns=name == "defaults"
-        )
-        for name, (executor, config) in VARIANTS.items()
-    }
+    return fingerprint.observe_all(AirflowSandbox, tmp_path_factory)
 
 
 @pytest.mark.parametrize("variant", ["subprocess", "defaults"])
