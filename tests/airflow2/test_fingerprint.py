@@ -13,7 +13,9 @@ import pytest
 
 from harness.airflow2 import Airflow2Sandbox
 from tests.e2e import fingerprint
-from tests.e2e.fingerprint import (
+
+# The shared tests, collected here with this module's runs.
+from tests.e2e.fingerprint import (  # noqa: F401
     test_a_task_holds_no_descriptor_a_stock_task_would_not,
     test_a_task_observes_what_it_observes_under_the_stock_executor,
     test_every_task_draws_its_own_random_numbers,
@@ -21,13 +23,6 @@ from tests.e2e.fingerprint import (
 )
 
 pytestmark = pytest.mark.e2e
-
-__all__ = [
-    "test_a_task_holds_no_descriptor_a_stock_task_would_not",
-    "test_a_task_observes_what_it_observes_under_the_stock_executor",
-    "test_every_task_draws_its_own_random_numbers",
-    "test_the_defaults_preloaded_pandas_and_numpy_and_refused_the_shared_generator",
-]
 
 
 @pytest.fixture(scope="module")

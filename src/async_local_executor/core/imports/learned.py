@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from async_local_executor.core.imports import observe, source
+from async_local_executor.core.launchers.forkserver_preload import PERMANENT_REFUSALS
 
 # Files read per scan: a DAGs folder of thousands is read over several scans, not in one burst of CPU.
 FILES_PER_SCAN = 100
@@ -33,25 +34,17 @@ MAX_CANDIDATES = 2000
 MAX_REASON = 300
 # Never preloaded: what the fork server has already imported, and what is no module of a library.
 ALWAYS_EXCLUDED = ("__main__", "async_local_executor")
-# Refusals that come from what the module is, and so are the same on every try. Any other (a thread
-# still running when counted, a crash or a hang while importing, an import that failed, the memory
-# budget) may come from the moment: the module is tried again later, after RETRY_FIRST seconds,
-# doubling up to RETRY_MAX, instead of never again while the scheduler lives.
-PERMANENT = (
-    "not a module of an installed distribution",
-    "not found on the fork server's path",
-    "found at ",
-    "importing it seeds a random generator",
-    "importing it changes what every task would observe",
-    "importing it leaves descriptors open",
-)
+# Refusals that come from what the module is are the same on every try (PERMANENT_REFUSALS, from the
+# helper that makes them). Any other (a thread still running when counted, a crash or a hang while
+# importing, an import that failed, the memory budget) may come from the moment: the module is tried
+# again later, after RETRY_FIRST seconds, doubling up to RETRY_MAX, instead of never again.
 RETRY_FIRST = 600.0
 RETRY_MAX = 6 * 3600.0
 
 
 def permanent(reason: str) -> bool:
     """Whether a refusal for ``reason`` would be the same on every try."""
-    return reason.startswith(PERMANENT)
+    return reason.startswith(PERMANENT_REFUSALS)
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,13 @@ import sys
 from collections.abc import Iterator
 from typing import Any, cast
 
+# How each refusal of this module's begins; the launcher tells by them a refusal that is the same on
+# every try (what the module does at import) from one that may pass.
+SHARED_GENERATOR = "importing it seeds a random generator every task would share"
+PROCESS_STATE = "importing it changes what every task would observe"
+OPEN_DESCRIPTORS = "importing it leaves descriptors open that a task's own files would reuse"
+REFUSALS = (SHARED_GENERATOR, PROCESS_STATE, OPEN_DESCRIPTORS)
+
 
 def reseed_inherited() -> None:
     """In a forked child: seed again from the OS what the helper's imports seeded from the OS."""
@@ -233,21 +240,15 @@ class ImportWatch:
                 if before is not None and _numpy_global_state() != before:
                     created.append("a new state of numpy.random's global generator")
                 if created:
-                    self.problems.append(
-                        "importing it seeds a random generator every task would share: " + ", ".join(created)
-                    )
+                    self.problems.append(f"{SHARED_GENERATOR}: " + ", ".join(created))
                 if altered := changed(state, observable()):
-                    self.problems.append(
-                        "importing it changes what every task would observe: " + ", ".join(altered)
-                    )
+                    self.problems.append(f"{PROCESS_STATE}: " + ", ".join(altered))
                 opened = {
                     fd: target for fd, target in _descriptors().items() if descriptors.get(fd) != target
                 }
                 if opened:
                     shown = ", ".join(f"{fd} ({target})" for fd, target in sorted(opened.items())[:4])
-                    self.problems.append(
-                        "importing it leaves descriptors open that a task's own files would reuse: " + shown
-                    )
+                    self.problems.append(f"{OPEN_DESCRIPTORS}: " + shown)
             finally:
                 if enabled:
                     gc.enable()

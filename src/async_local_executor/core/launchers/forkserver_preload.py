@@ -28,11 +28,20 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from async_local_executor.core.launchers.forkserver_hygiene import ImportWatch, kept_warnings_filters
+from async_local_executor.core.launchers.forkserver_hygiene import (
+    REFUSALS,
+    ImportWatch,
+    kept_warnings_filters,
+)
 from async_local_executor.core.launchers.forkserver_pools import stop_known_pools
 from async_local_executor.core.launchers.forkserver_threads import ThreadCensus, thread_ids
 
 KIB = 1024
+# Refusals for what a module is, the same on every try (the others may pass: the launcher retries them).
+NOT_INSTALLED = "not a module of an installed distribution"
+NOT_ON_PATH = "not found on the fork server's path"
+SHADOWED = "found at "
+PERMANENT_REFUSALS = (NOT_INSTALLED, NOT_ON_PATH, SHADOWED, *REFUSALS)
 
 
 class Unfit(Exception):
@@ -108,12 +117,12 @@ def _distribution(root: str, roots: dict[str, list[str]], cache: dict[str, Any])
     if not dists:
         # Found here or not (the DAGs folder is on the task's path, not always on the helper's).
         place = f"{where}: the DAGs folder, a bundle?" if where else "the DAGs folder, a bundle, or none"
-        verdict = (None, f"not a module of an installed distribution ({place})")
+        verdict = (None, f"{NOT_INSTALLED} ({place})")
     elif where is None:
-        verdict = (None, "not found on the fork server's path")
+        verdict = (None, NOT_ON_PATH)
     else:
         site = next((d for d in dists if (s := _site_of(d)) and where.startswith(s + os.sep)), None)
-        verdict = (site, "") if site else (None, f"found at {where}, outside the distribution {dists[0]}")
+        verdict = (site, "") if site else (None, f"{SHADOWED}{where}, outside the distribution {dists[0]}")
     cache[root] = verdict
     return verdict
 
