@@ -478,3 +478,20 @@ def test_pandas_and_numpy_get_the_same_verdict_on_every_start() -> None:
         for _ in range(5)
     }
     assert verdicts == {json.dumps(["numpy", "pandas"])}
+
+
+def test_a_reseed_that_fails_costs_the_task_nothing_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import types
+
+    from async_local_executor.core.launchers import forkserver_hygiene
+
+    def broken() -> None:
+        raise OSError("no entropy")
+
+    monkeypatch.setitem(sys.modules, "numpy.random", types.SimpleNamespace(seed=broken))
+    forkserver_hygiene.reseed_inherited()  # does not raise: the workload runs
+    assert (
+        "could not reseed numpy.random's global generator: OSError('no entropy')" in capsys.readouterr().err
+    )

@@ -53,8 +53,12 @@ def reseed_inherited() -> None:
     """In a forked child: seed again from the OS what the helper's imports seeded from the OS."""
     numpy_random = sys.modules.get("numpy.random")
     seed = getattr(numpy_random, "seed", None)
-    if callable(seed):
+    if not callable(seed):
+        return
+    try:
         seed()  # no argument: from the OS, as NumPy seeds its global generator when first imported
+    except Exception as exc:  # noqa: BLE001 - the task still runs; its log says its draws are shared
+        print(f"fork server: could not reseed numpy.random's global generator: {exc!r}", file=sys.stderr)
 
 
 def _generator_types() -> tuple[type, ...]:
