@@ -101,8 +101,7 @@ def freeze_before_first_fork() -> None:
 
 def lower_priority(args: EntryArgs) -> None:
     """Apply the CPU priority; a failure is said on stderr (the scheduler log) and the workload runs."""
-    # Both launchers make the workload process the scheduler's own child: its parent is the scheduler.
-    problem = cpu_priority.apply(args.cpu_priority, os.getppid())
+    problem = cpu_priority.apply(args.cpu_priority)
     if problem:
         print(f"async_local_executor: {problem}", file=sys.stderr, flush=True)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from async_local_executor.adapter import dag_files
 from async_local_executor.adapter.config import ConfSource, ExecutorConfig, LauncherKind, PreloadMode
+from async_local_executor.core import cpu_priority
 from async_local_executor.core.wiring import Plan
 
 # The scheduler subtracts timedelta(seconds=task_queued_timeout) from now: beyond this it raises itself.
@@ -76,4 +77,5 @@ def plan(
         max_wait=config.health_wait_limit,
         limits=config.limits,
         kill_leftovers=config.kill_leftover_processes,
+        crowd=config.workload_cpu_priority == cpu_priority.AUTO,
     )

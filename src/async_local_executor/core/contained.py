@@ -91,7 +91,7 @@ class ContainedLauncher:
             # On the loop: cgroupfs writes are in-kernel and take a fraction of a millisecond (measured
             # 0.1 to 0.3 ms each), less than a worker thread's round trip on a busy host; _settle, which
             # may wait for a cgroup to empty, stays in a worker thread.
-            cgroup = self._containment.create(name, limits)
+            cgroup = self._containment.create(name, limits, low_cpu=request.low_cpu)
         except LimitUnavailable as exc:
             raise LaunchError(f"cannot apply its limits ({limits.describe()}): {exc}") from exc
         except OSError as exc:

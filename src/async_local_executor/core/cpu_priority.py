@@ -1,31 +1,28 @@
-"""Workloads in a crowd run below the CPU priority of the scheduler that launched them.
+"""The CPU priority of a workload's processes: a setting it applies to itself, or a crowd's class it can leave.
 
-A burst of task starts (hundreds of supervisors and task processes, each reading its DAG file) is
-runnable all at once. At the scheduler's own priority they share the CPU with its loop one for one, and
-on a small host the loop then goes tens of seconds without a heartbeat: one share in five hundred. At
-``idle`` (the kernel's ``SCHED_IDLE`` class) a workload gets every cycle the scheduler, the api-server
-and the dag-processor do not want, and never keeps them waiting.
-
-Always idle costs throughput at ordinary load, though: the scheduler, never kept waiting, turns its loop
-for every single event, and those loops take the CPU the tasks would have used (200 no-op tasks at
-parallelism 32 on 2 cores: its process used 22 s of CPU instead of 6 s, and the run took 1.11x as long).
-So ``auto`` (the default) decides per workload, when it starts: at the scheduler's priority while the
-scheduler has at most ``CROWD_PER_CORE`` children per CPU core, ``idle`` beyond, where starts pile up.
-
-Applied by the workload process itself, first thing, before it starts any thread or process (Linux
-priorities are per thread and inherited): nothing here runs in the scheduler.
+``idle``, ``normal`` or a nice increment are the operator's setting for every workload, applied by the
+workload process itself, first thing, before it starts any thread or process (Linux priorities are per
+thread and inherited), for its whole life. ``auto`` is decided per workload by the scheduler
+(``core/crowd.py``): a workload that starts in a crowd is put in ``SCHED_IDLE`` from outside, with what
+lets it leave that class again (:func:`lower`), and put back when the crowd ends (:func:`restore`).
+An unprivileged process may enter ``SCHED_IDLE`` but leave it only within its ``RLIMIT_NICE``.
 """
 
 from __future__ import annotations
 
 import os
+import resource
+from collections.abc import Iterable
 
 AUTO = "auto"
 IDLE = "idle"
 NORMAL = "normal"
 NICE_MAX = 19
-# 32 no-op tasks per 2 cores ran best at the scheduler's priority; 256 starved its loop.
-CROWD_PER_CORE = 24
+_CAP_SYS_NICE = 23
+# RLIMIT_NICE allows nice values down to 20 - its value.
+_NICE_CEILING = 20
+# A thread started while the others are put back is put back by the next pass.
+_RESTORE_PASSES = 3
 
 
 def parse(raw: str) -> str:
@@ -45,42 +42,13 @@ def parse(raw: str) -> str:
     return str(nice)
 
 
-def children(pid: int) -> int | None:
-    """How many children ``pid`` has now (every thread's), or None where the kernel does not say."""
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:  # no such process, or not Linux
-        return None
-    total, counted = 0, False
-    for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children", encoding="ascii") as f:
-                total += len(f.read().split())
-        except FileNotFoundError:
-            continue  # a thread that ended since the listing; or no CONFIG_PROC_CHILDREN
-        except OSError:
-            return None
-        counted = True
-    return total if counted else None
-
-
-def resolve(priority: str, parent_pid: int) -> str:
-    """``auto`` made concrete for a workload whose parent (the scheduler) is ``parent_pid``."""
-    if priority != AUTO:
-        return priority
-    count = children(parent_pid) if parent_pid else None
-    crowd = CROWD_PER_CORE * (os.cpu_count() or 1)
-    return IDLE if count is not None and count > crowd else NORMAL
-
-
-def apply(priority: str, parent_pid: int = 0) -> str | None:
+def apply(priority: str) -> str | None:
     """Lower the calling thread's CPU priority (and so that of everything it starts after).
 
-    :param parent_pid: the scheduler's pid, for ``auto``
+    :param priority: a value of :func:`parse`; ``auto`` changes nothing here (the scheduler decides)
     :return: why it could not be lowered (the workload runs anyway), or None
     """
-    priority = resolve(priority, parent_pid)
-    if priority == NORMAL:
+    if priority in (NORMAL, AUTO):
         return None
     try:
         if priority == IDLE:
@@ -91,3 +59,80 @@ def apply(priority: str, parent_pid: int = 0) -> str | None:
     except (OSError, AttributeError, ValueError) as exc:  # AttributeError: no SCHED_IDLE off Linux
         return f"could not lower the CPU priority to {priority!r}: {exc}"
     return None
+
+
+def _has_cap_sys_nice() -> bool:
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> _CAP_SYS_NICE & 1)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def _needed_rlimit() -> int:
+    return _NICE_CEILING - os.getpriority(os.PRIO_PROCESS, 0)
+
+
+def leave_problem() -> str | None:
+    """Why a process started by this one could not leave ``SCHED_IDLE`` again, or None when it can.
+
+    Children inherit capabilities and limits, so the scheduler asks this of itself once.
+    """
+    if not hasattr(os, "SCHED_IDLE"):
+        return "this system has no SCHED_IDLE"
+    if _has_cap_sys_nice():
+        return None
+    _, hard = resource.getrlimit(resource.RLIMIT_NICE)
+    needed = _needed_rlimit()
+    if hard == resource.RLIM_INFINITY or hard >= needed:
+        return None
+    return (
+        f"an unprivileged process leaves SCHED_IDLE only within RLIMIT_NICE, whose hard limit here is {hard} "
+        f"(it needs {needed}: systemd LimitNICE={needed}, or CAP_SYS_NICE)"
+    )
+
+
+def lower(pid: int) -> None:
+    """Put process ``pid`` (a workload that has not started anything yet) in ``SCHED_IDLE``, leavably.
+
+    Its soft ``RLIMIT_NICE`` is raised to the hard one where that is what lets :func:`restore` (or the
+    process itself) return it to its nice value.
+
+    :raises OSError: when the kernel refuses
+    """
+    if not _has_cap_sys_nice():
+        soft, hard = resource.prlimit(pid, resource.RLIMIT_NICE)
+        if soft != resource.RLIM_INFINITY and soft < _needed_rlimit():
+            resource.prlimit(pid, resource.RLIMIT_NICE, (hard, hard))
+    os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
+
+
+def restore(pids: Iterable[int]) -> int:
+    """Put every thread of ``pids`` that is in ``SCHED_IDLE`` back to ``SCHED_OTHER``.
+
+    :returns: how many threads were put back
+    :raises PermissionError: when the kernel refuses (neither capability nor limit allow it)
+    """
+    pids = list(pids)
+    restored = 0
+    for _ in range(_RESTORE_PASSES):
+        changed = 0
+        for pid in pids:
+            try:
+                threads = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                continue  # exited
+            for tid in map(int, threads):
+                try:
+                    if os.sched_getscheduler(tid) == os.SCHED_IDLE:
+                        os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+                        changed += 1
+                except ProcessLookupError:
+                    continue
+        restored += changed
+        if not changed:
+            break
+    return restored

@@ -9,9 +9,11 @@ predecessor's processes) has happened.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from async_local_executor.core import crowd
 from async_local_executor.core.admission import MB
 from async_local_executor.core.cgroups import Containment, Limits
 from async_local_executor.core.clock import SYSTEM, Clock
@@ -26,6 +28,8 @@ from async_local_executor.core.prefetch import PrefetchBudget
 from async_local_executor.core.runtime import Runtime, uvloop_available
 from async_local_executor.core.supervisor import Listener, Supervisor
 from async_local_executor.core.termination import TerminationPolicy
+
+log = logging.getLogger(__name__)
 
 LAUNCHERS = ("forkserver", "subprocess")
 EVENT_LOOPS = ("auto", "asyncio", "uvloop")
@@ -79,6 +83,8 @@ class Plan:
     max_wait: float = Thresholds.max_wait
     limits: Limits = Limits()  # noqa: RUF009 - frozen
     kill_leftovers: bool = True
+    crowd: bool = False
+    """Lower the CPU share of workloads that start in a crowd, until it ends (``core/crowd.py``)."""
 
     def __post_init__(self) -> None:
         if self.launcher not in LAUNCHERS:
@@ -154,6 +160,10 @@ def wire(
             launcher = ContainedLauncher(
                 launcher, containment, limits=plan.limits, kill_leftovers=plan.kill_leftovers
             )
+        if plan.crowd:
+            choice = crowd.choose(containment is not None and containment.weighs_cpu)
+            launcher = crowd.CrowdLauncher(launcher, choice, crowd=crowd.threshold())
+            log.info("CPU share: %s", choice.describe(crowd.threshold()))
         return Supervisor(
             launcher,
             listener,

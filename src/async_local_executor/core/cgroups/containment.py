@@ -187,11 +187,24 @@ class Containment:
         wanted = {"memory": limits.memory, "cpu": limits.cpu, "pids": limits.pids}
         return [name for name, value in wanted.items() if value is not None and name not in self.controllers]
 
-    def create(self, name: str, limits: Limits = Limits()) -> WorkloadCgroup | None:  # noqa: B008 - frozen
+    @property
+    def weighs_cpu(self) -> bool:
+        """Whether a workload's CPU weight can be set (:meth:`WorkloadCgroup.lower_cpu`)."""
+        return "cpu" in self.controllers
+
+    def create(
+        self,
+        name: str,
+        limits: Limits = Limits(),  # noqa: B008 - frozen
+        *,
+        low_cpu: bool = False,
+    ) -> WorkloadCgroup | None:
         """A new workload cgroup with ``limits`` written, before any process is in it.
 
         :param name: the workload cgroup's name (letters, digits, ``._-``), unique in this instance
         :param limits: what the workload may use
+        :param low_cpu: start it with the lowest CPU weight (where :attr:`weighs_cpu`), for
+            :meth:`WorkloadCgroup.restore_cpu` to undo
         :returns: the cgroup; None when :attr:`mode` is NONE
         :raises ValueError: when ``name`` is not a valid name
         :raises LimitUnavailable: when a limit's controller is not available (nothing is made)
@@ -207,11 +220,12 @@ class Containment:
                 f"enable it for cgroup2 ({_CONTROLLER_HINT}) or mount the cgroup v1 {controller} hierarchy"
             )
         wanted = {"memory": limits.memory, "cpu": limits.cpu, "pids": limits.pids}
-        # v1 memory always when it is the only memory accounting; cpu and pids only to limit.
+        # v1 memory always when it is the only memory accounting; cpu and pids only to limit (or weigh).
+        low_cpu = low_cpu and self.weighs_cpu
         v1 = {
             controller: parent / name
             for controller, parent in self._v1.items()
-            if controller == "memory" or wanted[controller] is not None
+            if controller == "memory" or wanted[controller] is not None or (controller == "cpu" and low_cpu)
         }
         made: list[Path] = []
         try:
@@ -219,12 +233,17 @@ class Containment:
                 directory.mkdir()
                 made.append(directory)
             self._write(self.path / name, v1, limits)
+            relative = cgroup_path(self._mount, self._mount_root, self.path / name)
+            cgroup = WorkloadCgroup(
+                name, self.path / name, v1, limits, relative, cpu_home=self._v1_parents.get("cpu")
+            )
+            if low_cpu:
+                cgroup.lower_cpu()
         except OSError:
             for directory in reversed(made):
                 remove_directory(directory)
             raise
-        relative = cgroup_path(self._mount, self._mount_root, self.path / name)
-        return WorkloadCgroup(name, self.path / name, v1, limits, relative)
+        return cgroup
 
     def _write(self, directory: Path, v1: Mapping[str, Path], limits: Limits) -> None:
         for write in limit_writes(limits, self.controllers):

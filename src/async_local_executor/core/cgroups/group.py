@@ -32,6 +32,11 @@ POLL_INTERVAL = 0.01
 # A notification is never lost, but a bounded wait costs nothing and survives a kernel that forgets.
 _MAX_WAIT = 0.5
 _GONE = (errno.ENOENT, errno.ENODEV)
+# CPU weights: cgroup2 cpu.weight runs 1..10000 around 100, cgroup v1 cpu.shares 2..262144 around 1024.
+LOWEST_WEIGHT, DEFAULT_WEIGHT = 1, 100
+LOWEST_SHARES, DEFAULT_SHARES = 2, 1024
+# A member forked while the others are moved is moved by the next pass; a fork bomb is not waited out.
+_MOVE_PASSES = 5
 
 # What a wait is for, given the text of cgroup.events (None once it cannot be read: the cgroup is gone).
 _Check = Callable[[str | None], bool]
@@ -73,7 +78,16 @@ def _number(path: Path) -> int | None:
 class WorkloadCgroup:
     """One workload's cgroup: a cgroup2 directory, plus cgroup v1 directories for the controllers that only v1 offers here."""
 
-    def __init__(self, name: str, path: Path, v1: Mapping[str, Path], limits: Limits, relative: str) -> None:
+    def __init__(
+        self,
+        name: str,
+        path: Path,
+        v1: Mapping[str, Path],
+        limits: Limits,
+        relative: str,
+        *,
+        cpu_home: Path | None = None,
+    ) -> None:
         self.name = name
         self.path = path
         """The cgroup2 directory."""
@@ -82,6 +96,8 @@ class WorkloadCgroup:
         self.limits = limits
         self.relative = relative
         """The cgroup2 path as /proc/<pid>/cgroup shows it, e.g. ``/ale-x/w-3``."""
+        self.cpu_home = cpu_home
+        """The cgroup v1 cpu directory of workloads without one of their own (the scheduler's)."""
 
     def __repr__(self) -> str:
         return f"WorkloadCgroup({self.name!r}, {str(self.path)!r})"
@@ -211,6 +227,49 @@ class WorkloadCgroup:
                 return False
             time.sleep(POLL_INTERVAL)
         return True
+
+    def lower_cpu(self) -> None:
+        """Give the cgroup the lowest CPU weight the kernel takes (v1 ``cpu.shares`` where v1 has the cpu controller).
+
+        :raises OSError: when the weight cannot be written (no cpu controller here)
+        """
+        if "cpu" in self.v1:
+            (self.v1["cpu"] / "cpu.shares").write_text(str(LOWEST_SHARES))
+        else:
+            (self.path / "cpu.weight").write_text(str(LOWEST_WEIGHT))
+
+    def restore_cpu(self) -> None:
+        """Give the cgroup back the CPU share of a workload that never had it lowered.
+
+        On cgroup2 that is the default weight. On cgroup v1 a default ``cpu.shares`` is not enough: every
+        v1 cgroup of the instance shares one weight against the scheduler's own cgroup, where the other
+        workloads run, so the members move back there (unless a CPU limit keeps them in their own).
+
+        :raises OSError: when the weight cannot be written
+        """
+        v1 = self.v1.get("cpu")
+        if v1 is None:
+            (self.path / "cpu.weight").write_text(str(DEFAULT_WEIGHT))
+            return
+        (v1 / "cpu.shares").write_text(str(DEFAULT_SHARES))
+        if self.limits.cpu is None and self.cpu_home is not None:
+            self._move_members(v1, self.cpu_home)
+
+    @staticmethod
+    def _move_members(source: Path, target: Path) -> None:
+        for _ in range(_MOVE_PASSES):
+            try:
+                pids = (source / "cgroup.procs").read_text().split()
+            except OSError as exc:
+                if exc.errno in _GONE:
+                    return
+                raise
+            if not pids:
+                return
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):  # exited since the listing
+                    (target / "cgroup.procs").write_text(pid)
+        log.warning("members of cgroup %s kept forking while they were moved to %s", source, target)
 
     def oom_kills(self) -> int:
         """How many processes the kernel killed for exceeding this cgroup's memory.

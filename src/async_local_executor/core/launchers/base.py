@@ -32,6 +32,8 @@ class LaunchRequest:
         containment: a contained launcher enforces them, or refuses the launch)
     :param source: a Python file the workload will run (an Airflow task's DAG file); a launcher that
         learns what workloads import reads its top-level imports
+    :param low_cpu: it starts in a crowd: a contained launcher gives its cgroup the lowest CPU weight
+        (see ``core/crowd.py``, which asks for it and undoes it)
     :param before_start: awaited with the new process's pid before it gets ``stdin``, so before it runs
         anything of the workload (a contained launcher moves it into its cgroup here); if it raises,
         the process is killed and the launch fails with the error. A program started by the plain
@@ -47,6 +49,7 @@ class LaunchRequest:
     group: str = ""
     source: str | None = None
     limits: Limits = field(default_factory=Limits)
+    low_cpu: bool = False
     before_start: Callable[[int], Awaitable[None]] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
