@@ -119,11 +119,17 @@ async def test_a_preload_that_starts_a_thread_keeps_the_fork_server_from_forking
         problem = launcher.problem
     assert all(o.ok for o in recorder.outcomes)
     assert [ran(recorder, key) for key in ("a", "b")] == ["fresh", "fresh"]
-    # Said once, naming the module and its thread; no helper was started after the first refused.
-    [warning] = messages(caplog, "could not start")
+    # Said as a warning once, naming the module and its thread; it is tried again after a backoff (a
+    # thread a preload starts may be a race), not on every launch.
+    warnings = [
+        r for r in caplog.records if r.levelno == logging.WARNING and "could not start" in r.getMessage()
+    ]
+    [warning] = [r.getMessage() for r in warnings]
     assert "preloading tests.core.forkserver_threaded started 1 thread (sdk-exporter)" in warning
     assert "decimal" not in warning
-    assert warning.endswith("launching every workload as a fresh interpreter from now on")
+    assert warning.endswith(
+        "workloads start fresh interpreters meanwhile, the fork server is tried again in 1s"
+    )
     assert problem is not None
     assert "tests.core.forkserver_threaded" in problem
     assert launcher.helpers_started == 0

@@ -9,8 +9,11 @@ multi-threaded), so the forking happens in a helper started with ``exec``
 This module is the policy: when a helper starts, is replaced (when it dies, hangs, or what workloads
 import has grown: ``forkserver_learning``) or stops while idle, and when a launch goes to the fallback
 launcher. A replaced helper costs no running workload; requests it had not started go to a fresh one.
-A helper that cannot start, or must not fork (a preload started threads), sends every launch to the
-fallback from then on, with one warning; a request too large for the channel goes there alone.
+A helper that cannot start, for any reason (out of descriptors, a start timeout on an overloaded host,
+a host where it cannot fork), costs at most the launches made while it is down: they go to the
+fallback, and a new helper is tried again after a backoff. One that must not fork (a preload started
+threads) sends every launch to the fallback from then on, with one warning; a request too large for
+the channel goes there alone.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ log = logging.getLogger(__name__)
 
 # Longest wait before a dead helper is replaced (kept warm); one that lived longer waits restart_delay.
 RESTART_DELAY_MAX = 60.0
+# Longest wait before a helper that could not start is tried again (each failure doubles the wait).
+START_RETRY_MAX = 600.0
 
 
 class ForkServerLauncher:
@@ -113,6 +118,9 @@ class ForkServerLauncher:
         self._learning = learning
         self._helper: HelperProcess | None = None
         self._disabled: str | None = None
+        self._down: str | None = None  # why the last start failed, until one succeeds
+        self._retry_at = 0.0
+        self._retry_delay = restart_delay
         self._lock = anyio.Lock()
         self._tg: anyio.abc.TaskGroup | None = None
         self._closing = False
@@ -151,6 +159,11 @@ class ForkServerLauncher:
     def problem(self) -> str | None:
         if self._disabled is not None:
             return f"fork server unavailable ({self._disabled}); every workload starts a fresh interpreter"
+        if self._down is not None:
+            return (
+                f"fork server could not start ({self._down}); workloads start fresh interpreters until "
+                "it is back"
+            )
         helper = self._helper
         if self._idle_timeout is None and helper is not None and not helper.alive:
             return f"fork server (pid {helper.pid}) is not running; a new one is starting"
@@ -176,7 +189,8 @@ class ForkServerLauncher:
         for _ in range(2):
             helper = await self._current()
             if helper is None:
-                return await self._launch_fallback(request, self._disabled or "fork server unavailable")
+                why = self._disabled or self._down or "fork server unavailable"
+                return await self._launch_fallback(request, why)
             try:
                 return await helper.spawn(request)
             except HelperDied:
@@ -199,7 +213,10 @@ class ForkServerLauncher:
         while not self._closing:
             helper = await self._current()
             if helper is None:
-                return  # disabled: every launch takes the fallback
+                if self._disabled is not None:
+                    return  # every launch takes the fallback
+                await self._clock.sleep(max(0.0, self._retry_at - self._clock.monotonic()))
+                continue
             started = self._clock.monotonic()
             await helper.retired.wait()
             if self._closing or self._disabled is not None:
@@ -255,6 +272,8 @@ class ForkServerLauncher:
                 return self._helper
             if self._disabled is not None:
                 return None
+            if self._down is not None and self._clock.monotonic() < self._retry_at:
+                return None  # not on every launch: a start costs seconds of CPU, and may fail the same way
             learning = self._learning
             while True:
                 assert self._tg is not None, "use the launcher as an async context manager"
@@ -266,12 +285,34 @@ class ForkServerLauncher:
                     assert learning is not None
                     learning.refuse(exc.module, exc.reason)  # and try again without it
                     continue
-                except LaunchError as exc:
-                    self._disable(str(exc))
+                except Exception as exc:  # noqa: BLE001 - any failure here costs launches, never the loop
+                    self._start_failed(exc)
                     return None
                 self.helpers_started += 1
-                log.info("fork server ready (pid %d)", self._helper.pid)
+                if self._down is not None:
+                    log.warning("fork server back (pid %d) after: %s", self._helper.pid, self._down)
+                    self._down, self._retry_delay = None, self._restart_delay
+                else:
+                    log.info("fork server ready (pid %d)", self._helper.pid)
                 return self._helper
+
+    def _start_failed(self, exc: Exception) -> None:
+        if isinstance(exc, LaunchError):
+            why = str(exc)
+        elif isinstance(exc, OSError):
+            why = f"cannot start the fork server: {exc.strerror or exc}"
+        else:
+            why = f"cannot start the fork server: {type(exc).__name__}: {exc}"
+            log.error("starting a fork server failed unexpectedly", exc_info=exc)
+        delay = self._retry_delay
+        self._retry_delay = min(delay * 2, START_RETRY_MAX)
+        self._retry_at = self._clock.monotonic() + delay
+        (log.warning if self._down is None else log.info)(
+            "%s; workloads start fresh interpreters meanwhile, the fork server is tried again in %.0fs",
+            why,
+            delay,
+        )
+        self._down = why
 
     async def _grow(self, modules: list[str]) -> bool:
         """Start a helper trying ``modules``; ready, it replaces the current one (which served meanwhile)."""
@@ -285,8 +326,9 @@ class ForkServerLauncher:
         except LearnedModuleFailed as exc:
             learning.refuse(exc.module, exc.reason)
             return False
-        except LaunchError as exc:
-            log.warning("fork server: no helper with the learned modules (%s); the current one goes on", exc)
+        except Exception as exc:  # noqa: BLE001 - the current helper serves on whatever failed here
+            why = exc.strerror if isinstance(exc, OSError) else exc
+            log.warning("fork server: no helper with the learned modules (%s); the current one goes on", why)
             return False
         async with self._lock:
             old, self._helper = self._helper, helper
