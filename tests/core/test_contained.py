@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from async_local_executor.core.cgroups import Containment, Limits, cgroup_of
+from async_local_executor.core.cgroups import Containment, Limits, WorkloadCgroup, cgroup_of, group
 from async_local_executor.core.contained import ContainedLauncher
 from async_local_executor.core.launchers.base import LaunchRequest
 from async_local_executor.core.launchers.forkserver import ForkServerLauncher
@@ -233,3 +234,36 @@ async def test_the_fork_server_s_death_costs_a_contained_workload_nothing(
     assert gone(escaped)  # what it left was killed when it ended
     assert outcome.cleanup is not None
     assert outcome.cleanup.killed == 1
+
+
+async def test_without_cgroup_kill_no_kill_waits_on_the_loop(
+    box: Scratch, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A kernel before 5.14: the file is hidden (the name the code looks for does not exist). Freezing
+    # then waits for the freeze, up to a second per workload (members in D state): never on the loop.
+    monkeypatch.setattr(group, "KILL_FILE", "cgroup.kill-absent")
+    froze_on: list[int] = []
+    freeze_and_kill = WorkloadCgroup._freeze_and_kill
+
+    def recorded(cgroup: WorkloadCgroup) -> None:
+        froze_on.append(threading.get_ident())
+        freeze_and_kill(cgroup)
+
+    monkeypatch.setattr(WorkloadCgroup, "_freeze_and_kill", recorded)
+    recorder = Recorder()
+    stubborn = ESCAPER.replace('["sleep", "600"]', '["sh", "-c", "trap \'\' TERM; sleep 600"]')
+    code = "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n" + stubborn
+    code += "import time\ntime.sleep(600)\n"
+    # Leftovers are not killed at exit: what ends the escaped one is the stop's SIGKILL alone.
+    launcher = ContainedLauncher(make_launcher(kind, recorder), box.open(), kill_leftovers=False)
+    async with serving(recorder, launcher, grace=0.5) as supervisor:
+        loop_thread = threading.get_ident()
+        supervisor.submit(LaunchRequest(key="w", argv=py(code)))
+        await recorder.until(lambda: _said(recorder, "cgroup"))
+        assert supervisor.stop("w", "revoked") == 1
+        await recorder.until(lambda: recorder.outcomes)
+    outcome = recorder.outcome("w")
+    assert outcome.returncode == -signal.SIGKILL
+    [escaped] = [int(pid) for pid in _said(recorder, "escaped")]
+    assert cgroup_helpers.wait_gone(escaped)
+    assert loop_thread not in froze_on

@@ -135,6 +135,7 @@ class ContainedChild:
         self._child = child
         self.cgroup = cgroup
         self._kill_leftovers = kill_leftovers
+        self._killed = False
         self.cleanup: Cleanup | None = None
 
     @property
@@ -146,7 +147,14 @@ class ContainedChild:
         # kernel memory: reading cgroup.procs does not block the loop the way disk I/O would.
         try:
             if sig == signal.SIGKILL:
-                self.cgroup.kill()
+                self._killed = True
+                if self.cgroup.kills_at_once:
+                    self.cgroup.kill()
+                else:
+                    # Before cgroup.kill, a kill nothing escapes freezes the cgroup first and waits for
+                    # it (members in D state take long): that is _settle's, in a worker thread, once the
+                    # main process is gone. Every member gets SIGKILL now.
+                    self.cgroup.signal(sig)
             else:
                 self.cgroup.signal(sig)
         except OSError:
@@ -168,7 +176,7 @@ class ContainedChild:
             usage = cgroup.usage()
             leftovers = len(cgroup.members())
             killed = 0
-            if leftovers and self._kill_leftovers:
+            if leftovers and (self._kill_leftovers or self._killed):
                 killed = cgroup.kill()
                 if not cgroup.wait_empty(SETTLE_GUARD):
                     log.warning("processes of cgroup %s are still there after SIGKILL", cgroup.path)

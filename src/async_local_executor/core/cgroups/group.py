@@ -32,6 +32,8 @@ POLL_INTERVAL = 0.01
 # A notification is never lost, but a bounded wait costs nothing and survives a kernel that forgets.
 _MAX_WAIT = 0.5
 _GONE = (errno.ENOENT, errno.ENODEV)
+# Linux 5.14 and later: one write kills every member, those forking meanwhile included.
+KILL_FILE = "cgroup.kill"
 # CPU weights: cgroup2 cpu.weight runs 1..10000 around 100, cgroup v1 cpu.shares 2..262144 around 1024.
 LOWEST_WEIGHT, DEFAULT_WEIGHT = 1, 100
 LOWEST_SHARES, DEFAULT_SHARES = 2, 1024
@@ -159,16 +161,24 @@ class WorkloadCgroup:
                 os.close(fd)
         return sent
 
+    @property
+    def kills_at_once(self) -> bool:
+        """Whether :meth:`kill` is one write that never waits (a kernel with ``cgroup.kill``)."""
+        return (self.path / KILL_FILE).exists()
+
     def kill(self) -> int:
         """SIGKILL every process in the cgroup, those started meanwhile included.
+
+        Without ``cgroup.kill`` (before Linux 5.14) this freezes the cgroup first and waits for the
+        freeze, up to :data:`FREEZE_GUARD`: call it from a worker thread then (see :attr:`kills_at_once`).
 
         :returns: how many members there were
         :raises OSError: when the cgroup refuses the kill
         """
         count = len(self.members())
         try:
-            if (self.path / "cgroup.kill").exists():
-                (self.path / "cgroup.kill").write_text("1")
+            if self.kills_at_once:
+                (self.path / KILL_FILE).write_text("1")
             elif self.path.is_dir():
                 self._freeze_and_kill()
         except OSError as exc:
