@@ -182,6 +182,7 @@ def test_status_cli_shows_a_running_workload_and_the_file_goes_with_the_executor
         "reason": None,
         "reasons": [],
         "public_reasons": [],
+        "public_codes": [],
     }
     [row] = executor_status["running"]
     assert row["key"] == f"adapter_dag.hold:{gate} try 1"

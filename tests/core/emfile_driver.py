@@ -57,7 +57,10 @@ async def main() -> None:
     logger.setLevel(logging.INFO)
     recorder = Recorder()
     launcher = ForkServerLauncher(
-        target=TARGET, output=recorder.output, fallback=SubprocessLauncher(output=recorder.output), restart_delay=0.2
+        target=TARGET,
+        output=recorder.output,
+        fallback=SubprocessLauncher(output=recorder.output),
+        restart_delay=0.2,
     )
     supervisor = Supervisor(launcher, recorder, limit=4)
     async with anyio.create_task_group() as tg:

@@ -15,7 +15,15 @@ import psutil
 import pytest
 
 from async_local_executor.core.admission import MB
-from async_local_executor.core.health import Health, Report, Thresholds, Verdict, assess
+from async_local_executor.core.health import (
+    PUBLIC_REASONS,
+    WITHHELD,
+    Health,
+    Report,
+    Thresholds,
+    Verdict,
+    assess,
+)
 from async_local_executor.core.launchers.base import LaunchRequest
 from async_local_executor.core.launchers.subprocess import SubprocessLauncher
 from async_local_executor.core.state import LaunchFailure, SupervisorState
@@ -119,7 +127,12 @@ async def test_several_causes_are_all_given_as_reasons() -> None:
         "status": "unhealthy",
         "reason": health.reason,
         "reasons": list(health.reasons),
-        "public_reasons": list(health.reasons),  # none of these names a task or a pid
+        "public_reasons": [
+            "the executor's event loop is lagging",
+            "the launch path is degraded",
+            "the memory guard is holding workloads until memory frees up",
+        ],
+        "public_codes": ["loop_lagging", "launcher_degraded", "memory_low"],
     }
 
 
@@ -131,11 +144,41 @@ async def test_public_reasons_name_no_task_and_no_pid() -> None:
         problem,
         "3 launch failures in the last 300s (last: dag.secret_task try 2: boom)",
     )
-    assert health.public_reasons == (
-        "fork server is not running; a new one is starting",
-        "3 launch failures in the last 300s",
-    )
+    assert health.public_codes == ("launcher_degraded", "launch_failures")
+    assert health.public_reasons == ("the launch path is degraded", "launches keep failing")
     assert health.as_dict()["public_reasons"] == list(health.public_reasons)
+
+
+@pytest.mark.parametrize(
+    "problem",
+    [
+        (
+            "fork server could not start (preloading secret_vendor_sdk.client failed: ImportError: "
+            "libsecret.so.1: cannot open shared object file); workloads start fresh interpreters until it is back"
+        ),
+        (
+            "fork server unavailable (pid 31337 exited with -9 reading /opt/secret/dags/etl.py); every workload "
+            "starts a fresh interpreter"
+        ),
+    ],
+)
+async def test_a_launcher_problem_goes_public_as_a_fixed_code_and_fixed_words(problem: str) -> None:
+    health = verdict(quiet(launcher_problem=problem))
+    assert health.reasons == (problem,)  # in full for whoever may see the status
+    public = json.dumps({k: v for k, v in health.as_dict().items() if k.startswith("public_")})
+    for secret in ("secret", "31337", "ImportError", "/opt", "pid"):
+        assert secret not in public
+    assert health.public_codes == ("launcher_degraded",)
+    assert health.public_reasons == (PUBLIC_REASONS["launcher_degraded"],)
+
+
+async def test_reasons_without_codes_are_withheld_from_the_public() -> None:
+    health = Health(Verdict.UNHEALTHY, ("event loop thread is dead: RuntimeError('in secret_module')",))
+    assert health.public_codes == (WITHHELD,)
+    assert health.public_reasons == ("the reasons are in the authenticated status",)
+    unknown = Health(Verdict.UNHEALTHY, ("x",), codes=("a code of a newer version",))
+    assert unknown.public_codes == (WITHHELD,)
+    assert Health(Verdict.HEALTHY).as_dict()["public_codes"] == []
 
 
 async def test_supervisor_state_and_status_file_show_running_waiting_and_failures(tmp_path: Path) -> None:
@@ -180,7 +223,13 @@ async def test_supervisor_state_and_status_file_show_running_waiting_and_failure
     assert (row["key"], row["pid"], row["queue"]) == ("held try 1", recorder.pids["held"], "reports")
     assert row["rss_mb"] > 0
     assert data["waiting"] == 1
-    assert data["health"] == {"status": "healthy", "reason": None, "reasons": [], "public_reasons": []}
+    assert data["health"] == {
+        "status": "healthy",
+        "reason": None,
+        "reasons": [],
+        "public_reasons": [],
+        "public_codes": [],
+    }
     assert data["recent_launch_failures"][0]["key"] == "bad try 1"
     assert data["launcher_state"] == "subprocess: every workload starts a fresh interpreter"
     [failed] = data["recent_finished"]

@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from async_local_executor.core.proc_identity import start_ticks
 from async_local_executor.ops import journal as registry
 from async_local_executor.ops import journal_file
 from async_local_executor.ops.journal import INSTANCE_ENV, SUFFIX, LaunchJournal, reclaim
@@ -152,15 +153,15 @@ def test_only_new_descendants_of_running_launches_are_recorded_and_an_exit_drops
 ) -> None:
     me = os.getpid()
     journal.started(me, "dag.task try 1")
-    journal.seen({me: [(11, 1.5), (12, 2.5)], 999_999: [(13, 3.5)]})  # 999999 was never launched
-    journal.seen({me: [(11, 1.5), (11, 7.5)]})  # 11 again, and a later process under pid 11
+    journal.seen({me: [(11, 15), (12, 25)], 999_999: [(13, 35)]})  # 999999 was never launched
+    journal.seen({me: [(11, 15), (11, 75)]})  # 11 again, and a later process under pid 11
     lines = journal.path.read_bytes().splitlines()
 
     assert len(lines) == 1 + 1 + 3
-    assert read_back(journal)[1] == {me: {11: 7.5, 12: 2.5}}
+    assert read_back(journal)[1] == {me: {11: 75, 12: 25}}
     journal.ended(me)
     assert read_back(journal) == ({}, {})
-    journal.seen({me: [(14, 4.5)]})  # a walk that saw it before it ended
+    journal.seen({me: [(14, 45)]})  # a walk that saw it before it ended
     assert read_back(journal) == ({}, {})
 
 
@@ -174,12 +175,14 @@ def test_a_launchs_descendants_are_bounded_and_those_gone_make_room(
     journal.started(me, "dag.task try 1")
     running = subprocess.Popen(SLEEP)
     spawned.append(running.pid)
-    start = float(psutil.Process(running.pid).create_time())
-    journal.seen({me: [(running.pid, start), (1, 0.5)]})  # pid 1 did not start at 0.5: gone
-    journal.seen({me: [(21, 1.5), (22, 2.5)]})
+    start = start_ticks(running.pid)
+    assert start is not None
+    not_init = (start_ticks(1) or 0) + 1
+    journal.seen({me: [(running.pid, start), (1, not_init)]})  # pid 1 did not start then: gone
+    journal.seen({me: [(21, 15), (22, 25)]})
 
     # The gone one's line stays until a compaction; it made room for one more, not two.
-    assert read_back(journal)[1] == {me: {running.pid: start, 1: 0.5, 21: 1.5}}
+    assert read_back(journal)[1] == {me: {running.pid: start, 1: not_init, 21: 15}}
 
 
 def test_descendants_survive_compaction_and_lines_from_two_threads_never_interleave(
@@ -194,7 +197,7 @@ def test_descendants_survive_compaction_and_lines_from_two_threads_never_interle
 
     def status_writer() -> None:
         for i in range(2000):
-            journal.seen({me: [(100 + i % 200, float(i % 200))]})
+            journal.seen({me: [(100 + i % 200, i % 200)]})
         done.set()
 
     thread = threading.Thread(target=status_writer)
@@ -210,7 +213,7 @@ def test_descendants_survive_compaction_and_lines_from_two_threads_never_interle
         live, seen = read_back(journal)
     assert not caplog.records  # every line whole and in this format
     assert {pid: key for pid, (_, key) in live.items()} == {me: "stays"}
-    assert seen == {me: {100 + i: float(i) for i in range(200)}}
+    assert seen == {me: {100 + i: i for i in range(200)}}
     assert len(journal.path.read_bytes().splitlines()) <= 1 + 2 + 200 + 16 + 1
 
 
@@ -230,5 +233,5 @@ def test_the_walk_names_each_workloads_descendants_with_their_start_times(
 
     trees = walk_trees([parent.pid])
 
-    assert trees.descendants == {parent.pid: [(child, psutil.Process(child).create_time())]}
+    assert trees.descendants == {parent.pid: [(child, start_ticks(child))]}
     assert trees.rss[parent.pid]

@@ -1,4 +1,8 @@
-"""An executor's cgroups at start: named after their owner, a dead owner's reclaimed, limits checked."""
+"""An executor's cgroups at start: named after their owner, a dead instance's reclaimed, limits checked.
+
+Whether an instance is dead is its launch journal's lock's to say; its name's pid and start time only
+decide when there is no journal to ask.
+"""
 
 from __future__ import annotations
 
@@ -9,18 +13,24 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from async_local_executor.core.cgroups import Limits, Mode
+from async_local_executor.core.proc_identity import start_ticks
 from async_local_executor.ops.containment import (
     LimitsUnavailable,
+    instance_lives,
     instance_name,
     open_containment,
     owner_lives,
     status_of,
 )
+from async_local_executor.ops.journal_file import SUFFIX
 from tests.core import cgroup_helpers
 from tests.core.cgroup_helpers import MiB, Scratch, gone, read_line
+from tests.core.clock_step import step_wall_clock
+from tests.core.helpers import GUARD, alive
 
 cgroups = pytest.mark.skipif(bool(cgroup_helpers.unusable()), reason=cgroup_helpers.unusable())
 
@@ -29,6 +39,32 @@ cgroups = pytest.mark.skipif(bool(cgroup_helpers.unusable()), reason=cgroup_help
 def box() -> Iterator[Scratch]:
     with cgroup_helpers.scratch() as made:
         yield made
+
+
+# Another executor instance, alive: it holds its launch journal in the directory it is given.
+HOLDER = """
+import sys, time
+from pathlib import Path
+from async_local_executor.ops.journal import LaunchJournal
+journal = LaunchJournal.open(Path(sys.argv[1]), owner="live neighbour")
+print(journal.instance, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.fixture
+def neighbour(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """A live instance holding its journal in ``tmp_path``, and its instance id."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        yield holder, read_line(holder).strip()
+    finally:
+        holder.kill()
+        holder.wait(GUARD)
+        if holder.stdout is not None:
+            holder.stdout.close()
 
 
 def _dead_pid() -> int:
@@ -41,27 +77,79 @@ def _dead_pid() -> int:
 def test_an_instance_is_named_after_the_process_that_owns_it() -> None:
     name = instance_name("0123456789abcdef0123")
     pid, started, instance = name.split("-")
-    assert (int(pid), instance) == (os.getpid(), "0123456789ab")
+    assert (int(pid), started, instance) == (os.getpid(), f"t{start_ticks(os.getpid())}", "0123456789ab")
     assert owner_lives(name)
     assert not owner_lives(instance_name("0123456789abcdef", pid=_dead_pid()))
-    # Same pid, another start time: a later process under a recycled pid owns nothing of it.
-    assert not owner_lives(f"{pid}-{int(started) - 100}-0123456789ab")
+    # Same pid, another start: a later process under a recycled pid owns nothing of it.
+    assert not owner_lives(f"{pid}-t{int(started[1:]) - 1}-0123456789ab")
     assert owner_lives("someone-else")  # not named by this scheme: never reclaimed
 
 
-def test_off_makes_no_cgroup_and_refuses_limits() -> None:
-    containment = open_containment("a" * 32, enabled=False, root="", limits=Limits())
+def test_an_older_versions_name_is_still_judged_by_its_owner() -> None:
+    # Before, the start was psutil's create_time in hundredths of a second.
+    started = psutil.Process().create_time()
+    assert owner_lives(f"{os.getpid()}-{round(started * 100)}-0123456789ab")
+    assert not owner_lives(f"{os.getpid()}-{round(started * 100) - 100}-0123456789ab")
+
+
+@pytest.mark.parametrize("step", [1.0, -1.0])
+def test_a_wall_clock_step_does_not_make_a_live_owner_look_dead(
+    monkeypatch: pytest.MonkeyPatch, step: float
+) -> None:
+    name = instance_name("0123456789abcdef0123")
+    step_wall_clock(monkeypatch, step)
+    assert owner_lives(name)
+
+
+def test_an_instance_whose_journal_is_locked_lives_whatever_its_name_says(
+    tmp_path: Path, neighbour: tuple[subprocess.Popen[str], str]
+) -> None:
+    holder, instance = neighbour
+    # Its name's pid runs no more (in this namespace, at least): by the name alone it would be dead.
+    name = instance_name(instance, pid=_dead_pid())
+    assert not owner_lives(name)
+    assert instance_lives(name, tmp_path)
+
+    holder.kill()
+    holder.wait(GUARD)
+    assert not instance_lives(name, tmp_path)
+    # Free, its lock says dead even where the name's pid and start time are a running process's.
+    assert not instance_lives(instance_name(instance), tmp_path)
+
+
+def test_without_a_journal_an_instance_is_judged_by_its_owner_process(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Reclaimed already, as a crashed instance's journal is before its cgroups are looked at.
+    with caplog.at_level(logging.INFO, logger="async_local_executor.ops.containment"):
+        assert instance_lives(instance_name("0123456789ab"), tmp_path)
+        assert not instance_lives(instance_name("0123456789ab", pid=_dead_pid()), tmp_path)
+    assert "no launch journal" in caplog.records[-1].getMessage()
+
+
+def test_a_journal_that_cannot_be_opened_keeps_its_instances_cgroups(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / f"0123456789abcdef{SUFFIX}").mkdir()  # whatever it is, it may be a live one's
+    with caplog.at_level(logging.WARNING, logger="async_local_executor.ops.containment"):
+        assert instance_lives(instance_name("0123456789abcdef", pid=_dead_pid()), tmp_path)
+    [warning] = [record.getMessage() for record in caplog.records]
+    assert "left alone" in warning
+
+
+def test_off_makes_no_cgroup_and_refuses_limits(tmp_path: Path) -> None:
+    containment = open_containment("a" * 32, enabled=False, root="", limits=Limits(), journals=tmp_path)
     assert (containment.mode, containment.why) == (Mode.NONE, "containment = off")
     assert status_of(containment) == {"mode": "none", "detail": "none: containment = off"}
     with pytest.raises(
         LimitsUnavailable, match="task_pids_limit needs a cgroup per task, and there are none here"
     ):
-        open_containment("a" * 32, enabled=False, root="", limits=Limits(pids=10))
+        open_containment("a" * 32, enabled=False, root="", limits=Limits(pids=10), journals=tmp_path)
 
 
 @cgroups
 def test_start_kills_what_a_dead_instance_left_and_says_so(
-    box: Scratch, caplog: pytest.LogCaptureFixture
+    box: Scratch, caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
     dead = instance_name("deadbeef", pid=_dead_pid())
     box.instances.append(dead)
@@ -71,7 +159,9 @@ def test_start_kills_what_a_dead_instance_left_and_says_so(
     assert read_line(survivor) == "ready"
 
     with caplog.at_level(logging.INFO, logger="async_local_executor.ops.containment"):
-        containment = open_containment("c0ffee", enabled=True, root=box.root, limits=Limits())
+        containment = open_containment(
+            "c0ffee", enabled=True, root=box.root, limits=Limits(), journals=tmp_path
+        )
     box.instances.append(containment.instance)
     try:
         survivor.wait(cgroup_helpers.EMPTY_GUARD)
@@ -98,6 +188,39 @@ def test_a_global_limit_the_host_cannot_enforce_stops_the_start(box: Scratch, tm
     limits = {"memory": Limits(memory=64 * MiB), "cpu": Limits(cpu=1), "pids": Limits(pids=10)}[missing[0]]
     option = f"task_{missing[0]}_limit"
     with pytest.raises(LimitsUnavailable, match=f"{option} needs the {missing[0]} controller"):
-        open_containment("f00d", enabled=True, root=box.root, limits=limits, mountinfo=str(mountinfo))
+        open_containment(
+            "f00d", enabled=True, root=box.root, limits=limits, mountinfo=str(mountinfo), journals=tmp_path
+        )
     box.instances.append(instance_name("f00d"))
     assert not (box.directory / f"ale-{instance_name('f00d')}").exists()  # refused: nothing left made
+
+
+@cgroups
+def test_a_live_instances_cgroups_are_reclaimed_only_once_its_journal_lock_is_free(
+    box: Scratch, tmp_path: Path, neighbour: tuple[subprocess.Popen[str], str]
+) -> None:
+    holder, instance = neighbour
+    # Named after a pid that runs no more: only its lock tells that it lives.
+    name = instance_name(instance, pid=_dead_pid())
+    box.instances.append(name)
+    workload = box.open(name).create("w1")
+    assert workload is not None
+    task = box.start("print('ready', flush=True)\nimport time\ntime.sleep(600)\n", workload)
+    assert read_line(task) == "ready"
+
+    first = open_containment("c0ffee", enabled=True, root=box.root, limits=Limits(), journals=tmp_path)
+    box.instances.append(first.instance)
+    first.close()
+    assert alive(task.pid)
+    assert workload.path.is_dir()
+
+    holder.kill()
+    holder.wait(GUARD)
+    second = open_containment("c0ffe2", enabled=True, root=box.root, limits=Limits(), journals=tmp_path)
+    box.instances.append(second.instance)
+    try:
+        task.wait(cgroup_helpers.EMPTY_GUARD)
+        assert gone(task.pid)
+        assert not (box.directory / f"ale-{name}").exists()
+    finally:
+        second.close()

@@ -45,9 +45,17 @@ def test_a_running_healthy_executor_is_healthy_and_its_workloads_are_listed(tmp_
     health = overview.health(found, HOST, time.time())
     assert health["status"] == "healthy"
     [instance] = health["instances"]
-    assert set(instance) == {"hostname", "instance", "verdict", "reasons", "updated_at", "age_s"}
+    assert set(instance) == {
+        "hostname",
+        "instance",
+        "verdict",
+        "reasons",
+        "reason_codes",
+        "updated_at",
+        "age_s",
+    }
     assert (instance["hostname"], instance["instance"], instance["verdict"]) == (HOST, "a", "healthy")
-    assert instance["reasons"] == []
+    assert instance["reasons"] == instance["reason_codes"] == []
     assert 0 <= instance["age_s"] < STALE_AFTER
     status = overview.status(found, HOST, time.time(), tmp_path)
     [executor] = status["executors"]
@@ -65,10 +73,8 @@ def test_the_public_document_names_no_task_and_no_pid(tmp_path: Path) -> None:
     found = read_all(tmp_path)
     public = overview.health(found, HOST, time.time())
     assert public["status"] == "unhealthy"
-    assert public["instances"][0]["reasons"] == [
-        "fork server is not running; a new one is starting",
-        "3 launch failures in the last 300s",
-    ]
+    assert public["instances"][0]["reasons"] == ["the launch path is degraded", "launches keep failing"]
+    assert public["instances"][0]["reason_codes"] == ["launcher_degraded", "launch_failures"]
     text = json.dumps(public)
     assert "secret_task" not in text
     assert "etl.load" not in text
@@ -85,6 +91,7 @@ def test_a_stopped_scheduler_is_unknown_and_does_not_hide_a_running_one(tmp_path
     assert alone["status"] == "unknown"
     assert alone["instances"][0]["verdict"] == "unknown"
     assert alone["instances"][0]["reasons"] == ["its scheduler is not running"]
+    assert alone["instances"][0]["reason_codes"] == ["scheduler_gone"]
     [executor] = overview.status(found, HOST, time.time(), tmp_path)["executors"]
     assert executor["gone"]
     assert "is not running: stopped or killed" in executor["reasons"][0]
@@ -100,7 +107,11 @@ def test_a_running_scheduler_whose_status_stopped_is_unhealthy(tmp_path: Path) -
     later = time.time() + STALE_AFTER + 30
     health = overview.health(read_all(tmp_path, now=later), HOST, later)
     assert health["status"] == "unhealthy"
-    [reason] = health["instances"][0]["reasons"]
+    assert health["instances"][0]["reasons"] == [
+        "its scheduler runs, but its executor stopped updating its status"
+    ]
+    [executor] = overview.status(read_all(tmp_path, now=later), HOST, later, tmp_path)["executors"]
+    [reason] = executor["reasons"]
     assert reason.startswith("its scheduler runs, but its status was not updated for ")
 
 
@@ -111,7 +122,10 @@ def test_a_status_from_another_host_is_never_healthy(tmp_path: Path) -> None:
     assert health["status"] == "unknown"
     [instance] = health["instances"]
     assert (instance["hostname"], instance["verdict"]) == ("other-host", "unknown")
-    assert "written on host other-host, and this api-server runs on scheduler-host" in instance["reasons"][0]
+    assert instance["reason_codes"] == ["other_host"]
+    assert "other-host" not in json.dumps(instance["reasons"])  # its name is in "hostname", once
+    [executor] = overview.status(read_all(tmp_path), HOST, time.time(), tmp_path)["executors"]
+    assert "written on host other-host, and this api-server runs on scheduler-host" in executor["reasons"][0]
 
 
 def test_no_status_at_all_is_unknown_and_says_why(tmp_path: Path) -> None:
@@ -124,12 +138,16 @@ def test_no_status_at_all_is_unknown_and_says_why(tmp_path: Path) -> None:
 
 def test_an_unhealthy_executor_makes_the_host_unhealthy(tmp_path: Path) -> None:
     write(tmp_path, "a", Health(Verdict.HEALTHY))
-    write(tmp_path, "b", Health(Verdict.UNHEALTHY, ("event loop lagging 3.0s (limit 1s)",)))
+    write(
+        tmp_path,
+        "b",
+        Health(Verdict.UNHEALTHY, ("event loop lagging 3.0s (limit 1s)",), codes=("loop_lagging",)),
+    )
     health = overview.health(read_all(tmp_path), HOST, time.time())
     assert health["status"] == "unhealthy"
     assert {i["instance"]: i["reasons"] for i in health["instances"]} == {
         "a": [],
-        "b": ["event loop lagging 3.0s (limit 1s)"],
+        "b": ["the executor's event loop is lagging"],
     }
 
 
@@ -150,7 +168,50 @@ def test_a_file_of_an_older_version_gives_no_reason_away(tmp_path: Path) -> None
     finally:
         writer.communicate(b"")
     [instance] = overview.health(found, HOST, time.time())["instances"]
-    assert instance["reasons"] == ["unhealthy: the reasons are in the authenticated status"]
+    assert instance["reasons"] == ["the reasons are in the authenticated status"]
+    assert instance["reason_codes"] == ["reasons_withheld"]
     [executor] = overview.status(found, HOST, time.time(), tmp_path)["executors"]
     assert executor["reasons"] == ["3 launch failures (last: etl.secret try 1: boom)"]
     assert executor["hostname"] == HOST  # no hostname recorded: it is in this host's state directory
+
+
+def test_a_launcher_problem_naming_a_module_and_a_pid_goes_public_as_a_code_and_fixed_words(
+    tmp_path: Path,
+) -> None:
+    problem = (
+        "fork server could not start (pid 31337: preloading secret_vendor_sdk.client failed: ImportError: "
+        "/opt/secret/lib.so); workloads start fresh interpreters until it is back"
+    )
+    write(tmp_path, "a", assess(quiet(launcher_problem=problem), 0.0, Thresholds(), time.time()))
+    found = read_all(tmp_path)
+    [instance] = overview.health(found, HOST, time.time())["instances"]
+    assert (instance["reason_codes"], instance["reasons"]) == (
+        ["launcher_degraded"],
+        ["the launch path is degraded"],
+    )
+    [executor] = overview.status(found, HOST, time.time(), tmp_path)["executors"]
+    assert executor["reasons"] == [problem]
+    assert executor["reason_codes"] == ["launcher_degraded"]
+
+
+def test_what_a_status_file_says_in_words_never_goes_public(tmp_path: Path) -> None:
+    # A file of an older version (its public reasons in words, pids stripped but module names kept), or
+    # one of a newer version with codes this one does not know.
+    write(tmp_path, "a", Health(Verdict.HEALTHY))
+    path = status_path(tmp_path, "a")
+    data = json.loads(path.read_text())
+    data["health"] = {
+        "status": "unhealthy",
+        "reasons": ["fork server could not start (preloading secret_mod failed)"],
+        "public_reasons": ["fork server could not start (preloading secret_mod failed)"],
+        "public_codes": ["launcher_degraded", "<b>secret_mod</b>", "memory_low", "launcher_degraded"],
+    }
+    path.write_text(json.dumps(data))
+    [instance] = overview.health(read_all(tmp_path), HOST, time.time())["instances"]
+    assert instance["reason_codes"] == ["launcher_degraded", "reasons_withheld", "memory_low"]
+    assert instance["reasons"] == [
+        "the launch path is degraded",
+        "the reasons are in the authenticated status",
+        "the memory guard is holding workloads until memory frees up",
+    ]
+    assert "secret_mod" not in json.dumps(instance)

@@ -19,6 +19,7 @@ import pytest
 from async_local_executor.ops import journal as registry
 from async_local_executor.ops import journal_file
 from async_local_executor.ops.journal import INSTANCE_ENV, SUFFIX, LaunchJournal, reclaim
+from tests.core.clock_step import step_wall_clock
 from tests.core.helpers import GUARD, alive
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(600)"]
@@ -132,6 +133,41 @@ def test_a_recorded_pid_now_held_by_another_process_is_not_killed(tmp_path: Path
     assert reclaim(tmp_path) == []
 
     assert alive(stranger.pid)
+    assert list(tmp_path.iterdir()) == []
+
+
+# An executor stand-in whose launch only its journal line ties to it: no mark in its environment, and a
+# session of its own.
+UNMARKED_OWNER = f"""
+import os, subprocess, sys, time
+from pathlib import Path
+from async_local_executor.ops.journal import LaunchJournal
+journal = LaunchJournal.open(Path(sys.argv[1]), owner="test owner")
+workload = subprocess.Popen({SLEEP!r}, start_new_session=True)
+journal.started(workload.pid, "dag.task try 1")
+print(workload.pid, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("step", [1.0, -1.0])
+def test_a_launch_is_still_recognised_after_the_wall_clock_steps(
+    tmp_path: Path, spawned: list[int], monkeypatch: pytest.MonkeyPatch, step: float
+) -> None:
+    owner = subprocess.Popen(
+        [sys.executable, "-c", UNMARKED_OWNER, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    spawned.append(owner.pid)
+    workload = int(read_line(owner))
+    spawned.append(workload)
+    owner.kill()
+    owner.wait()
+    step_wall_clock(monkeypatch, step)  # between the crash and the successor's start, say
+
+    survivors = reclaim(tmp_path)
+
+    assert [(s.pid, s.label) for s in survivors] == [(workload, "dag.task try 1")]
+    assert not alive(workload)
     assert list(tmp_path.iterdir()) == []
 
 

@@ -18,11 +18,13 @@ import psutil
 import pytest
 
 from async_local_executor.core.health import Health, Report, Verdict
+from async_local_executor.core.proc_identity import start_ticks
 from async_local_executor.core.state import SupervisorState
 from async_local_executor.ops import cli, files, recovery
 from async_local_executor.ops.journal import LaunchJournal
 from async_local_executor.ops.journal_file import SUFFIX
-from async_local_executor.ops.status import START_KEY, StatusWriter, read_all, status_path
+from async_local_executor.ops.status import START_KEY, START_TICKS_KEY, StatusWriter, read_all, status_path
+from tests.core.clock_step import step_wall_clock
 from tests.core.helpers import GUARD
 from tests.core.test_registry import SLEEP, read_line
 
@@ -76,7 +78,18 @@ def stranger() -> Iterator[psutil.Process]:
 def test_the_writer_records_its_process_start_time(tmp_path: Path) -> None:
     data = json.loads(write(tmp_path, "me").read_text())
     assert data["pid"] == os.getpid()
-    assert data[START_KEY] == psutil.Process().create_time()
+    assert data[START_TICKS_KEY] == start_ticks(os.getpid())
+    assert data[START_KEY] == psutil.Process().create_time()  # for the readers of older versions
+
+
+def test_a_live_writer_without_a_journal_stays_alive_when_the_wall_clock_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No journal to ask (its executor is closing it, say): the file's start time alone tells.
+    write(tmp_path, "me")
+    step_wall_clock(monkeypatch, 1.0)
+    [found] = read_all(tmp_path)
+    assert (found.gone, found.stale) == (False, None)
 
 
 @pytest.mark.parametrize("reused_by", ["this scheduler", "another process"])
@@ -155,9 +168,11 @@ def test_an_older_versions_file_is_alive_only_while_its_pid_runs_and_its_journal
 @pytest.mark.parametrize(
     "content",
     ["[]", "3", '"x"', "null", "{}", '{"pid": "7", "written_at": 1}', '{"pid": 7, "written_at": "x"}',
-     '{"pid": 7, "written_at": 1, "health": []}', '{"pid": 7, "written_at": 1, "running": [3]}',
-     '{"pid": 7, "written_at": 1e999}', "[" * 100_000, "\x00\xff"],
+     '{"pid": 7, "written_at": 1e999}', '{"pid": 7, "written_at": NaN}', '{"written_at": 1}',
+     '{"pid": 7, "written_at": 1, "pid_start": "x"}', "[" * 100_000, "\x00\xff"],
 )  # fmt: skip
+# A file with the pid and time of a writer but another field of the wrong kind is read without that
+# field (test_status_malformed).
 def test_a_file_that_is_not_a_status_file_is_skipped_with_one_warning(
     tmp_path: Path, content: str, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -16,13 +16,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from async_local_executor.core.launchers.tree import (
-    GroupSignaller,
-    descendant_groups,
-    held_by_another,
-    start_time,
-)
+from async_local_executor.core.launchers.tree import GroupSignaller, descendant_groups, held_by_another
+from async_local_executor.core.proc_identity import start_ticks
 from tests.core.cgroup_helpers import read_line, wait_gone
+from tests.core.clock_step import step_wall_clock
 from tests.core.helpers import GUARD, alive
 
 # A leader in a session of its own whose child leads a group of its own, as a task SDK supervisor's is.
@@ -68,7 +65,7 @@ def test_a_group_whose_id_a_later_process_holds_is_left_alone(
     leader, child = tree
     signaller = GroupSignaller(leader.pid)
     signaller.send(0)  # finds the child's group
-    start = start_time(child)
+    start = start_ticks(child)
     assert start is not None
     signaller._groups[child] = start - 10  # the number was another process's when it was seen
     assert held_by_another(child, start - 10)
@@ -82,7 +79,34 @@ def test_a_later_process_under_the_leader_s_pid_is_not_walked(
     tree: tuple[subprocess.Popen[str], int],
 ) -> None:
     leader, child = tree
-    start = start_time(leader.pid)
+    start = start_ticks(leader.pid)
     assert start is not None
     assert descendant_groups(leader.pid, start) == {child}
     assert descendant_groups(leader.pid, start - 10) == set()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_wall_clock_step_does_not_stop_the_signals(monkeypatch: pytest.MonkeyPatch, sig: int) -> None:
+    # A task timeout, a revoke or a shutdown that comes after an NTP step must still reach the workload.
+    sleeper = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    try:
+        signaller = GroupSignaller(sleeper.pid)
+        step_wall_clock(monkeypatch, 1.0)
+        signaller.send(sig)
+        assert sleeper.wait(GUARD) == -sig
+    finally:
+        with contextlib.suppress(OSError):
+            sleeper.kill()
+        sleeper.wait(GUARD)
+
+
+def test_a_wall_clock_step_leaves_the_descendants_groups_signalled(
+    tree: tuple[subprocess.Popen[str], int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    leader, child = tree
+    signaller = GroupSignaller(leader.pid)
+    signaller.send(0)  # finds the child's group before the step
+    step_wall_clock(monkeypatch, -1.0)
+    signaller.send(signal.SIGTERM)
+    assert leader.wait(GUARD) == -signal.SIGTERM
+    assert wait_gone(child)

@@ -129,3 +129,23 @@ def test_a_queued_task_given_a_new_id_while_its_workload_waits_is_not_failed(
     assert "Marking task" not in log
     assert "state mismatch" not in log
     assert "finished with state" not in log
+
+
+def test_a_queued_row_of_another_executor_is_left_queued(sandbox: AirflowSandbox, tmp_path: Path) -> None:
+    # The same stale clear, on a row that names another executor of the same scheduler (its job id is
+    # every executor's): that executor may be running the task instance, so it is not put back.
+    run_id, (index, old_id, _, _) = _two_waiting(sandbox, tmp_path)
+    new_id = str(uuid.uuid4()) if "-" in old_id else uuid.uuid4().hex
+    with sandbox.engine.begin() as connection:
+        connection.execute(
+            sa.text("UPDATE task_instance SET id = :new, executor = 'CeleryExecutor' WHERE id = :old"),
+            {"new": new_id, "old": old_id},
+        )
+    (tmp_path / "gate").touch()
+    log = sandbox.process_logs["scheduler"]
+    poll("the requeue's verdict", lambda: "left queued" in log.read_text(errors="replace"))
+    said = log.read_text(errors="replace")
+    assert "its row is for CeleryExecutor, which may be running it" in said
+    assert "put back to scheduled" not in said
+    [row] = [r for r in _rows(sandbox, run_id) if r[0] == index]
+    assert (row[1], row[2]) == (new_id, "queued")

@@ -28,7 +28,7 @@ from tests.e2e.helpers import SWITCH_TASKS, cmdline, open_the_gate, poll, switch
 pytestmark = pytest.mark.e2e
 
 USERS = {"admin": "admin", "viewer": "viewer"}
-INSTANCE_KEYS = {"hostname", "instance", "verdict", "reasons", "updated_at", "age_s"}
+INSTANCE_KEYS = {"hostname", "instance", "verdict", "reasons", "reason_codes", "updated_at", "age_s"}
 
 
 @pytest.fixture
@@ -130,7 +130,10 @@ def test_health_and_status_on_a_real_api_server(sandbox: AirflowSandbox, tmp_pat
     try:
         poll("an unhealthy verdict", lambda: health(sandbox)["status"] == "unhealthy", guard=60)
         [instance] = health(sandbox)["instances"]
-        assert instance["reasons"] == ["fork server is not running; a new one is starting"]
+        assert (instance["reason_codes"], instance["reasons"]) == (
+            ["launcher_degraded"],
+            ["the launch path is degraded"],
+        )
         status = executor(sandbox, viewer)
         assert status["reasons"] == [f"fork server (pid {first}) is not running; a new one is starting"]
     finally:

@@ -119,7 +119,13 @@ def _status_shows_the_running_task(sandbox: AirflowSandbox) -> None:
     [status] = shown()
     assert status["stale"] is None
     assert status["pid"] == sandbox.pids["scheduler"]
-    assert status["health"] == {"status": "healthy", "reason": None, "reasons": [], "public_reasons": []}
+    assert status["health"] == {
+        "status": "healthy",
+        "reason": None,
+        "reasons": [],
+        "public_reasons": [],
+        "public_codes": [],
+    }
     [task] = status["running"]
     assert task["key"].startswith("stubborn.ignore_sigterm try ")
     assert task["rss_mb"] > 10  # the workload process and the task process it supervises

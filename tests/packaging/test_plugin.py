@@ -7,6 +7,7 @@ has it.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import pytest
 from async_local_executor.core.health import Health, Report, Verdict
 from async_local_executor.ops.status import StatusWriter, status_path
 from async_local_executor.plugin import PREFIX, AsyncLocalExecutorPlugin
+from async_local_executor.plugin import app as plugin_app
 from async_local_executor.plugin.app import STATIC, create_app
 from tests.core.test_health import quiet
 
@@ -75,3 +77,32 @@ async def test_the_app_serves_health_the_page_and_its_assets(tmp_path: Path) -> 
         assert 'src="static/executor.js"' in page.text
         for asset in ("executor.js", "executor.css", "dashboard-card.js", "icon.svg"):
             assert (await client.get(f"/static/{asset}")).status_code == 200
+
+
+@pytest.mark.asyncio
+async def test_the_app_answers_a_malformed_status_file_without_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Airflow's auth manager lives in a running api-server (tests/e2e/test_health_api.py): anyone may see.
+    monkeypatch.setattr(plugin_app, "_viewer", lambda: lambda: None)
+    writer = StatusWriter(status_path(tmp_path, "a"), {"instance": "a", "pid": os.getpid(), "parallelism": 2})
+    writer.write(Report(time.monotonic(), 0.0, 0.0, Health(Verdict.HEALTHY), quiet()))
+    data = json.loads(writer.path.read_text())
+    data.update(recent_finished=[1, {"key": "t try 1"}], loop_lag_ms=float("nan"), waiting="3")
+    writer.path.write_text(json.dumps(data))  # NaN, as Python's json writes it
+
+    transport = httpx.ASGITransport(app=create_app(tmp_path))
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        status = await client.get("/status")
+        assert status.status_code == 200
+        [executor] = status.json()["executors"]
+        assert sorted(executor["problems"]) == [
+            "loop_lag_ms: not a finite number",
+            "recent_finished[0]: not an object",
+            "recent_finished[1]: no at",
+            "waiting: not a count",
+        ]
+        assert executor["recent_finished"] == []
+        health = await client.get("/health")
+        assert health.status_code == 200
+        assert health.json()["status"] == "healthy"

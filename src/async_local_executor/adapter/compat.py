@@ -42,6 +42,7 @@ __all__ = [
     "CallbackKey",
     "ClientTimeout",
     "ConnectionTestKey",
+    "ExecutorScope",
     "airflow2_audit",
     "airflow2_log_path",
     "client_timeout",
@@ -184,39 +185,81 @@ def restarting_task_instances(keys: Collection[Any]) -> set[Any]:
     return {key for key in keys if (key.dag_id, key.task_id, key.run_id, key.map_index) in rows}
 
 
-def requeue_unreachable(keys: Collection[Any], job_id: int | str) -> set[Any]:
+@dataclass(frozen=True)
+class ExecutorScope:
+    """Which task instance rows are this executor's: those naming it, and unnamed ones if it is the default.
+
+    The scheduler's job id in ``queued_by_job_id`` is shared by every executor (and team) it runs, so a
+    row queued by this scheduler may be another executor's.
+    """
+
+    names: frozenset[str]
+    """What a task's ``executor=`` may say to mean this executor (alias, module path, class name)."""
+    default: bool
+    """Whether rows naming no executor are this one's: it is the global default and no team has one."""
+
+    @classmethod
+    def of(cls, executor: Any) -> ExecutorScope:
+        """The scope of a running Airflow 3 executor instance."""
+        from airflow.configuration import conf
+        from airflow.executors.executor_loader import ExecutorLoader
+
+        name = getattr(executor, "name", None)
+        names = set()
+        if name is not None:
+            names = {n for n in (name.alias, name.module_path, name.module_path.rsplit(".", 1)[-1]) if n}
+        # With teams, a row naming no executor is its team's default: only the scheduler resolves that.
+        multi_team = conf.getboolean("core", "multi_team", fallback=False)
+        default = (
+            name is not None
+            and not multi_team
+            and getattr(executor, "team_name", None) is None
+            and ExecutorLoader.get_default_executor_name() == name
+        )
+        return cls(frozenset(names), default)
+
+
+def requeue_unreachable(
+    keys: Collection[Any], job_id: int | str, scope: ExecutorScope
+) -> tuple[set[Any], dict[Any, str]]:
     """Put back to ``scheduled`` those of ``keys`` still ``queued`` for that try by job ``job_id`` (Airflow 3).
 
     What the scheduler does to a task instance stuck in queued past ``[scheduler] task_queued_timeout``
     (``_reschedule_stuck_task``), for task instances whose queued id no workload has. Each row is
-    updated only while it is still queued for the same try by the same job, in a transaction of its own
-    on a connection of its own. Blocking (it may wait on a row lock the scheduler holds): never call it
-    on the scheduler's thread.
+    updated only while it is still queued for the same try by the same job and is this executor's
+    (``scope``), in a transaction of its own on a connection of its own. Blocking (it may wait on a row
+    lock the scheduler holds): never call it on the scheduler's thread.
 
-    :returns: the keys whose task instance was put back
+    :returns: the keys whose task instance was put back, and those left queued because their row is
+        another executor's (with the executor it names)
     """
     from datetime import datetime, timezone
 
     from airflow import settings
     from airflow.models.taskinstance import TaskInstance
     from airflow.utils.state import TaskInstanceState
-    from sqlalchemy import update
+    from sqlalchemy import and_, false, or_, select, true, update
 
     if not keys or settings.engine is None:
-        return set()
+        return set(), {}
+    table = TaskInstance.__table__
+    unnamed = and_(table.c.executor.is_(None), true() if scope.default else false())
+    ours = or_(table.c.executor.in_(sorted(scope.names)), unnamed)
     done: set[Any] = set()
+    foreign: dict[Any, str] = {}
     for key in keys:
+        same_try = and_(
+            table.c.dag_id == key.dag_id,
+            table.c.task_id == key.task_id,
+            table.c.run_id == key.run_id,
+            table.c.map_index == key.map_index,
+            table.c.try_number == key.try_number,
+            table.c.state == TaskInstanceState.QUEUED.value,
+            table.c.queued_by_job_id == job_id,
+        )
         query = (
-            update(TaskInstance.__table__)
-            .where(
-                TaskInstance.__table__.c.dag_id == key.dag_id,
-                TaskInstance.__table__.c.task_id == key.task_id,
-                TaskInstance.__table__.c.run_id == key.run_id,
-                TaskInstance.__table__.c.map_index == key.map_index,
-                TaskInstance.__table__.c.try_number == key.try_number,
-                TaskInstance.__table__.c.state == TaskInstanceState.QUEUED.value,
-                TaskInstance.__table__.c.queued_by_job_id == job_id,
-            )
+            update(table)
+            .where(same_try, ours)
             .values(
                 state=TaskInstanceState.SCHEDULED.value,
                 queued_dttm=None,
@@ -227,4 +270,7 @@ def requeue_unreachable(keys: Collection[Any], job_id: int | str) -> set[Any]:
         with settings.engine.begin() as connection:
             if connection.execute(query).rowcount:
                 done.add(key)
-    return done
+                continue
+            for (executor,) in connection.execute(select(table.c.executor).where(same_try)):
+                foreign[key] = executor or "the default executor"
+    return done, foreign

@@ -29,6 +29,7 @@ from async_local_executor.adapter.airflow3 import Airflow3Workloads
 from async_local_executor.adapter.cleared_exits import ClearedExitGate
 from async_local_executor.adapter.compat import (
     AIRFLOW_V3,
+    ExecutorScope,
     client_timeout,
     execution_api_url,
     executor_conf,
@@ -55,13 +56,21 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def _requeue_in_thread(keys: list[Any], job_id: int | str) -> None:
+def _requeue_in_thread(keys: list[Any], job_id: int | str, scope: ExecutorScope) -> None:
     """A worker thread of the loop: the update may wait on a row lock the scheduler's session holds."""
-    for key in requeue_unreachable(keys, job_id):
+    done, foreign = requeue_unreachable(keys, job_id, scope)
+    for key in done:
         log.info(
             "task instance %s: queued under an id no workload has, put back to scheduled, as the "
             "scheduler does with a task stuck in queued",
             describe(key),
+        )
+    for key, executor in foreign.items():
+        log.info(
+            "task instance %s: queued under an id no workload of this executor has, left queued: its row "
+            "is for %s, which may be running it",
+            describe(key),
+            executor,
         )
 
 
@@ -118,6 +127,7 @@ class AsyncLocalExecutor(Airflow2Commands, Airflow3Workloads, Prefetching, Execu
             enabled=config.containment is ContainmentKind.AUTO,
             root=config.cgroup_root,
             limits=config.limits,
+            journals=launches.directory,
         )
         # [workers] is not a team's section: the deployment's own configuration holds it.
         timeout = client_timeout(airflow_conf, os.environ)
@@ -236,7 +246,12 @@ class AsyncLocalExecutor(Airflow2Commands, Airflow3Workloads, Prefetching, Execu
         orphans = [key for key in keys if key not in self._states and key not in self.queued_tasks]
         if not orphans or runtime is None or job_id is None:
             return
-        runtime.run_blocking(functools.partial(_requeue_in_thread, orphans, job_id))
+        try:
+            scope = ExecutorScope.of(self)
+        except Exception:  # left queued: the scheduler's own timeout still applies
+            log.exception("cannot tell which task instances are this executor's; none is put back")
+            return
+        runtime.run_blocking(functools.partial(_requeue_in_thread, orphans, job_id, scope))
 
     def _on_report(self, report: Report) -> None:
         """Every health report, on the loop thread: must not block."""

@@ -14,9 +14,9 @@ from __future__ import annotations
 import collections
 import enum
 import logging
-import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import anyio
@@ -39,32 +39,66 @@ class Verdict(enum.Enum):
     UNKNOWN = "unknown"
 
 
+# What a verdict may say to whoever asks unauthenticated (a load balancer's health check): a fixed code per
+# reason, and fixed words for it. The reasons themselves name tasks, pids, modules and exception text,
+# and stay with whoever may see the status.
+WITHHELD = "reasons_withheld"
+PUBLIC_REASONS: Mapping[str, str] = MappingProxyType(
+    {
+        "loop_lagging": "the executor's event loop is lagging",
+        "loop_stalled": "the executor's event loop has stopped answering",
+        "launcher_degraded": "the launch path is degraded",
+        "launch_failures": "launches keep failing",
+        "memory_low": "the memory guard is holding workloads until memory frees up",
+        "waiting_too_long": "workloads have waited too long to launch",
+        "no_report": "no health report yet",
+        WITHHELD: "the reasons are in the authenticated status",
+    }
+)
+
+
+def public_reason(code: str) -> str:
+    """The fixed words for ``code``; those of :data:`WITHHELD` for a code this version does not know."""
+    return PUBLIC_REASONS.get(code, PUBLIC_REASONS[WITHHELD])
+
+
 @dataclass(frozen=True)
 class Health:
     """:param details: facts beside the verdict, as (name, value) pairs (the containment in effect)
-    :param public_reasons: the reasons without task names or pids, for whoever may ask unauthenticated
-        (a load balancer's health check); empty: the reasons carry none
+    :param codes: the code of each reason (:data:`PUBLIC_REASONS`), for whoever may ask unauthenticated;
+        empty: :data:`WITHHELD`, if there are reasons
     """
 
     verdict: Verdict
     reasons: tuple[str, ...] = ()
     details: tuple[tuple[str, str], ...] = field(default=(), compare=False)  # not part of the verdict
-    public_reasons: tuple[str, ...] = field(default=(), compare=False)
+    codes: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def reason(self) -> str | None:
         return "; ".join(self.reasons) or None
+
+    @property
+    def public_codes(self) -> tuple[str, ...]:
+        """The codes of the reasons, each a key of :data:`PUBLIC_REASONS` and nothing else."""
+        if not self.reasons:
+            return ()
+        known = tuple(code if code in PUBLIC_REASONS else WITHHELD for code in self.codes)
+        return tuple(dict.fromkeys(known)) or (WITHHELD,)
+
+    @property
+    def public_reasons(self) -> tuple[str, ...]:
+        """The reasons in fixed words: nothing from a task, a module, a path or an exception."""
+        return tuple(PUBLIC_REASONS[code] for code in self.public_codes)
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "status": self.verdict.value,
             "reason": self.reason,
             "reasons": list(self.reasons),
-            "public_reasons": list(self.public_reasons or self.reasons),
+            "public_reasons": list(self.public_reasons),
+            "public_codes": list(self.public_codes),
         }
-
-
-_PID = re.compile(r" \(pid \d+\)")
 
 
 @dataclass(frozen=True)
@@ -99,12 +133,12 @@ class Report:
 
 def assess(state: SupervisorState, lag: float, thresholds: Thresholds, now: float) -> Health:
     """The verdict from one snapshot; ``now`` is the wall clock."""
-    found: list[tuple[str, str]] = []  # each reason, then the same without a task's name or a pid
+    found: list[tuple[str, str]] = []  # each reason, then its code (PUBLIC_REASONS)
     if lag > thresholds.max_lag:
-        said = f"event loop lagging {lag:.1f}s (limit {thresholds.max_lag:g}s)"
-        found.append((said, said))
+        found.append((f"event loop lagging {lag:.1f}s (limit {thresholds.max_lag:g}s)", "loop_lagging"))
     if state.launcher_problem:
-        found.append((state.launcher_problem, _PID.sub("", state.launcher_problem)))
+        # Its words may name preloaded modules, pids or an exception's text: the code alone goes public.
+        found.append((state.launcher_problem, "launcher_degraded"))
     # A launch that worked since the failures shows the cause has passed (a burst of EMFILE, say);
     # an executor that keeps failing with nothing launching in between is what this is for.
     since = max(now - thresholds.failure_window, state.last_launched_at or 0.0)
@@ -112,14 +146,14 @@ def assess(state: SupervisorState, lag: float, thresholds: Thresholds, now: floa
     if len(recent) >= thresholds.failures:
         last = recent[-1]
         failures = f"{len(recent)} launch failures in the last {thresholds.failure_window:.0f}s"
-        found.append((f"{failures} (last: {last.label}: {last.reason})", failures))
+        found.append((f"{failures} (last: {last.label}: {last.reason})", "launch_failures"))
     if state.memory_low:
         available = "?" if state.available_memory is None else f"{state.available_memory // MB}"
         said = (
             f"memory guard holding {state.waiting} workload(s): {available} MB available, "
             f"floor {state.memory_floor // MB} MB"
         )
-        found.append((said, said))
+        found.append((said, "memory_low"))
     if state.oldest_waiting_since is not None:
         waited = now - state.oldest_waiting_since
         if waited > thresholds.max_wait:
@@ -127,21 +161,23 @@ def assess(state: SupervisorState, lag: float, thresholds: Thresholds, now: floa
                 f"{state.waiting} workload(s) waiting to launch, the oldest for {waited:.0f}s "
                 f"(limit {thresholds.max_wait:.0f}s)"
             )
-            found.append((said, said))
+            found.append((said, "waiting_too_long"))
     return Health(
         Verdict.UNHEALTHY if found else Verdict.HEALTHY,
         tuple(full for full, _ in found),
-        public_reasons=tuple(public for _, public in found),
+        codes=tuple(code for _, code in found),
     )
 
 
 def stale(report: Report | None, thresholds: Thresholds, now: float) -> Health | None:
     """The verdict a reader must give instead of ``report``'s, if the loop has stopped refreshing it."""
     if report is None:
-        return Health(Verdict.UNKNOWN, ("no health report yet",))
+        return Health(Verdict.UNKNOWN, ("no health report yet",), codes=("no_report",))
     silent = now - report.at
     if silent > thresholds.stall:
-        return Health(Verdict.UNHEALTHY, (f"event loop has not answered for {silent:.0f}s",))
+        return Health(
+            Verdict.UNHEALTHY, (f"event loop has not answered for {silent:.0f}s",), codes=("loop_stalled",)
+        )
     return None
 
 

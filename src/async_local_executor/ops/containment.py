@@ -1,24 +1,33 @@
 """An executor's cgroups at start: opened, what dead predecessors left in theirs killed, said out loud.
 
-Each instance's cgroup is named ``<pid>-<start>-<id>`` after the scheduler process that owns it (its pid
-and start time in hundredths of a second), so a successor tells a live owner from a dead one, or from a
-later process under the same pid, without reading anything else. Nothing here knows Airflow.
+Each instance's cgroup is named ``<pid>-t<start>-<id>`` after the scheduler process that owns it (its pid
+and its start in clock ticks since boot) and the start of its launch journal's id. Whether an instance
+still runs is its journal's lock's to say: its executor holds it for its whole life, the kernel drops
+it however that ends, and it answers the same whatever the clock did or whichever pid namespace the
+owner runs in. Only an instance with no journal in the state directory (a crashed one's, reclaimed
+before its cgroups are looked at) is judged by its name: dead once no process runs under its pid with
+its start. Names of older versions, ``<pid>-<start>-<id>`` with psutil's start time in hundredths of a
+second, are judged as those versions judged them. Nothing here knows Airflow.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
+from pathlib import Path
 
 from async_local_executor.core.cgroups import Containment, Limits, Mode
 from async_local_executor.core.cgroups.discovery import MOUNTINFO
-from async_local_executor.core.launchers.tree import start_time
-from async_local_executor.ops.journal_file import same_process
+from async_local_executor.core.proc_identity import Start, WallClockStart, runs_as, start_ticks
+from async_local_executor.ops.journal_file import SUFFIX as JOURNAL_SUFFIX
+from async_local_executor.ops.journal_file import holder_alive
 
 log = logging.getLogger(__name__)
 
-_OWNED = re.compile(r"^(\d+)-(\d+)-[0-9a-f]+$")
+# pid, "t" for a start in ticks (none: an older version's, in hundredths of a second), start, journal id
+_OWNED = re.compile(r"^(\d+)-(t?)(\d+)-([0-9a-f]+)$")
 _CONTROLLER_OF = {"memory": "task_memory_limit", "cpu": "task_cpu_limit", "pids": "task_pids_limit"}
 
 
@@ -29,8 +38,7 @@ class LimitsUnavailable(ValueError):
 def instance_name(instance: str, pid: int | None = None) -> str:
     """The cgroup name of instance ``instance`` owned by process ``pid`` (this one by default)."""
     pid = os.getpid() if pid is None else pid
-    started = start_time(pid) or 0.0
-    return f"{pid}-{round(started * 100)}-{instance[:12]}"
+    return f"{pid}-t{start_ticks(pid) or 0}-{instance[:12]}"
 
 
 def owner_lives(name: str) -> bool:
@@ -38,15 +46,57 @@ def owner_lives(name: str) -> bool:
     match = _OWNED.match(name)
     if match is None:
         return True  # not named by this scheme: left alone
-    return same_process(int(match.group(1)), int(match.group(2)) / 100)
+    pid, ticks, start, _ = match.groups()
+    recorded: Start = int(start) if ticks else WallClockStart(int(start) / 100)
+    return runs_as(int(pid), recorded)
+
+
+def instance_lives(name: str, journals: Path) -> bool:
+    """Whether the instance that owns the cgroup ``name`` still runs: its journal's lock, else its owner.
+
+    True for a name not ours, and for a journal that is there but cannot be asked (not a regular file,
+    unreadable): what cannot be told dead is left alone.
+
+    :param journals: the directory of the instances' launch journals (the state directory)
+    """
+    match = _OWNED.match(name)
+    if match is None:
+        return True  # not named by this scheme: left alone
+    # The name holds the start of the journal's id: any journal it could be is asked.
+    verdicts: list[bool] = []
+    for path in sorted(journals.glob(f"{match.group(4)}*{JOURNAL_SUFFIX}")):
+        held = holder_alive(path)
+        if held is None and os.path.lexists(path):
+            log.warning(
+                "cannot take the lock of the launch journal %s to tell whether the executor instance of "
+                "cgroup %s still runs: its cgroups are left alone",
+                path,
+                name,
+            )
+            return True
+        if held is not None:
+            verdicts.append(held)
+    if verdicts:
+        return any(verdicts)
+    lives = owner_lives(name)
+    log.info(
+        "no launch journal in %s for the executor instance of cgroup %s: judged by its owner process, "
+        "pid %s, which %s",
+        journals,
+        name,
+        match.group(1),
+        "still runs" if lives else "runs no more",
+    )
+    return lives
 
 
 def open_containment(
-    instance: str, *, enabled: bool, root: str, limits: Limits, mountinfo: str = MOUNTINFO
+    instance: str, *, enabled: bool, root: str, limits: Limits, journals: Path, mountinfo: str = MOUNTINFO
 ) -> Containment:
     """This instance's cgroups, after killing what dead instances left in theirs.
 
     :param instance: the executor instance (its journal's id)
+    :param journals: where the instances' launch journals are, whose locks tell which instances live
     :param enabled: False for ``containment = off``: no cgroup is made or reclaimed
     :param root: ``cgroup_root``, or ``""`` for the scheduler's own cgroup
     :param limits: the executor-wide limits, which must be enforceable here
@@ -59,7 +109,7 @@ def open_containment(
         containment = Containment(name, Mode.NONE, "containment = off")
     else:
         containment = Containment.open(name, root=root or None, mountinfo=mountinfo)
-        for found in containment.reclaim(owner_lives):
+        for found in containment.reclaim(functools.partial(instance_lives, journals=journals)):
             log.warning(
                 "killed %d process(es) left in cgroup %s of a stopped executor (instance %s)",
                 found.killed,

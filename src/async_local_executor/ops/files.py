@@ -20,13 +20,14 @@ class NotRegular(OSError):
     """The path names something other than a regular file (a directory, a FIFO, a device)."""
 
 
-def open_regular(path: Path, flags: int = os.O_RDONLY) -> int:
+def open_regular(path: Path | str, flags: int = os.O_RDONLY, *, dir_fd: int | None = None) -> int:
     """An fd of the regular file ``path``, opened without following a link and without blocking.
 
+    :param dir_fd: the directory a relative ``path`` is in (the state directory, opened once)
     :raises FileNotFoundError: it is gone
     :raises OSError: it is a link (ELOOP), not a regular file (:class:`NotRegular`), or unreadable
     """
-    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise NotRegular(f"{path} is not a regular file")

@@ -8,9 +8,9 @@ executor instance
 
 - marks every process it launches with ``ASYNC_LOCAL_EXECUTOR_INSTANCE=<instance id>`` in the
   environment, which descendants inherit;
-- appends a line per launch (pid, process start time, key) and per exit to a journal file, 0600, that it
-  holds an exclusive ``flock`` on for its whole life (the kernel drops the lock when the process dies,
-  however it dies);
+- appends a line per launch (pid, process start in clock ticks since boot, key) and per exit to a
+  journal file, 0600, that it holds an exclusive ``flock`` on for its whole life (the kernel drops the
+  lock when the process dies, however it dies);
 
 - appends a line per descendant of a running launch that the status file's walk of the process trees
   sees (pid and start time, see :meth:`LaunchJournal.seen`): one that then drops the mark (``env -i``)
@@ -38,16 +38,16 @@ import weakref
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
 
-from async_local_executor.core.launchers.tree import start_time
 from async_local_executor.core.outcome import Outcome
+from async_local_executor.core.proc_identity import runs_as, start_ticks
 from async_local_executor.core.supervisor import Listener
 from async_local_executor.ops.files import write_all
 from async_local_executor.ops.journal_file import (
     INSTANCE_ENV,
+    START_KEY,
     SUFFIX,
     encode,
     install_locked,
-    same_process,
 )
 from async_local_executor.ops.reclaim import Survivor, reclaim
 
@@ -92,7 +92,7 @@ class LaunchJournal:
         self._fd: int | None = fd
         self._header = header
         self._live: dict[int, bytes] = {}
-        self._seen: dict[int, dict[tuple[int, float], bytes]] = {}  # launch pid -> its descendants' lines
+        self._seen: dict[int, dict[tuple[int, int], bytes]] = {}  # launch pid -> its descendants' lines
         self._seen_lines = 0
         self._lines = 1
         self._broken = False
@@ -126,10 +126,10 @@ class LaunchJournal:
         return {**base, INSTANCE_ENV: self.instance}
 
     def started(self, pid: int, label: str) -> None:
-        start = start_time(pid)
+        start = start_ticks(pid)
         if start is None:
             return  # already gone: nothing could survive it
-        line = encode({"+": pid, "start": start, "key": label})
+        line = encode({"+": pid, START_KEY: start, "key": label})
         with self._lock:
             self._live[pid] = line
             self._append(line)
@@ -140,8 +140,8 @@ class LaunchJournal:
                 self._seen_lines -= len(self._seen.pop(pid, {}))
                 self._append(encode({"-": pid}))
 
-    def seen(self, found: Mapping[int, Sequence[tuple[int, float]]]) -> None:
-        """Record the descendants not recorded yet of each running launch, as ``(pid, start time)``.
+    def seen(self, found: Mapping[int, Sequence[tuple[int, int]]]) -> None:
+        """Record the descendants not recorded yet of each running launch, as ``(pid, start ticks)``.
 
         Pids that are not launches still running are ignored (one that ended since the walk, say);
         past :data:`_SEEN_PER_LAUNCH` of one launch, those no longer running make room, then the rest is
@@ -152,7 +152,7 @@ class LaunchJournal:
         with self._lock:
             full = [ident for launch, new in found.items() for ident in self._crowded(launch, new)]
         # Checked outside the lock: the event loop's thread may be waiting for it to journal a launch.
-        gone = {ident for ident in full if not same_process(*ident)}
+        gone = {ident for ident in full if not runs_as(*ident)}
         with self._lock:
             for launch, descendants in found.items():
                 if launch not in self._live:
@@ -168,11 +168,11 @@ class LaunchJournal:
                     if len(known) >= _SEEN_PER_LAUNCH:
                         break
                     pid, start = ident
-                    known[ident] = line = encode({"seen": pid, "start": start, "of": launch})
+                    known[ident] = line = encode({"seen": pid, START_KEY: start, "of": launch})
                     self._seen_lines += 1
                     self._append(line)
 
-    def _crowded(self, launch: int, descendants: Sequence[tuple[int, float]]) -> list[tuple[int, float]]:
+    def _crowded(self, launch: int, descendants: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
         """The recorded descendants of ``launch`` if the new ones would not all fit beside them."""
         known = self._seen.get(launch, {})
         if launch not in self._live or len(known) + len(set(descendants) - known.keys()) <= _SEEN_PER_LAUNCH:

@@ -2,10 +2,15 @@
 
 One file per executor instance, ``<instance>.launches`` in the state directory, 0600, held under an
 exclusive ``flock`` by its writer for the writer's whole life. It is JSON lines: a header naming the
-instance and its owner, then ``{"+": pid, "start": ..., "key": ...}`` per launch, ``{"-": pid}`` per
-exit, and ``{"seen": pid, "start": ..., "of": pid}`` per descendant a launch was seen with (an exit
-ends those too). Written by :class:`~async_local_executor.ops.journal.LaunchJournal`, read by
+instance and its owner, then ``{"+": pid, "start_ticks": ..., "key": ...}`` per launch, ``{"-": pid}``
+per exit, and ``{"seen": pid, "start_ticks": ..., "of": pid}`` per descendant a launch was seen with (an
+exit ends those too). Written by :class:`~async_local_executor.ops.journal.LaunchJournal`, read by
 :func:`~async_local_executor.ops.reclaim.reclaim`.
+
+A process's start is the kernel's, in clock ticks since boot, which no step of the wall clock moves
+(:mod:`~async_local_executor.core.proc_identity`). Journals of older versions hold ``"start"``, psutil's
+``create_time``, instead: read as a :class:`~async_local_executor.core.proc_identity.WallClockStart`,
+so what a crashed scheduler of such a version left is still found after an upgrade.
 
 A journal only ever appears under its name already locked: it is written under a fresh name
 (``<instance>.launches.tmp-<random>``), locked, then renamed into place, the lock staying with the
@@ -25,9 +30,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-import psutil
-
-from async_local_executor.core.launchers.tree import SAME_START
+from async_local_executor.core.proc_identity import Start, WallClockStart
 from async_local_executor.ops.files import create_exclusive, fresh_name, open_regular, read_fd, write_all
 
 log = logging.getLogger("async_local_executor.ops.journal")
@@ -39,18 +42,12 @@ CREATING = ".tmp-"  # infix of a journal being written, before it is renamed int
 # A new journal whose fresh name a reclaimer removed meanwhile is written again under another.
 _ATTEMPTS = 5
 
-Records = dict[int, tuple[float, str]]  # the launches not ended: pid -> (process start time, key)
-# The descendants seen of the launches not ended: launch pid -> {descendant pid: its start time}.
-Seen = dict[int, dict[int, float]]
+START_KEY = "start_ticks"  # a process's start, in clock ticks since boot
+LEGACY_START_KEY = "start"  # an older version's: psutil's create_time
 
-
-def same_process(pid: int, start: float) -> bool:
-    """Whether ``pid`` still runs as the process that started at ``start`` (not a later one, no zombie)."""
-    try:
-        proc = psutil.Process(pid)
-        return bool(abs(proc.create_time() - start) < SAME_START and proc.status() != psutil.STATUS_ZOMBIE)
-    except psutil.Error:
-        return False
+Records = dict[int, tuple[Start, str]]  # the launches not ended: pid -> (process start, key)
+# The descendants seen of the launches not ended: launch pid -> {descendant pid: its start}.
+Seen = dict[int, dict[int, Start]]
 
 
 def _lock_new(fd: int) -> None:
@@ -144,7 +141,7 @@ def read_all(fd: int, path: Path | None = None) -> tuple[dict[str, object], Reco
             if number == 0:
                 header = entry
             elif "+" in entry:
-                live[_pid(entry["+"])] = (float(entry["start"]), str(entry["key"]))
+                live[_pid(entry["+"])] = (_start(entry), str(entry["key"]))
             elif "-" in entry:
                 ended = _pid(entry["-"])
                 live.pop(ended, None)
@@ -152,7 +149,7 @@ def read_all(fd: int, path: Path | None = None) -> tuple[dict[str, object], Reco
             elif "seen" in entry:
                 of = _pid(entry["of"])
                 if of in live:  # one of a launch that ended is not reclaimed, as the launch is not
-                    seen.setdefault(of, {})[_pid(entry["seen"])] = float(entry["start"])
+                    seen.setdefault(of, {})[_pid(entry["seen"])] = _start(entry)
             else:
                 raise KeyError("+")
         except (ValueError, TypeError, KeyError):
@@ -164,6 +161,18 @@ def read_all(fd: int, path: Path | None = None) -> tuple[dict[str, object], Reco
             path or f"fd {fd}",
         )
     return header, live, seen
+
+
+def _start(entry: Mapping[str, object]) -> Start:
+    if START_KEY in entry:
+        ticks = entry[START_KEY]
+        if type(ticks) is not int or ticks < 0:
+            raise ValueError(f"not a start in ticks: {ticks!r}")
+        return ticks
+    legacy = entry[LEGACY_START_KEY]
+    if not isinstance(legacy, (int, float)):
+        raise TypeError(type(legacy).__name__)
+    return WallClockStart(float(legacy))
 
 
 def _pid(value: object) -> int:

@@ -2,11 +2,12 @@
 
 Two documents from one reading of the state directory (:func:`~async_local_executor.ops.status_read.read_all`):
 :func:`health`, for anyone (a load balancer, a monitor), in the shape of the entries of Airflow's
-``/api/v2/monitor/health``, with no task name and no pid in it; and :func:`status`, everything the
-``status`` command shows, for an authenticated user. Both judge each file the same way
-(:func:`judge`): a file is only as good as what the reader can tell about its writer, so a file from
-another host, or from a scheduler that stopped, is never taken for a running, healthy executor.
-Nothing here knows Airflow.
+``/api/v2/monitor/health``, whose reasons are fixed codes and fixed words only (nothing a task, a module,
+a path or an exception said, whatever the status file holds); and :func:`status`, everything the
+``status`` command shows, for an authenticated user, with what was wrong in a file it read. Both judge
+each file the same way (:func:`judge`): a file is only as good as what the reader can tell about its
+writer, so a file from another host, or from a scheduler that stopped, is never taken for a running,
+healthy executor. Nothing here knows Airflow.
 """
 
 from __future__ import annotations
@@ -18,9 +19,19 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from async_local_executor.core.health import PUBLIC_REASONS, WITHHELD
 from async_local_executor.ops.status_read import Found
 
 HEALTHY, UNHEALTHY, UNKNOWN = "healthy", "unhealthy", "unknown"
+
+# The public reasons this reader gives of its own, beside those of a verdict (core.health.PUBLIC_REASONS).
+JUDGED = {
+    "other_host": "written on another host: this api-server cannot tell whether that scheduler still runs",
+    "scheduler_gone": "its scheduler is not running",
+    "status_stale": "its scheduler runs, but its executor stopped updating its status",
+    "unknown_verdict": "its status file gives no verdict this version knows",
+}
+_WORDS = {**PUBLIC_REASONS, **JUDGED}
 
 _TRY = re.compile(r"^(?P<task>.*) try (?P<try>\d+)$")
 
@@ -30,13 +41,18 @@ class Judged:
     """One status file's verdict as this reader gives it.
 
     :param reasons: why, in full (task names, pids), for an authenticated reader
-    :param public: why, without task names or pids
+    :param codes: why, as fixed codes (each a key of ``JUDGED`` or of ``core.health.PUBLIC_REASONS``)
     """
 
     found: Found
     verdict: str
     reasons: tuple[str, ...]
-    public: tuple[str, ...]
+    codes: tuple[str, ...]
+
+    @property
+    def public(self) -> tuple[str, ...]:
+        """The fixed words of each code."""
+        return tuple(_WORDS[code] for code in self.codes)
 
 
 def judge(found: Found, hostname: str) -> Judged:
@@ -49,26 +65,30 @@ def judge(found: Found, hostname: str) -> Judged:
             f"written on host {written_on}, and this api-server runs on {hostname}: it cannot tell whether "
             "that scheduler still runs (run the api-server on the scheduler's host, or ask that host)"
         )
-        return Judged(found, UNKNOWN, (why,), (why,))
+        return Judged(found, UNKNOWN, (why,), ("other_host",))
     if found.gone:
-        return Judged(
-            found, UNKNOWN, (f"{found.stale}: stopped or killed",), ("its scheduler is not running",)
-        )
+        return Judged(found, UNKNOWN, (f"{found.stale}: stopped or killed",), ("scheduler_gone",))
     if found.stale is not None:
         # Its scheduler runs, but its executor stopped reporting: a wedged loop or a dead writer.
-        why = f"its scheduler runs, but its status was {found.stale}"
-        return Judged(found, UNHEALTHY, (why,), (why,))
-    health = data.get("health", {})
-    verdict = health.get("status")
-    if verdict not in (HEALTHY, UNHEALTHY, UNKNOWN):
-        return Judged(found, UNKNOWN, (f"unknown verdict {verdict!r}",), ("unknown verdict",))
+        return Judged(
+            found, UNHEALTHY, (f"its scheduler runs, but its status was {found.stale}",), ("status_stale",)
+        )
+    health = data.get("health")
+    verdict = health.get("status") if isinstance(health, dict) else None
+    if not isinstance(health, dict) or verdict not in (HEALTHY, UNHEALTHY, UNKNOWN):
+        why = "no health verdict" if verdict is None else f"unknown verdict {verdict!r}"
+        return Judged(found, UNKNOWN, (why,), ("unknown_verdict",))
     reasons = _strings(health.get("reasons"))
     if not reasons and health.get("reason"):
         reasons = (str(health["reason"]),)  # a file written before the reasons were listed
-    public = _strings(health.get("public_reasons"))
-    if reasons and not public:
-        public = (f"{verdict}: the reasons are in the authenticated status",)
-    return Judged(found, verdict, reasons, public)
+    # Only codes this version knows, told in its own words: what the file says in words (an older
+    # version's public reasons, say, which could name a module) never goes public.
+    codes = tuple(
+        dict.fromkeys(c if c in PUBLIC_REASONS else WITHHELD for c in _strings(health.get("public_codes")))
+    )
+    if reasons and not codes:
+        codes = (WITHHELD,)
+    return Judged(found, verdict, reasons, codes)
 
 
 def overall(judged: Sequence[Judged]) -> str:
@@ -87,7 +107,8 @@ def no_status_reason(hostname: str) -> str:
 
 
 def health(found: Sequence[Found], hostname: str, now: float) -> dict[str, Any]:
-    """The public health document: the overall status and one entry per executor, no tasks or pids."""
+    """The public health document: the overall status and one entry per executor, its reasons in fixed
+    codes (``reason_codes``) and fixed words (``reasons``), nothing a task, a module or a path said."""
     judged = [judge(f, hostname) for f in found]
     document: dict[str, Any] = {
         "status": overall(judged),
@@ -97,6 +118,7 @@ def health(found: Sequence[Found], hostname: str, now: float) -> dict[str, Any]:
                 "instance": str(j.found.data.get("instance", j.found.path.name)),
                 "verdict": j.verdict,
                 "reasons": list(j.public),
+                "reason_codes": list(j.codes),
                 **_times(j.found, now),
             }
             for j in judged
@@ -128,6 +150,8 @@ def status(found: Sequence[Found], hostname: str, now: float, directory: Path) -
                 "recent_finished": [_with_task(row) for row in data.get("recent_finished", [])],
                 "verdict": j.verdict,
                 "reasons": list(j.reasons),
+                "reason_codes": list(j.codes),
+                "problems": list(j.found.problems),
                 "stale": j.found.stale,
                 "gone": j.found.gone,
                 "prefetched": prefetched,

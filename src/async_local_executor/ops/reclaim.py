@@ -3,11 +3,16 @@
 Every journal whose lock is free belonged to a dead instance (the kernel drops a ``flock`` when its
 holder dies, however it dies), and every process still carrying that instance's mark, or still running
 under a recorded pid (a launch's, or a descendant a running launch was seen with) with the recorded start
-time, is killed. See :mod:`async_local_executor.ops.journal` for why survivors are killed rather than
-adopted.
+time (the kernel's, which a wall-clock step does not move; an older version's journal holds psutil's,
+matched as that version did), is killed. See :mod:`async_local_executor.ops.journal` for why survivors
+are killed rather than adopted.
 
 Each is killed through a handle that checks its identity (pid and start time) when it signals: between
 the listing and the kill, a process may exit and its pid go to another.
+
+The directory is worked through one descriptor (:class:`~async_local_executor.ops.state_dir.StateDir`):
+its journals are listed, opened and removed relative to it, never by resolving its path again, and only
+journals of this process's user are acted on.
 """
 
 from __future__ import annotations
@@ -24,8 +29,7 @@ from pathlib import Path
 
 import psutil
 
-from async_local_executor.core.launchers.tree import SAME_START
-from async_local_executor.ops.files import open_regular
+from async_local_executor.core.proc_identity import started_as
 from async_local_executor.ops.journal_file import (
     CREATING,
     INSTANCE_ENV,
@@ -35,6 +39,7 @@ from async_local_executor.ops.journal_file import (
     Seen,
     read_all,
 )
+from async_local_executor.ops.state_dir import StateDir
 
 # The logger its lines had before it left the journal module, so logging set-ups that name it still apply.
 log = logging.getLogger("async_local_executor.ops.journal")
@@ -55,52 +60,66 @@ class Survivor:
     recorded: bool = False  # the journal names it: a workload's own process, leading its group
 
 
-def reclaim(directory: Path, *, timeout: float = 10.0) -> list[Survivor]:
+def reclaim(directory: Path | StateDir, *, timeout: float = 10.0) -> list[Survivor]:
     """Kill what dead executor instances left running, remove their journals, and say what was killed.
 
     Journals still locked belong to live executors (another scheduler on this host) and are left alone.
-    A file that is not a journal (another version's lines, a link, a directory) is skipped with a
-    warning naming it: nothing in the directory makes this raise.
+    A file that is not a journal (another version's lines, a link, a directory, another user's file) is
+    skipped with a warning naming it: nothing in the directory makes this raise.
 
+    :param directory: the state directory, best as opened and checked by
+        :func:`~async_local_executor.ops.state_dir.secure`; a path is opened here (none there: nothing
+        to reclaim)
     :param timeout: how long to wait for killed processes to be gone; what is still there is logged
+    :raises StateDirIsLink: ``directory`` is a path that ends in a symbolic link
     """
-    if not directory.is_dir():
+    if isinstance(directory, StateDir):
+        return _reclaim_in(directory, timeout)
+    try:
+        folder = StateDir.open(directory)
+    except (FileNotFoundError, NotADirectoryError):
         return []
+    with folder:
+        return _reclaim_in(folder, timeout)
+
+
+def _reclaim_in(folder: StateDir, timeout: float) -> list[Survivor]:
     with contextlib.suppress(OSError):
-        directory.chmod(0o700)
+        folder.tighten()
     # Writes cut short: a compaction (its journal still holds every record), or a new journal never
     # renamed into place (nothing was launched under it).
-    for path in sorted({*directory.glob(f"*{TMP_SUFFIX}"), *directory.glob(f"*{SUFFIX}{CREATING}*")}):
-        with _dead_owner(path) as fd:
+    for name in sorted(n for n in folder.names() if n.endswith(TMP_SUFFIX) or f"{SUFFIX}{CREATING}" in n):
+        with _dead_owner(folder, name) as fd:
             if fd is not None:
-                path.unlink(missing_ok=True)
+                folder.unlink(name, missing_ok=True)
     killed: list[Survivor] = []
-    for path in sorted(directory.glob(f"*{SUFFIX}")):
+    for name in sorted(n for n in folder.names() if n.endswith(SUFFIX)):
         try:
-            killed += _reclaim_one(path, timeout)
+            killed += _reclaim_one(folder, name, timeout)
         except OSError as exc:
-            log.warning("cannot reclaim the launch journal %s: %s", path, exc)
+            log.warning("cannot reclaim the launch journal %s: %s", folder.shown(name), exc)
     return killed
 
 
-def _reclaim_one(path: Path, timeout: float) -> list[Survivor]:
-    with _dead_owner(path) as fd:
+def _reclaim_one(folder: StateDir, name: str, timeout: float) -> list[Survivor]:
+    with _dead_owner(folder, name) as fd:
         if fd is None:
             return []
-        header, records, seen = read_all(fd, path)
+        header, records, seen = read_all(fd, folder.shown(name))
         # Its own name, not what it says inside: the mark of no other instance's processes.
-        instance = path.name.removesuffix(SUFFIX)
+        instance = name.removesuffix(SUFFIX)
         found = _survivors(instance, str(header.get("owner", "?")), records, seen)
         _kill(found, timeout)
-        path.unlink()
+        folder.unlink(name)
         return [each.survivor for each in found]
 
 
 @contextlib.contextmanager
-def _dead_owner(path: Path) -> Iterator[int | None]:
-    """Yield an fd of ``path`` locked by us, or None while its owner lives (or it is gone)."""
+def _dead_owner(folder: StateDir, name: str) -> Iterator[int | None]:
+    """Yield an fd of ``name`` locked by us, or None while its owner lives (or it is gone, or not ours)."""
+    path = folder.shown(name)  # for messages only
     try:
-        fd = open_regular(path)
+        fd = folder.open_regular(name, owned=True)
     except FileNotFoundError:
         yield None
         return
@@ -110,7 +129,7 @@ def _dead_owner(path: Path) -> Iterator[int | None]:
         return
     try:
         # Otherwise its owner closed it or compacted it since we opened it: alive, or done with it.
-        yield fd if _lock_if_dead(fd, path) and _still_named(fd, path) else None
+        yield fd if _lock_if_dead(fd, path) and _still_named(fd, folder, name) else None
     finally:
         os.close(fd)
 
@@ -140,9 +159,9 @@ def _pause() -> None:
     time.sleep(0.005)  # a reader holds its shared lock for a few microseconds
 
 
-def _still_named(fd: int, path: Path) -> bool:
+def _still_named(fd: int, folder: StateDir, name: str) -> bool:
     try:
-        mine, named = os.fstat(fd), os.lstat(path)
+        mine, named = os.fstat(fd), folder.lstat(name)
     except FileNotFoundError:
         return False
     return (mine.st_dev, mine.st_ino) == (named.st_dev, named.st_ino)
@@ -162,17 +181,16 @@ def _survivors(instance: str, owner: str, records: Records, seen: Seen) -> list[
     leaders: dict[int, str] = {}  # recorded pids still running as the process that was recorded
     descendants: dict[int, str] = {}  # the same for the descendants seen: pid -> key of their launch
     seen_starts = {pid: (start, of) for of, found in seen.items() for pid, start in found.items()}
-    for proc in psutil.process_iter(["pid", "uids", "create_time"]):
+    for proc in psutil.process_iter(["pid", "uids"]):
         uids = proc.info["uids"]
         if proc.pid == me or uids is None or uids.real != uid:
             continue  # another user's processes are not ours, nor is their environment readable
         ours.append(proc)
-        started = float(proc.info["create_time"])
         record = records.get(proc.pid)
         descendant = seen_starts.get(proc.pid)
-        if record is not None and abs(record[0] - started) < SAME_START:
+        if record is not None and started_as(proc.pid, record[0]):
             leaders[proc.pid] = record[1]
-        elif descendant is not None and abs(descendant[0] - started) < SAME_START:
+        elif descendant is not None and started_as(proc.pid, descendant[0]):
             descendants[proc.pid] = records[descendant[1]][1]
     found: list[_Found] = []
     for proc in ours:

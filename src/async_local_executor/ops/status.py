@@ -24,15 +24,24 @@ import psutil
 from async_local_executor.core.admission import MB
 from async_local_executor.core.cgroups.group import Usage, WorkloadCgroup
 from async_local_executor.core.health import Report
-from async_local_executor.core.launchers.tree import start_time
+from async_local_executor.core.proc_identity import start_ticks
 from async_local_executor.core.state import RunningWorkload
 from async_local_executor.ops.files import replace_atomically
-from async_local_executor.ops.status_read import PREFIX, STALE_AFTER, START_KEY, SUFFIX, Found, read_all
+from async_local_executor.ops.status_read import (
+    PREFIX,
+    STALE_AFTER,
+    START_KEY,
+    START_TICKS_KEY,
+    SUFFIX,
+    Found,
+    read_all,
+)
 
 __all__ = [
     "PREFIX",
     "STALE_AFTER",
     "START_KEY",
+    "START_TICKS_KEY",
     "SUFFIX",
     "Found",
     "StatusWriter",
@@ -53,8 +62,8 @@ def status_path(directory: Path, instance: str) -> Path:
     return directory / f"{PREFIX}{instance}{SUFFIX}"
 
 
-# What the walk saw under each workload: its pid -> the (pid, start time) of each of its descendants.
-Descendants = Mapping[int, Sequence[tuple[int, float]]]
+# What the walk saw under each workload: its pid -> the (pid, start ticks) of each of its descendants.
+Descendants = Mapping[int, Sequence[tuple[int, int]]]
 
 
 @dataclass(frozen=True)
@@ -62,7 +71,7 @@ class Trees:
     """One walk of the process trees of some workloads."""
 
     rss: dict[int, int | None]  # each workload's and its descendants' resident memory; None: gone
-    descendants: dict[int, list[tuple[int, float]]]  # each workload's descendants, with start times
+    descendants: dict[int, list[tuple[int, int]]]  # each workload's descendants, with start ticks
 
 
 def walk_trees(pids: Iterable[int]) -> Trees:
@@ -70,21 +79,28 @@ def walk_trees(pids: Iterable[int]) -> Trees:
 
     One pass over ``/proc`` for all of them: walking each workload's children separately rescans every
     process on the host per workload (measured: 61 ms of CPU per status write with 32 workloads on a
-    host of 125 processes, 7 ms in one pass), which at parallelism 256 would cost a core.
+    host of 125 processes, 7 ms in one pass), which at parallelism 256 would cost a core. Start times
+    are read for the trees' members only, as the kernel's ticks: the journal records them to recognise
+    the descendants after a crash, whatever the wall clock did meanwhile.
     """
     wanted = list(pids)
     if not wanted:
         return Trees({}, {})  # an idle executor writes its status every 2 s too: no /proc scan for nothing
     children: dict[int, list[int]] = {}
     rss: dict[int, int] = {}
-    starts: dict[int, float] = {}
-    for proc in psutil.process_iter(["ppid", "memory_info", "create_time"]):
+    for proc in psutil.process_iter(["ppid", "memory_info"]):
         info = proc.info
-        if info["memory_info"] is None or info["ppid"] is None or info["create_time"] is None:
+        if info["memory_info"] is None or info["ppid"] is None:
             continue  # gone or unreadable since the listing
         children.setdefault(int(info["ppid"]), []).append(proc.pid)
         rss[proc.pid] = int(info["memory_info"].rss)
-        starts[proc.pid] = float(info["create_time"])
+    starts: dict[int, int | None] = {}
+
+    def start(pid: int) -> int | None:
+        if pid not in starts:
+            starts[pid] = start_ticks(pid)
+        return starts[pid]
+
     trees = Trees({}, {})
     for pid in wanted:
         if pid not in rss:
@@ -96,9 +112,10 @@ def walk_trees(pids: Iterable[int]) -> Trees:
             total += rss.get(member, 0)
             for child in children.get(member, ()):
                 # A child that started before its parent is a later process under a reused pid that the
-                # listing caught with a stale parent link: not of this tree.
-                if starts[child] >= starts[member]:
-                    found.append((child, starts[child]))
+                # listing caught with a stale parent link: not of this tree. One gone since: neither.
+                born, parent_born = start(child), start(member)
+                if born is not None and parent_born is not None and born >= parent_born:
+                    found.append((child, born))
                     stack.append(child)
         trees.rss[pid] = total
     return trees
@@ -208,11 +225,20 @@ def document(
     }
 
 
+def _create_time(pid: int) -> float | None:
+    try:
+        return float(psutil.Process(pid).create_time())
+    except psutil.Error:
+        return None
+
+
 class StatusWriter:
     """Writes one instance's status file; :meth:`write` runs in a worker thread.
 
     ``meta`` gets the writer's pid and its process's start time unless it names them: a reader tells
-    by both whether the writer still runs (see :mod:`~async_local_executor.ops.status_read`).
+    by both whether the writer still runs (see :mod:`~async_local_executor.ops.status_read`). The start
+    goes in twice: in ticks since boot, which tells, and as psutil's ``create_time`` for the readers of
+    older versions.
     ``on_seen``, if given, is called from :meth:`write` (in its thread) with the descendants each
     workload's tree showed (see :func:`document`): the launch journal records them, so that a later
     executor can find them even once they left the workload's tree. Each write adds a ``[time,
@@ -229,8 +255,9 @@ class StatusWriter:
         self.path = path
         self._on_seen = on_seen
         self._meta = {"pid": os.getpid(), **meta}
-        if self._meta.get(START_KEY) is None:
-            self._meta[START_KEY] = start_time(int(self._meta["pid"]))
+        if self._meta.get(START_KEY) is None and self._meta.get(START_TICKS_KEY) is None:
+            self._meta[START_TICKS_KEY] = start_ticks(int(self._meta["pid"]))
+            self._meta[START_KEY] = _create_time(int(self._meta["pid"]))
         # Only write() touches it, and the probe never runs two writes at once.
         self._history: collections.deque[tuple[float, int, int]] = collections.deque()
 

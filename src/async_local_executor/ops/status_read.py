@@ -4,11 +4,18 @@ Whether a file's writer still runs is told by the writer's journal, ``<instance>
 a live executor holds its journal locked, whatever pid namespace it runs in (another container sharing
 the directory), and a crashed one's lock is gone with it. Without a journal (an executor stopping, or
 one whose journal was reclaimed), by its pid *and* that process's start time, which the file records:
-a container restarted with its filesystem kept often gives the new scheduler the crashed one's pid.
+a container restarted with its filesystem kept often gives the new scheduler the crashed one's pid. The
+start is the kernel's, in clock ticks since boot (``pid_start_ticks``), which no wall-clock step moves;
+a file of an older version has only psutil's ``create_time`` (``pid_start``), matched as it matched it.
 
 A file written before the start time was recorded counts as alive only while its pid runs and, if its
 journal is there, the journal is locked; and never when its pid is the reader's own (this process
 records the start time in every file it writes). Nothing here knows Airflow.
+
+Every field is checked before anyone uses it (:func:`parse`): a file without a valid pid and time written
+is skipped, with a warning; any other field of the wrong kind (a string where a number goes, NaN, a list
+of something else than objects, an object without its keys) is left out, and :attr:`Found.problems`
+says what was. Whatever a file holds, reading it never raises, and what is read can be shown as JSON.
 """
 
 from __future__ import annotations
@@ -18,82 +25,126 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from async_local_executor.ops.files import read_regular
+from async_local_executor.core.proc_identity import Start, WallClockStart, runs_as
 from async_local_executor.ops.journal_file import SUFFIX as JOURNAL_SUFFIX
-from async_local_executor.ops.journal_file import holder_alive, same_process
+from async_local_executor.ops.journal_file import holder_alive
+from async_local_executor.ops.state_dir import StateDir
 
 log = logging.getLogger("async_local_executor.ops.status")
 
 PREFIX = "status."
 SUFFIX = ".json"
 START_KEY = "pid_start"  # the writer's process start time, as psutil's create_time gives it
+START_TICKS_KEY = "pid_start_ticks"  # the same in clock ticks since boot, which a clock step does not move
 # A report older than this comes from an executor whose loop (or whole scheduler) has stopped.
 STALE_AFTER = 15.0
 
-_warned: set[Path] = set()  # files already warned about: the status command rereads them every redraw
+# Files already warned about (unreadable, or read without some fields): the status command rereads them
+# every redraw.
+_warned: set[tuple[Path, bool]] = set()
 
 
 @dataclass(frozen=True)
 class Found:
     """One status file as read back, with what the reader could tell about its freshness."""
 
-    path: Path
+    path: Path  # for messages: the file is read through the state directory's descriptor
     data: dict[str, Any]
     stale: str | None  # why it cannot be trusted, or None when it is current
     gone: bool = False  # its scheduler is no longer running: nothing will ever update or remove it
+    problems: tuple[str, ...] = ()  # the fields left out of ``data``, each with what was wrong with it
 
     @property
     def healthy(self) -> bool:
         return self.stale is None and self.data.get("health", {}).get("status") == "healthy"
 
 
-def read_all(directory: Path, now: float | None = None) -> list[Found]:
+def read_all(directory: Path | StateDir, now: float | None = None) -> list[Found]:
     """Every status file in ``directory``, each marked stale when its writer is gone or silent.
 
-    A file that is not a status file this version can read is skipped, with one warning naming it.
+    A file that is not a status file this version can read is skipped, with one warning naming it; one
+    with fields it cannot use is read without them, with one warning naming them.
+
+    :param directory: the state directory as opened once (its files are read through that descriptor),
+        or its path, which is opened here (a link followed: reading acts on nothing); none: no files
     """
-    now = time.time() if now is None else now
+    if isinstance(directory, StateDir):
+        return _read_in(directory, time.time() if now is None else now)
+    try:
+        folder = StateDir.open(directory, follow=True)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except OSError as exc:
+        _warn(directory, f"cannot open the state directory: {exc.strerror or exc}")
+        return []
+    with folder:
+        return _read_in(folder, time.time() if now is None else now)
+
+
+def _read_in(folder: StateDir, now: float) -> list[Found]:
     found: list[Found] = []
-    for path in sorted(directory.glob(f"{PREFIX}*{SUFFIX}")):
+    try:
+        names = sorted(n for n in folder.names() if _named_status(n))
+    except OSError as exc:
+        _warn(folder.path, f"cannot list the state directory: {exc.strerror or exc}")
+        return []
+    for name in names:
+        path = folder.shown(name)
         try:
-            data = _parse(read_regular(path))
+            data, problems = parse(folder.read(name))
         except FileNotFoundError:
             continue  # removed while we looked
-        except (OSError, ValueError, RecursionError) as exc:
+        except (OSError, ValueError) as exc:
             _warn(path, str(exc))
             continue
-        if data is None:
-            _warn(path, "not a status file of this version")
-            continue
+        if problems:
+            _warn(path, "; ".join(problems), readable=True)
         pid = data["pid"]
         age = now - float(data["written_at"])
         stale = None
-        gone = not writer_alive(path, data)
+        gone = not writer_alive(path, data, folder=folder)
         if gone:
             stale = f"scheduler pid {pid} is not running"
         elif age > STALE_AFTER:
             stale = f"not updated for {age:.0f}s"
-        found.append(Found(path, data, stale, gone))
+        found.append(Found(path, data, stale, gone, problems))
     return found
 
 
-def writer_alive(path: Path, data: dict[str, Any]) -> bool:
-    """Whether the executor that wrote the status file ``path`` (whose content is ``data``) runs."""
+def _named_status(name: str) -> bool:
+    return name.startswith(PREFIX) and name.endswith(SUFFIX) and len(name) >= len(PREFIX) + len(SUFFIX)
+
+
+def writer_alive(path: Path, data: dict[str, Any], *, folder: StateDir | None = None) -> bool:
+    """Whether the executor that wrote the status file ``path`` (whose content is ``data``) runs.
+
+    :param folder: the state directory ``path`` was read from, as opened: its journal is asked through it
+    """
     instance = path.name.removeprefix(PREFIX).removesuffix(SUFFIX)
-    held = holder_alive(path.with_name(f"{instance}{JOURNAL_SUFFIX}"))
+    journal = f"{instance}{JOURNAL_SUFFIX}"
+    held = holder_alive(folder.pinned(journal) if folder is not None else path.with_name(journal))
     pid: int = data["pid"]
-    start = data.get(START_KEY)
+    start = _writer_start(data)
     if start is not None:
-        return held if held is not None else same_process(pid, float(start))
+        return held if held is not None else runs_as(pid, start)
     if pid == os.getpid():
         return False  # an older version's file: every file this process writes has the start time
     return held is not False and _running(pid)
+
+
+def _writer_start(data: Mapping[str, Any]) -> Start | None:
+    ticks = data.get(START_TICKS_KEY)
+    if ticks is not None:
+        return int(ticks)
+    seconds = data.get(START_KEY)
+    return None if seconds is None else WallClockStart(float(seconds))
 
 
 def _running(pid: int) -> bool:
@@ -104,28 +155,247 @@ def _running(pid: int) -> bool:
         return False
 
 
-def _number(value: object) -> bool:
+class Unreadable(ValueError):
+    """Not a status file this version can read: not JSON, not an object, or no valid pid or time written."""
+
+
+def parse(raw: bytes) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The status file's object, without the fields it cannot use, and what was wrong with each of those.
+
+    :raises Unreadable: it is not a status file this version can read
+    """
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise Unreadable(f"not JSON: {exc}") from None
+    reading = _Reading()
+    try:
+        kept = _STATUS(data, reading, "")
+    except _Bad as exc:
+        raise Unreadable(f"not a status file of this version: {exc}") from None
+    return kept, reading.problems()
+
+
+# What each field must be. A check returns the value as kept, or raises _Bad saying what is wrong with
+# it; a record or a list leaves out what is wrong inside it and notes it on the _Reading.
+class _Bad(ValueError):
+    pass
+
+
+class _Reading:
+    """What was left out of one file, as ``<field>: <what is wrong>`` (the first few listed)."""
+
+    LISTED = 20
+
+    def __init__(self) -> None:
+        self._noted: list[str] = []
+        self._more = 0
+
+    def note(self, where: str, why: str) -> None:
+        if len(self._noted) < self.LISTED:
+            self._noted.append(f"{where}: {why}")
+        else:
+            self._more += 1
+
+    def problems(self) -> tuple[str, ...]:
+        return (*self._noted, f"and {self._more} more") if self._more else tuple(self._noted)
+
+
+Check = Callable[[Any, _Reading, str], Any]
+
+
+def _scalar(test: Callable[[Any], bool], should: str) -> Check:
+    def check(value: Any, reading: _Reading, where: str) -> Any:
+        if not test(value):
+            raise _Bad(should)
+        return value
+
+    return check
+
+
+def _finite(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _parse(raw: bytes) -> dict[str, Any] | None:
-    """The status file's object, or None when it is JSON of another shape."""
-    data = json.loads(raw)
-    if not isinstance(data, dict):
-        return None
-    pid, running = data.get("pid"), data.get("running", [])
-    if type(pid) is not int or pid <= 0 or not _number(data.get("written_at")):
-        return None
-    if data.get(START_KEY) is not None and not _number(data[START_KEY]):
-        return None
-    if not isinstance(data.get("health", {}), dict) or not isinstance(running, list):
-        return None
-    if not all(isinstance(row, dict) for row in running):
-        return None
-    return data
+NUMBER = _scalar(_finite, "not a finite number")
+INTEGER = _scalar(lambda v: type(v) is int, "not an integer")
+COUNT = _scalar(lambda v: type(v) is int and v >= 0, "not a count")
+PID = _scalar(lambda v: type(v) is int and v > 0, "not a pid")
+TEXT = _scalar(lambda v: isinstance(v, str), "not a string")
+FLAG = _scalar(lambda v: isinstance(v, bool), "not true or false")
+SAMPLE = _scalar(lambda v: isinstance(v, list) and len(v) == 3 and all(map(_finite, v)), "not 3 numbers")
 
 
-def _warn(path: Path, why: str) -> None:
-    if path not in _warned:
-        _warned.add(path)
-        log.warning("skipped %s, which is not a readable status file (%s)", path, why)
+def _maybe(check: Check) -> Check:
+    def maybe(value: Any, reading: _Reading, where: str) -> Any:
+        return None if value is None else check(value, reading, where)
+
+    return maybe
+
+
+def _list(item: Check) -> Check:
+    def check(value: Any, reading: _Reading, where: str) -> list[Any]:
+        if not isinstance(value, list):
+            raise _Bad("not a list")
+        kept = []
+        for index, each in enumerate(value):
+            try:
+                kept.append(item(each, reading, f"{where}[{index}]"))
+            except _Bad as exc:
+                reading.note(f"{where}[{index}]", str(exc))
+        return kept
+
+    return check
+
+
+def _counts(value: Any, reading: _Reading, where: str) -> dict[str, int]:
+    if not isinstance(value, dict):
+        raise _Bad("not an object")
+    kept = {}
+    for name, count in value.items():
+        if type(count) is int and count >= 0:
+            kept[name] = count
+        else:
+            reading.note(f"{where}.{name}", "not a count")
+    return kept
+
+
+def _plain(value: Any, depth: int = 0) -> Any:
+    """A field this version does not know, kept if it is JSON that can be written back (no NaN)."""
+    if depth > 8:
+        raise _Bad("nested too deep")
+    if value is None or isinstance(value, (str, bool)):
+        return value
+    if isinstance(value, (int, float)):
+        return NUMBER(value, _Reading(), "")
+    if isinstance(value, list):
+        return [_plain(each, depth + 1) for each in value]
+    if isinstance(value, dict):
+        return {name: _plain(each, depth + 1) for name, each in value.items()}
+    raise _Bad("not JSON")
+
+
+def _record(
+    fields: Mapping[str, Check], required: Collection[str] = (), essential: Collection[str] = ()
+) -> Check:
+    """An object: its known fields checked, others kept if plain JSON.
+
+    :param required: without one, the whole object is wrong
+    :param essential: one that is wrong makes the whole object wrong (otherwise it is left out)
+    """
+
+    def check(value: Any, reading: _Reading, where: str) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise _Bad("not an object")
+        for name in required:
+            if name not in value:
+                raise _Bad(f"no {name}")
+        kept = {}
+        for name, each in value.items():
+            inner = f"{where}.{name}" if where else name
+            known = fields.get(name)
+            try:
+                kept[name] = _plain(each) if known is None else known(each, reading, inner)
+            except _Bad as exc:
+                if name in required or name in essential:
+                    raise _Bad(f"{name} {exc}") from None
+                reading.note(inner, str(exc))
+        return kept
+
+    return check
+
+
+_RUNNING = _record(
+    {
+        "key": TEXT,
+        "pid": PID,
+        "queue": _maybe(TEXT),
+        "age_s": _maybe(NUMBER),
+        "rss_mb": _maybe(NUMBER),
+        "memory_mb": _maybe(NUMBER),
+        "peak_mb": _maybe(NUMBER),
+        "cpu_s": _maybe(NUMBER),
+        "memory_from": _maybe(TEXT),
+    },
+    required=("key", "pid"),
+)
+_FINISHED = _record(
+    {
+        "at": NUMBER,
+        "key": TEXT,
+        "outcome": TEXT,
+        "returncode": _maybe(INTEGER),
+        "reason": _maybe(TEXT),
+        "ran_s": _maybe(NUMBER),
+    },
+    required=("at", "key", "outcome"),
+)
+_FAILURE = _record({"at": NUMBER, "key": TEXT, "reason": _maybe(TEXT)}, required=("at", "key"))
+_HEALTH = _record(
+    {
+        "status": TEXT,
+        "reason": _maybe(TEXT),
+        "reasons": _list(TEXT),
+        "public_reasons": _list(TEXT),
+        "public_codes": _list(TEXT),
+    },
+    required=("status",),
+)
+_PRELOAD = _record(
+    {
+        "mode": TEXT,
+        "modules": _list(TEXT),
+        "preloaded": _list(
+            _record(
+                {"module": TEXT, "distribution": _maybe(TEXT), "version": _maybe(TEXT), "kib": _maybe(COUNT)},
+                required=("module",),
+            )
+        ),
+        "refused": _list(
+            _record({"module": TEXT, "reason": _maybe(TEXT), "retried": FLAG}, required=("module",))
+        ),
+        "pending": _list(TEXT),
+        "generation": COUNT,
+    }
+)
+_STATUS = _record(
+    {
+        "pid": PID,
+        "written_at": NUMBER,
+        START_KEY: _maybe(NUMBER),
+        START_TICKS_KEY: _maybe(COUNT),
+        "instance": TEXT,
+        "hostname": TEXT,
+        "team": _maybe(TEXT),
+        "executor": TEXT,
+        "parallelism": COUNT,
+        "launcher": TEXT,
+        "containment": _maybe(_record({"mode": TEXT, "detail": TEXT})),
+        "health": _HEALTH,
+        "loop_lag_ms": _maybe(NUMBER),
+        "peak_loop_lag_ms": _maybe(NUMBER),
+        "running": _list(_RUNNING),
+        "waiting": COUNT,
+        "oldest_wait_s": _maybe(NUMBER),
+        "memory": _record({"guard_holding": FLAG, "floor_mb": NUMBER, "available_mb": _maybe(NUMBER)}),
+        "launcher_problem": _maybe(TEXT),
+        "launcher_state": _maybe(TEXT),
+        "preload": _maybe(_PRELOAD),
+        "recent_finished": _list(_FINISHED),
+        "history": _list(SAMPLE),
+        "recent_launch_failures": _list(_FAILURE),
+        "totals": _counts,
+    },
+    # Without them, neither its writer nor its age can be told.
+    required=("pid", "written_at"),
+    essential=(START_KEY, START_TICKS_KEY),
+)
+
+
+def _warn(path: Path, why: str, *, readable: bool = False) -> None:
+    if (path, readable) not in _warned:
+        _warned.add((path, readable))
+        if readable:
+            log.warning("read %s without what is malformed in it (%s)", path, why)
+        else:
+            log.warning("skipped %s, which is not a readable status file (%s)", path, why)

@@ -10,6 +10,10 @@ group whose id a *later* process holds now is never signalled: it is no longer o
 free, or held by the same process (a zombie included), the group can only be ours: a number stays
 reserved while any process uses it as its group id. The leader's own tree is walked only while the
 leader is the process it was, so a later process under its pid is never taken for it.
+
+Start times are the kernel's ticks since boot (:mod:`~async_local_executor.core.proc_identity`): a
+wall-clock start would make a stepped clock look like a later process under every id, and no timeout,
+revoke or shutdown would reach a workload any more.
 """
 
 from __future__ import annotations
@@ -19,34 +23,23 @@ import os
 
 import psutil
 
-# /proc's start times have clock-tick resolution; two reads of the same process agree exactly, a
-# different process under a reused pid differs by far more than this.
-SAME_START = 0.05
+from async_local_executor.core.proc_identity import start_ticks
 
 
-def start_time(pid: int) -> float | None:
-    """The process's start time as /proc gives it, which tells it from a later one under the same pid;
-    None when there is no such process."""
-    try:
-        return float(psutil.Process(pid).create_time())
-    except psutil.Error:
-        return None
-
-
-def held_by_another(pid: int, start: float | None) -> bool:
+def held_by_another(pid: int, start: int | None) -> bool:
     """Whether a process other than the one seen with ``start`` (None: none was) holds ``pid`` now."""
-    now = start_time(pid)
-    return now is not None and (start is None or abs(now - start) >= SAME_START)
+    now = start_ticks(pid)
+    return now is not None and now != start
 
 
-def descendant_groups(pid: int, start: float | None = None) -> set[int]:
+def descendant_groups(pid: int, start: int | None = None) -> set[int]:
     """The process groups of ``pid``'s live descendants, other than ``pid``'s own.
 
-    :param start: the start time ``pid`` had; a later process under that pid has none of its descendants
+    :param start: the start ticks ``pid`` had; a later process under that pid has none of its descendants
     """
     try:
         proc = psutil.Process(pid)
-        if start is not None and abs(proc.create_time() - start) >= SAME_START:
+        if start is not None and start_ticks(pid) != start:
             return set()
         descendants = proc.children(recursive=True)
     except psutil.Error:
@@ -69,13 +62,13 @@ class GroupSignaller:
     def __init__(self, leader: int) -> None:
         self._leader = leader
         # Not reaped yet when this is made (its launcher waits for it only later): this is the leader.
-        self._groups: dict[int, float | None] = {leader: start_time(leader)}
+        self._groups: dict[int, int | None] = {leader: start_ticks(leader)}
 
     def send(self, sig: int) -> None:
         leader_start = self._groups[self._leader]
         found = descendant_groups(self._leader, leader_start) if leader_start is not None else set()
         for group in found - self._groups.keys():
-            self._groups[group] = start_time(group)
+            self._groups[group] = start_ticks(group)
         for group, start in self._groups.items():
             if held_by_another(group, start):
                 continue  # its leader was reaped and a later process has the number: not ours
