@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
+import time
 from pathlib import Path
 
+import anyio
+import anyio.lowlevel
 import pytest
 
 from async_local_executor.core.health import Probe
@@ -144,3 +148,33 @@ def test_a_blocking_call_that_raises_is_logged_once_and_the_loop_lives_on() -> N
     assert "carries on" in record.getMessage()
     assert record.exc_info is not None
     assert isinstance(record.exc_info[1], ValueError)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_fork_by_another_thread_finds_the_loop_holding_no_lock() -> None:
+    # As Airflow 2's scheduler forks its DAG file processor manager after the executor started. The
+    # loop holds a lock across a blocking step; the fork is made while it does.
+    lock, held = threading.Lock(), threading.Event()
+
+    async def busy() -> None:
+        while True:
+            with lock:
+                held.set()
+                time.sleep(0.05)  # noqa: ASYNC251 - a blocking step on the loop, with a lock held
+            await anyio.lowlevel.checkpoint()
+
+    runtime = Runtime(plain, use_uvloop=False)
+    runtime.start()
+    try:
+        runtime._post(lambda _, tg: tg.start_soon(busy))
+        assert held.wait(GUARD)
+        pid = os.fork()
+        if pid == 0:  # the child: only this thread, and whatever locks the others held at the fork
+            os._exit(1 if lock.locked() else 0)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, "the child inherited the loop's lock, held"
+        assert held.wait(GUARD)  # and the loop went on
+        held.clear()
+        assert held.wait(GUARD)
+    finally:
+        runtime.shutdown(0.0, timeout=GUARD)

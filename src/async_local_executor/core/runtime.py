@@ -5,6 +5,11 @@ Inbound, the scheduler thread appends an operation to a deque and wakes the loop
 byte is dropped when that pipe is full, since the loop is then already awake), so it can never block. Outbound, the
 loop appends to a :class:`collections.deque` that the scheduler thread pops in ``sync()``; both ends of a
 deque are atomic and never wait.
+
+A process that forks while the loop thread runs (Airflow 2's scheduler forks its DAG file processor
+manager after the executor has started, and again whenever that manager dies) would hand its child
+whatever lock the loop thread held at that instant, held for ever. So the loop parks itself at a point
+where it holds none, in a callback between two steps of the loop, for as long as each fork takes.
 """
 
 from __future__ import annotations
@@ -12,8 +17,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable
 
@@ -37,6 +44,29 @@ START_TIMEOUT = 60.0
 # /proc/<pid>/task/*/comm show its CPU apart from the scheduler's own thread.
 THREAD_NAME = "ale-loop"
 _PR_SET_NAME = 15
+# A fork waits this long at most for the loop to park; the loop waits this long at most to be resumed.
+FORK_PARK_TIMEOUT = 5.0
+FORK_RESUME_TIMEOUT = 60.0
+
+# The runtimes whose loop threads run in this process, for the at-fork hooks below.
+_RUNNING: weakref.WeakSet[Runtime] = weakref.WeakSet()
+
+
+def _park_all() -> None:
+    for runtime in list(_RUNNING):
+        runtime.park_for_fork()
+
+
+def _resume_all() -> None:
+    for runtime in list(_RUNNING):
+        runtime.resume_after_fork()
+
+
+def _forget_all() -> None:
+    _RUNNING.clear()  # the child has none of these threads
+
+
+os.register_at_fork(before=_park_all, after_in_parent=_resume_all, after_in_child=_forget_all)
 
 
 def name_this_thread(name: str) -> None:
@@ -88,6 +118,7 @@ class Runtime:
         self._failure: BaseException | None = None
         self._wake: asyncio.Event | None = None
         self._inbox: deque[_Op] = deque()
+        self._resume: threading.Event | None = None
 
     @property
     def failure(self) -> BaseException | None:
@@ -115,6 +146,7 @@ class Runtime:
             raise RuntimeError("runtime already started")
         self._thread = threading.Thread(target=self._main, name="async-local-executor-loop", daemon=True)
         self._thread.start()
+        _RUNNING.add(self)
         if not self._ready.wait(START_TIMEOUT):
             raise RuntimeNotRunning(f"event loop thread did not start within {START_TIMEOUT}s")
         if self._failure is not None:
@@ -175,6 +207,37 @@ class Runtime:
         except concurrent.futures.TimeoutError:
             log.error("event loop did not finish shutting down within %.1fs", timeout)
         thread.join(max(0.0, deadline - time.monotonic()))
+
+    def park_for_fork(self) -> None:
+        """Before a fork by another thread: wait until the loop thread is parked holding no lock."""
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None or thread is threading.current_thread() or not self.alive:
+            return
+        parked, resume = threading.Event(), threading.Event()
+
+        def park() -> None:
+            parked.set()
+            # Bounded: a fork whose after-hook never ran must not stop the executor for good.
+            if not resume.wait(FORK_RESUME_TIMEOUT):
+                log.warning(
+                    "a fork did not resume the event loop within %.0fs; it goes on", FORK_RESUME_TIMEOUT
+                )
+
+        try:
+            loop.call_soon_threadsafe(park)
+        except RuntimeError:  # the loop closed meanwhile
+            return
+        self._resume = resume
+        if not parked.wait(FORK_PARK_TIMEOUT):
+            log.warning(
+                "the event loop did not pause within %.0fs for a fork; forking anyway", FORK_PARK_TIMEOUT
+            )
+
+    def resume_after_fork(self) -> None:
+        """After the fork, in the parent: let the loop thread go on."""
+        resume, self._resume = self._resume, None
+        if resume is not None:
+            resume.set()
 
     def _post(self, op: _Op) -> None:
         loop, wake = self._loop, self._wake
