@@ -33,6 +33,12 @@ KEY_FIGURES = {
         "task_process_uss_mb",
         "task_duration_p50_s",
     ),
+    "starvation": (
+        "long_cpu_wall_s",
+        "cpu_tasks_wall_s",
+        "crowd_running_at_long_cpu_start",
+        "makespan_s",
+    ),
 }
 NOTES_BEGIN, NOTES_END = "<!-- observations -->", "<!-- /observations -->"
 

@@ -20,7 +20,7 @@ from typing import Any, Final
 import psutil
 
 from benchmarks.deployment import REPO_ROOT, Variant
-from benchmarks.scenarios import burst, dispatch, footprint, imports, ordinary, throughput
+from benchmarks.scenarios import burst, dispatch, footprint, imports, ordinary, starvation, throughput
 from benchmarks.scenarios.base import Case, RunContext
 from harness.sandbox import installed_airflow_major
 
@@ -32,6 +32,7 @@ SCENARIOS: Final[dict[str, Callable[[str], list[Case]]]] = {
     "dispatch": dispatch.cases,
     "ordinary": ordinary.cases,
     "imports": imports.cases,
+    "starvation": starvation.cases,
 }
 PROFILES: Final[tuple[str, ...]] = ("smoke", "quick", "full")
 DEFAULT_REPEAT: Final[dict[str, int]] = {"smoke": 1, "quick": 1, "full": 3}

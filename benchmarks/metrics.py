@@ -246,6 +246,42 @@ METRICS: Final[dict[str, dict[str, Metric]]] = {
         "task_process_uss_p95_mb": Metric("MB", "lower", "95th percentile of the same"),
         **_CPU,
     },
+    "starvation": {
+        "run_state": _RUN_STATE,
+        "tasks_succeeded": Metric(
+            "", "higher", "task instances in success at the end: the crowd, long_cpu, cpu_a and cpu_b"
+        ),
+        "long_cpu_wall_s": Metric(
+            "s",
+            "lower",
+            "end_date - start_date of long_cpu, the CPU task that started while the crowd ran: its fixed "
+            "CPU work over the share of the CPU it got, during the crowd and after it",
+        ),
+        "cpu_tasks_wall_s": Metric(
+            "s",
+            "none",
+            "median end_date - start_date of cpu_a and cpu_b, the same CPU work started after the crowd "
+            "ended (what long_cpu competes with)",
+        ),
+        "long_cpu_stretch": Metric(
+            "",
+            "lower",
+            "long_cpu_wall_s over the CPU seconds it burns: 1 is a core of its own all along, 1.5 two "
+            "thirds of a core (a fair share of 2 cores with cpu_a and cpu_b) all along; far above that, "
+            "it was starved",
+        ),
+        "crowd_running_at_long_cpu_start": Metric(
+            "",
+            "none",
+            "crowd task instances running (start <= long_cpu's start < end) when long_cpu started: "
+            "more than 24 per core makes it a start in a crowd, which the case is there to test",
+        ),
+        "crowd_peak_running": Metric("", "none", "most crowd task instances running at once (from the rows)"),
+        "makespan_s": Metric("s", "lower", "first task start to last task end (task_instance rows)"),
+        "run_duration_s": Metric("s", "lower", "trigger (dag_run.queued_at) to DAG run end"),
+        **_LOOP,
+        **_CPU,
+    },
 }
 
 

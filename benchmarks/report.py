@@ -25,6 +25,9 @@ IMPORTS_FIGURES = (
     ("per_task_uss_mb", "USS per running task (MB)"),
     ("task_process_uss_mb", "task process USS, median (MB)"),
 )
+STARVATION_CHART = "starvation.png"
+# The timeline's rows, top to bottom: the crowd's span, then each CPU task.
+STARVATION_ROWS = ("crowd", "long_cpu", "cpu_a", "cpu_b")
 
 
 def fmt(value: float | None) -> str:
@@ -244,6 +247,8 @@ def write_charts(records: Sequence[dict[str, Any]], variants: Sequence[str], out
     plt.close(fig)
     if any(r["scenario"] == "imports" for r in records):
         written.append(_imports_chart(records, variants, colors, out_dir / IMPORTS_CHART))
+    if any(r["scenario"] == "starvation" for r in records):
+        written.append(_starvation_chart(records, variants, colors, out_dir / STARVATION_CHART))
     return written
 
 
@@ -281,6 +286,66 @@ def _imports_chart(
     fig.legend(handles, labels, loc="upper right", ncol=len(variants), fontsize=8)
     fig.suptitle("imports: DAG files that import pandas (median, whiskers min..max)", fontsize=11)
     fig.tight_layout(rect=(0, 0, 1, 0.94))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def median_run(
+    records: Sequence[dict[str, Any]], scenario: str, variant: str, figure: str
+) -> dict[str, Any] | None:
+    """The run of ``variant`` whose ``figure`` is the median (the lower one of an even count): a chart
+    drawn from one run shows a typical one, not the first or an outlier."""
+    runs = sorted(
+        (
+            r
+            for r in records
+            if r["scenario"] == scenario and r["variant"] == variant and r["metrics"].get(figure) is not None
+        ),
+        key=lambda r: float(r["metrics"][figure]),
+    )
+    return runs[(len(runs) - 1) // 2] if runs else None
+
+
+def _starvation_chart(
+    records: Sequence[dict[str, Any]], variants: Sequence[str], colors: dict[str, Any], path: Path
+) -> Path:
+    """A timeline per variant (its median run by long_cpu_wall_s): the crowd's span and each CPU task."""
+    import matplotlib.pyplot as plt
+
+    # One case per profile; should there be more, the first one recorded is drawn.
+    case = next(r["case"] for r in records if r["scenario"] == "starvation")
+    runs = [r for r in records if r["scenario"] == "starvation" and r["case"] == case]
+    shown = [(v, rec) for v in variants if (rec := median_run(runs, "starvation", v, "long_cpu_wall_s"))]
+    fig, axes = plt.subplots(
+        max(1, len(shown)), 1, figsize=(9, 1.2 + 1.5 * max(1, len(shown))), sharex=True, squeeze=False
+    )
+    for ax, (v, rec) in zip(axes[:, 0], shown, strict=False):
+        spans = rec["series"].get("timeline", {})
+        crowd = spans.get("crowd") or []
+        bars = {"crowd": [min(s for s, _ in crowd), max(e for _, e in crowd)] if crowd else None}
+        bars.update({name: spans.get(name) for name in STARVATION_ROWS[1:]})
+        for y, name in enumerate(STARVATION_ROWS):
+            span = bars.get(name)
+            if not span:
+                continue
+            start, end = span
+            # The crowd is context (it only sleeps); the CPU tasks are the figures.
+            ax.barh(y, end - start, left=start, color=colors[v], alpha=0.35 if name == "crowd" else 0.9)
+            ax.annotate(f" {end - start:.0f}s", (end, y), va="center", fontsize=8)
+        ax.set_yticks(range(len(STARVATION_ROWS)))
+        ax.set_yticklabels([f"crowd ({len(crowd)} tasks)", *STARVATION_ROWS[1:]], fontsize=8)
+        ax.invert_yaxis()
+        m = rec["metrics"]
+        ax.set_title(
+            f"{v}: long_cpu {fmt(m.get('long_cpu_wall_s'))} s (stretch "
+            f"{fmt(m.get('long_cpu_stretch'))}), started with "
+            f"{fmt(m.get('crowd_running_at_long_cpu_start'))} crowd tasks running",
+            fontsize=9,
+        )
+    axes[-1, 0].set_xlabel("seconds since the run's first task started")
+    fig.suptitle(f"starvation {case}: median run of each variant by long_cpu wall time", fontsize=10)
+    fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -399,11 +464,18 @@ $ .venv/bin/python -m benchmarks --profile full --scenarios burst \\
 $ .venv/bin/python -m benchmarks --profile quick --scenarios ordinary \\
       --variants stock,ours --repeat 10 --out build/bench/ordinary.jsonl   # Airflow's api defaults
 $ .venv/bin/python -m benchmarks --profile full --scenarios imports \\
-      --variants stock,ours --repeat 1 --out build/bench/imports.jsonl     # DAG files importing pandas"""
+      --variants stock,ours --repeat 1 --out build/bench/imports.jsonl     # DAG files importing pandas
+$ .venv/bin/python -m benchmarks --profile quick --scenarios starvation \\
+      --variants stock,ours --repeat 3 --out build/bench/starvation.jsonl  # a CPU task started in a crowd"""
     )
     imports_chart = (
         f"\n![imports]({charts_rel}/{IMPORTS_CHART})\n"
         if any(r["scenario"] == "imports" for r in records)
+        else ""
+    )
+    starvation_chart = (
+        f"\n![starvation]({charts_rel}/{STARVATION_CHART})\n"
+        if any(r["scenario"] == "starvation" for r in records)
         else ""
     )
     text = f"""# Benchmarks: AsyncLocalExecutor against the stock LocalExecutor
@@ -462,7 +534,7 @@ Runs that did not end cleanly:
 ![memory over time]({charts_rel}/memory.png)
 
 ![heartbeat latency]({charts_rel}/heartbeat.png)
-{imports_chart}
+{imports_chart}{starvation_chart}
 Configuration of each case:
 
 {_configs(records)}
@@ -527,6 +599,20 @@ Scenarios:
   the same figure in the steady state. Each task also prints the private memory (USS) of its own
   process when it runs, read back from the task logs (`task_process_uss_mb`): the process that runs
   the task's code, for stock and ours alike, without the worker or supervisor beside it.
+- **starvation**: `bench_starvation` on SQLite, quick and full the same size (smoke: a crowd of 4).
+  `crowd`, 100 mapped tasks that sleep 30 s at the highest priority weight, then `long_cpu`, one task
+  with no upstream at the lowest (both `weight_rule="absolute"`), so it is queued last and starts while
+  the crowd runs; `cpu_a` and `cpu_b` start when the whole crowd has ended. Each of the three burns
+  60 s of its own CPU time (`time.process_time()`) in a pure-Python loop: fixed work, so its wall time
+  (task instance start to end) shows the CPU share it got. Parallelism 128 and the DAG's
+  `max_active_tasks=200` let the whole crowd and `long_cpu` run at once: more than 24 workloads per
+  core on 2 cores, where AsyncLocalExecutor runs a workload that starts at idle CPU priority (its
+  default `workload_cpu_priority = auto`) so a burst of starts cannot starve the scheduler. The case
+  shows whether `long_cpu` keeps that priority once the crowd is gone: if it does, `cpu_a` and `cpu_b`
+  take both cores and it waits for them (`long_cpu_stretch` far above 1.5), where the stock executor
+  shares the cores among the three. `crowd_running_at_long_cpu_start` says whether `long_cpu` really
+  started in the crowd (a run in which it did not gets a note). The chart draws, for each variant, the
+  run with the median `long_cpu_wall_s`: the crowd's span (first start to last end) and each CPU task.
 
 How the executor heartbeat is timed in a deployment: Airflow 3.3 only emits
 `scheduler.executor_heartbeat_duration` to StatsD/OpenTelemetry, so the deployment runs

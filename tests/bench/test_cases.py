@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -12,10 +15,10 @@ from benchmarks import report
 from benchmarks.deployment import KNOWN_VARIANTS
 from benchmarks.harness import PROFILES, Plan, default_database, select_cases
 from benchmarks.report import markdown_table
-from benchmarks.scenarios import burst, imports, ordinary
+from benchmarks.scenarios import burst, imports, ordinary, starvation
 from benchmarks.summary import summarize, words
 from harness.environment import HomeLayout, prepare_home
-from harness.sandbox import AirflowSandbox, SandboxError
+from harness.sandbox import AirflowSandbox, SandboxError, TaskInstanceRow
 
 TIMEOUT_ENV = "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT"
 
@@ -74,7 +77,9 @@ def test_only_the_imports_scenario_parses_dag_files_that_import_pandas() -> None
 
 
 def test_burst_defaults_to_postgres_and_the_other_scenarios_keep_theirs() -> None:
-    cases = select_cases("smoke", ["throughput", "footprint", "burst", "dispatch", "ordinary", "imports"])
+    cases = select_cases(
+        "smoke", ["throughput", "footprint", "burst", "dispatch", "ordinary", "imports", "starvation"]
+    )
     plan = Plan("smoke", cases, [KNOWN_VARIANTS["stock"]], 1)
     chosen = {case.scenario: plan.database_for(case) for case in cases}
     fallback = default_database()
@@ -85,6 +90,7 @@ def test_burst_defaults_to_postgres_and_the_other_scenarios_keep_theirs() -> Non
         "dispatch": fallback,
         "ordinary": fallback,
         "imports": fallback,
+        "starvation": fallback,
     }
     override = Plan("smoke", cases, [KNOWN_VARIANTS["stock"]], 1, "sqlite")
     assert {override.database_for(case) for case in cases} == {"sqlite"}
@@ -225,3 +231,139 @@ def test_an_imports_case_is_labelled_on_two_short_lines_under_its_bars() -> None
     labels = [report._case_label(case.name) for case in imports.cases("full")]
     assert labels == ["pandas\n100 tasks p16", "real-imports\n100 tasks p16", "pandas-held\n16 tasks p16"]
     assert report._case_label("no-size") == "no-size"
+
+
+def test_the_starvation_crowd_is_more_than_24_per_core_on_2_cores_and_all_of_it_runs_at_once() -> None:
+    assert [case.name for case in select_cases("full", ["starvation"])] == ["crowd-100x30s-cpu-60s-p128"]
+    for profile in ("quick", "full"):
+        size = starvation.SIZES[profile]
+        assert (size.crowd, size.crowd_sleep, size.cpu_seconds, size.parallelism) == (100, 30, 60, 128)
+        assert size.crowd > starvation.CROWD_PER_CORE * 2
+        # The whole crowd and long_cpu at once; cpu_a and cpu_b come after the crowd.
+        assert size.parallelism >= size.crowd + 1
+        assert size.tasks == size.crowd + 3
+        # long_cpu can wait for cpu_a and cpu_b when starved: three times its CPU work, and the crowd.
+        assert size.timeout > size.crowd_sleep + 3 * size.cpu_seconds + 300
+    assert starvation.SIZES["smoke"].crowd < starvation.SIZES["quick"].crowd
+
+
+def _starvation_dag(monkeypatch: pytest.MonkeyPatch) -> Any:
+    # The file reads its sizes at import: a module of its own, under the quick size's crowd.
+    monkeypatch.setenv("ALE_BENCH_CROWD", str(starvation.SIZES["quick"].crowd))
+    path = deployment_module.DAGS_FOLDER / "bench_starvation.py"
+    spec = importlib.util.spec_from_file_location("bench_starvation_under_test", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module: ModuleType = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.bench_starvation()
+
+
+def test_the_starvation_dag_queues_the_crowd_first_and_long_cpu_last(monkeypatch: pytest.MonkeyPatch) -> None:
+    dag = _starvation_dag(monkeypatch)
+    assert dag.dag_id == starvation.DAG_ID
+    # [core] max_active_tasks_per_dag is 16 by default: the DAG lifts it above the crowd.
+    assert dag.max_active_tasks > starvation.SIZES["quick"].crowd
+    crowd, long_cpu = dag.get_task("crowd"), dag.get_task("long_cpu")
+    assert crowd.priority_weight > long_cpu.priority_weight
+    assert {str(crowd.weight_rule), str(long_cpu.weight_rule)} == {"absolute"}
+    assert long_cpu.upstream_task_ids == set()
+    for task_id in starvation.CPU_TASKS:
+        assert dag.get_task(task_id).upstream_task_ids == {"crowd"}
+    assert all(task.retries == 0 for task in dag.tasks)
+
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def _row(task_id: str, start: float, end: float, map_index: int = -1) -> TaskInstanceRow:
+    return TaskInstanceRow(
+        task_id=task_id,
+        map_index=map_index,
+        state="success",
+        try_number=1,
+        start_date=T0 + timedelta(seconds=start),
+        end_date=T0 + timedelta(seconds=end),
+        queued_dttm=T0,
+        duration=end - start,
+    )
+
+
+def test_the_starvation_figures_come_from_the_task_instances_start_and_end() -> None:
+    rows = [
+        _row("crowd", 0, 30, 0),
+        _row("crowd", 1, 31, 1),
+        # Ends as long_cpu starts: not running then.
+        _row("crowd", 2, 5, 2),
+        # Starts as long_cpu starts: running then.
+        _row("crowd", 5, 33, 3),
+        _row("long_cpu", 5, 125),
+        _row("cpu_a", 34, 96),
+        _row("cpu_b", 34, 100),
+    ]
+    figures = starvation.timeline_figures(rows, cpu_seconds=60)
+    assert figures == {
+        "long_cpu_wall_s": 120.0,
+        "cpu_tasks_wall_s": 64.0,
+        "long_cpu_stretch": 2.0,
+        "crowd_running_at_long_cpu_start": 3.0,
+        # Spans that touch do not overlap: 0..30, 1..31 and 5..33 at once, 2..5 ended.
+        "crowd_peak_running": 3.0,
+    }
+    assert starvation.timeline(rows) == {
+        "crowd": [[0.0, 30.0], [1.0, 31.0], [2.0, 5.0], [5.0, 33.0]],
+        "long_cpu": [5.0, 125.0],
+        "cpu_a": [34.0, 96.0],
+        "cpu_b": [34.0, 100.0],
+    }
+
+
+def test_a_task_that_never_ran_leaves_its_starvation_figures_empty() -> None:
+    rows = [
+        _row("crowd", 0, 30, 0),
+        TaskInstanceRow("long_cpu", -1, "upstream_failed", 0, None, None, None, None),
+    ]
+    figures = starvation.timeline_figures(rows, cpu_seconds=60)
+    assert figures["long_cpu_wall_s"] is figures["long_cpu_stretch"] is None
+    assert figures["crowd_running_at_long_cpu_start"] is figures["cpu_tasks_wall_s"] is None
+    assert figures["crowd_peak_running"] == 1.0
+    assert "long_cpu" not in starvation.timeline(rows)
+
+
+def _starvation_record(variant: str, rep: int, long_wall: float) -> dict[str, Any]:
+    return {
+        "scenario": "starvation",
+        "case": "c",
+        "variant": variant,
+        "repetition": rep,
+        "metrics": {"long_cpu_wall_s": long_wall, "long_cpu_stretch": long_wall / 60},
+        "series": {
+            "timeline": {
+                "crowd": [[0.0, 30.0], [1.0, 31.0]],
+                "long_cpu": [1.0, 1.0 + long_wall],
+                "cpu_a": [32.0, 95.0],
+                "cpu_b": [32.0, 96.0],
+            }
+        },
+    }
+
+
+# The other charts have no data in these records, and say so when they draw their legends.
+@pytest.mark.filterwarnings("ignore:No artists with labels found:UserWarning")
+def test_the_starvation_chart_draws_each_variant_s_median_run(tmp_path: Path) -> None:
+    records = [
+        _starvation_record("stock", 0, 80.0),
+        _starvation_record("ours", 0, 200.0),
+        _starvation_record("stock", 1, 90.0),
+        _starvation_record("ours", 1, 150.0),
+        _starvation_record("stock", 2, 70.0),
+        _starvation_record("ours", 2, 170.0),
+    ]
+    assert report.median_run(records, "starvation", "stock", "long_cpu_wall_s") == records[0]
+    assert report.median_run(records, "starvation", "ours", "long_cpu_wall_s") == records[5]
+    # An even count: the lower of the two middle runs.
+    assert report.median_run(records[:4], "starvation", "ours", "long_cpu_wall_s") == records[3]
+    assert report.median_run(records, "starvation", "other", "long_cpu_wall_s") is None
+    written = report.write_charts(records, ["stock", "ours"], tmp_path)
+    assert tmp_path / report.STARVATION_CHART in written
+    assert (tmp_path / report.STARVATION_CHART).read_bytes().startswith(b"\x89PNG\r\n\x1a\n")

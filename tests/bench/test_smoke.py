@@ -19,12 +19,12 @@ import pytest
 from benchmarks.harness import select_cases
 from benchmarks.metrics import METRICS
 
-# Six scenarios (seven cases) x two variants of a real Airflow each, one after the other: about 6 minutes
-# on 2 cores.
+# Seven scenarios (eight cases) x two variants of a real Airflow each, one after the other: about 7
+# minutes on 2 cores.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
 REPO = Path(__file__).resolve().parents[2]
-SCENARIOS = ("throughput", "footprint", "burst", "dispatch", "ordinary", "imports")
+SCENARIOS = ("throughput", "footprint", "burst", "dispatch", "ordinary", "imports", "starvation")
 # Each case's own database (no --database given): burst runs on PostgreSQL as upstream #70526 did.
 DATABASES = {
     "throughput": "sqlite",
@@ -33,6 +33,7 @@ DATABASES = {
     "dispatch": "sqlite",
     "ordinary": "sqlite",
     "imports": "sqlite",
+    "starvation": "sqlite",
 }
 VARIANTS = ("stock", "ours")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -181,6 +182,25 @@ def test_figures_are_sane(smoke: Smoke, variant: str) -> None:
         assert 1 < figures["task_process_uss_mb"] <= figures["task_process_uss_p95_mb"] < 1024
         assert figures["scheduler_cpu_s"] > 0
 
+    starvation_record = by(smoke, "starvation", variant)
+    starvation, size = starvation_record["metrics"], starvation_record["config"]
+    assert starvation_record["text"] == {"run_state": "success"}
+    assert starvation["tasks_succeeded"] == size["crowd"] + 3
+    # Fixed CPU work takes at least that long on the wall clock (process_time counts every thread of
+    # the task process, hence the margin).
+    assert starvation["long_cpu_wall_s"] >= 0.9 * size["cpu_seconds"]
+    assert starvation["cpu_tasks_wall_s"] >= 0.9 * size["cpu_seconds"]
+    assert starvation["long_cpu_stretch"] == pytest.approx(
+        starvation["long_cpu_wall_s"] / size["cpu_seconds"]
+    )
+    assert 1 <= starvation["crowd_peak_running"] <= size["crowd"]
+    assert 0 <= starvation["crowd_running_at_long_cpu_start"] <= size["crowd"]
+    timeline = starvation_record["series"]["timeline"]
+    assert len(timeline["crowd"]) == size["crowd"]
+    # cpu_a and cpu_b wait for the whole crowd.
+    crowd_end = max(end for _, end in timeline["crowd"])
+    assert min(timeline["cpu_a"][0], timeline["cpu_b"][0]) >= crowd_end
+
 
 def test_the_async_executor_never_accepts_past_parallelism_and_prefetch(smoke: Smoke) -> None:
     record = by(smoke, "dispatch", "ours")
@@ -189,7 +209,7 @@ def test_the_async_executor_never_accepts_past_parallelism_and_prefetch(smoke: S
 
 
 def test_charts_are_written(smoke: Smoke) -> None:
-    for name in ("makespan.png", "memory.png", "heartbeat.png", "imports.png"):
+    for name in ("makespan.png", "memory.png", "heartbeat.png", "imports.png", "starvation.png"):
         data = (smoke.charts / name).read_bytes()
         assert data.startswith(PNG_MAGIC)
         assert len(data) > 5_000
@@ -203,3 +223,4 @@ def test_the_results_page_has_the_table(smoke: Smoke) -> None:
     assert "| `run_state` |  | success | success |  |" in text
     assert f"burst / {by(smoke, 'burst', 'stock')['case']} `postgres`" in text
     assert "](charts/imports.png)" in text
+    assert "](charts/starvation.png)" in text

@@ -207,6 +207,8 @@ def _raise(lowered: list[_Lowered]) -> None:
                 # The cgroup's members include what left the process tree (a daemon, a double fork).
                 members = each.cgroup.members() if each.cgroup is not None else []
                 cpu_priority.restore(members or _tree(each.child.pid))
+        except FileNotFoundError:
+            continue  # it ended meanwhile, and its cgroup went with it
         except OSError as exc:
             log.warning("could not give workload process %d its CPU share back: %s", each.child.pid, exc)
 
