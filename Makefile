@@ -90,7 +90,7 @@ docs: install
 	$(BIN)/python -m async_local_executor.adapter.provider > docs/configuration.md
 	$(BIN)/python -m tests.packaging.module_map
 
-# Quick profile (about 10 minutes on 2 cores): refreshes docs/benchmarks.md and its charts.
+# Quick profile (about 20 minutes on 2 cores): refreshes docs/benchmarks.md and its charts.
 bench: install
 	$(BIN)/python -m benchmarks --profile quick --variants $(BENCH_VARIANTS) --out build/bench/quick.jsonl \
 		--charts docs/benchmarks --markdown docs/benchmarks.md $(BENCH_ARGS)
