@@ -6,6 +6,8 @@ from importlib.metadata import version
 
 import pytest
 
+from tests.processes import spawned  # noqa: F401 - a fixture, for every test directory
+
 # One suite, two Airflow majors: each environment collects what its Airflow can run. tests/core knows
 # nothing of Airflow and runs under both.
 AIRFLOW_MAJOR = int(version("apache-airflow").split(".", 1)[0])

@@ -30,28 +30,11 @@ from async_local_executor.core.state import LaunchFailure, SupervisorState
 from async_local_executor.core.supervisor import Supervisor
 from async_local_executor.ops.status import StatusWriter, read_all, status_path, tree_rss
 from tests.core.helpers import GUARD, Recorder, py
+from tests.states import quiet
 
 pytestmark = pytest.mark.asyncio
 
 NOW = 1_000_000.0
-
-
-def quiet(**changes: object) -> SupervisorState:
-    base: dict[str, object] = {
-        "running": (),
-        "waiting": 0,
-        "oldest_waiting_since": None,
-        "memory_low": False,
-        "memory_floor": 256 * MB,
-        "available_memory": 8000 * MB,
-        "launcher_problem": None,
-        "recent_failures": (),
-        "launched_total": 0,
-        "last_launched_at": None,
-        "memory_waits_total": 0,
-        "outcomes_total": {},
-    }
-    return SupervisorState(**{**base, **changes})  # type: ignore[arg-type]
 
 
 def verdict(state: SupervisorState, lag: float = 0.0) -> Health:

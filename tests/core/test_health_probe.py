@@ -29,7 +29,7 @@ from async_local_executor.core.health import (
 )
 from async_local_executor.core.state import LaunchFailure, SupervisorState
 from tests.core.helpers import GUARD, FakeClock
-from tests.core.test_health import quiet
+from tests.states import quiet
 
 pytestmark = pytest.mark.asyncio
 

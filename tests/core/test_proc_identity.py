@@ -13,7 +13,7 @@ import pytest
 from async_local_executor.core.proc_identity import WallClockStart, runs_as, start_ticks, started_as
 from tests.core.clock_step import step_wall_clock
 from tests.core.helpers import GUARD
-from tests.core.test_registry import SLEEP, read_line
+from tests.processes import SLEEP, read_line
 
 # Its name (stat's second field) holds what a naive split of /proc/<pid>/stat trips on.
 RENAMED = "open('/proc/self/comm', 'w').write('x) y ) (z'); print('named', flush=True); input()"

@@ -23,7 +23,7 @@ from async_local_executor.ops.status import StatusWriter, status_path
 from async_local_executor.plugin import PREFIX, AsyncLocalExecutorPlugin
 from async_local_executor.plugin import app as plugin_app
 from async_local_executor.plugin.app import STATIC, create_app
-from tests.core.test_health import quiet
+from tests.states import quiet
 
 
 def test_the_package_registers_the_plugin_through_its_entry_point() -> None:

@@ -46,7 +46,7 @@ from async_local_executor.core.health import Report
 from async_local_executor.core.outcome import Outcome
 from async_local_executor.core.wiring import wire
 from async_local_executor.ops import journal, recovery, state_dir, status
-from async_local_executor.ops.containment import open_containment
+from async_local_executor.ops.instance_cgroups import open_containment
 
 if TYPE_CHECKING:
     from airflow.cli.cli_config import GroupCommand

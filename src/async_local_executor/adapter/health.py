@@ -11,7 +11,7 @@ from airflow.utils.net import get_hostname
 
 from async_local_executor.adapter.executor_base import ExecutorBase
 from async_local_executor.core.health import Health, Report, Verdict, stale
-from async_local_executor.ops.containment import status_of
+from async_local_executor.ops.instance_cgroups import status_of
 
 log = logging.getLogger(__name__)
 

@@ -1,9 +1,11 @@
-"""The core knows nothing of Airflow, nor of the layers built on it: checked for every core module.
+"""The layers: each imports only the layers below it, and the core knows nothing of Airflow.
 
-Two checks, because each misses what the other sees: importing every module in a fresh interpreter
-where ``airflow`` cannot be imported catches what runs at import time (and anything that drags the
-adapter in); reading every module's source catches imports deferred into functions, which run only
-on some path a test may never take.
+From the bottom: ``core`` (process supervision, no Airflow), ``ops`` (state directory, journal, status,
+the ``status`` command; Airflow only for its configuration), ``adapter`` (the executor Airflow loads),
+``plugin`` (the executor page). Two checks, because each misses what the other sees: importing every
+core module in a fresh interpreter where ``airflow`` cannot be imported catches what runs at import
+time (and anything that drags an upper layer in); reading every module's source catches imports
+deferred into functions, which run only on some path a test may never take.
 """
 
 from __future__ import annotations
@@ -15,10 +17,23 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+import async_local_executor
 from async_local_executor import core
 
+PACKAGE = Path(async_local_executor.__file__).parent
 CORE = Path(core.__file__).parent
-FORBIDDEN = ("airflow", "async_local_executor.adapter", "async_local_executor.ops", "sqlalchemy", "harness")
+UPPER = ("async_local_executor.ops", "async_local_executor.adapter", "async_local_executor.plugin")
+# What each layer may not import, its deferred imports included. The test harness is never a dependency.
+FORBIDDEN = {
+    "core": ("airflow", "sqlalchemy", "harness", *UPPER),
+    # The ``status`` command finds the state directory the way the executor does: from Airflow's
+    # configuration, and from nothing else of Airflow.
+    "ops": ("airflow.models", "airflow.executors", "airflow.sdk", "sqlalchemy", "harness", *UPPER[1:]),
+    "adapter": ("harness", "async_local_executor.plugin"),
+    "plugin": ("harness",),
+}
 
 BLOCKED_IMPORT = """
 import importlib, importlib.abc, json, sys
@@ -63,7 +78,7 @@ def test_every_core_module_is_found() -> None:
     # A walk that found nothing would make the checks below pass vacuously.
     modules = core_modules()
     assert "async_local_executor.core.supervisor" in modules
-    assert "async_local_executor.core.launchers.forkserver_helper" in modules
+    assert "async_local_executor.core.launchers.base" in modules
     assert len(modules) == len(list(CORE.rglob("*.py")))
 
 
@@ -82,12 +97,31 @@ def test_every_core_module_imports_with_airflow_blocked() -> None:
     assert json.loads(result.stdout) == [], "the core pulled in the adapter or the operations layer"
 
 
-def test_no_core_module_imports_airflow_or_an_upper_layer_even_lazily() -> None:
+def forbidden(name: str, layer: str) -> bool:
+    return any(name == f or name.startswith(f"{f}.") for f in FORBIDDEN[layer])
+
+
+def test_every_module_belongs_to_a_layer() -> None:
+    # Beside the layers, only the package's own entry points: the class path users configure
+    # (``__init__``, ``executor``) and the example DAG.
+    outside = {
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.rglob("*.py")
+        if path.relative_to(PACKAGE).parts[0] not in FORBIDDEN
+    }
+    assert outside <= {"__init__.py", "executor.py", "example_dags/demo_dag.py"}
+
+
+@pytest.mark.parametrize("layer", sorted(FORBIDDEN))
+def test_no_module_imports_a_layer_above_its_own_even_lazily(layer: str) -> None:
+    root = PACKAGE / layer
+    modules = sorted(root.rglob("*.py"))
+    assert modules, f"no module found under {root}"
     offenders = {
-        str(path.relative_to(CORE)): name
-        for path in sorted(CORE.rglob("*.py"))
+        str(path.relative_to(PACKAGE)): name
+        for path in modules
         for name in imported_names(ast.parse(path.read_text(), str(path)))
-        if name == "airflow" or name.startswith(tuple(f"{f}." for f in FORBIDDEN)) or name in FORBIDDEN
+        if forbidden(name, layer)
     }
     assert offenders == {}
 
@@ -96,6 +130,13 @@ def test_the_blocker_stops_a_module_that_imports_airflow() -> None:
     result = import_blocked(["async_local_executor.adapter.compat"])
     assert result.returncode != 0
     assert "the core imported airflow" in result.stderr
+
+
+def test_the_rules_catch_an_upper_layer_and_let_a_lower_one_pass() -> None:
+    assert forbidden("async_local_executor.adapter.executor", "ops")
+    assert forbidden("airflow.models.taskinstance", "core")
+    assert not forbidden("airflow.configuration", "ops")
+    assert not forbidden("async_local_executor.core.supervisor", "adapter")
 
 
 def test_the_source_check_sees_a_deferred_import() -> None:

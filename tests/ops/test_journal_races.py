@@ -21,7 +21,7 @@ from async_local_executor.ops.journal import LaunchJournal
 from async_local_executor.ops.journal import reclaim as reclaim_all
 from async_local_executor.ops.journal_file import CREATING, SUFFIX, holder_alive
 from tests.core.helpers import alive
-from tests.core.test_registry import SLEEP
+from tests.processes import SLEEP
 
 
 @pytest.fixture

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import selectors
-import signal
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -20,9 +16,8 @@ from async_local_executor.ops import journal as registry
 from async_local_executor.ops import journal_file
 from async_local_executor.ops.journal import INSTANCE_ENV, SUFFIX, LaunchJournal, reclaim
 from tests.core.clock_step import step_wall_clock
-from tests.core.helpers import GUARD, alive
-
-SLEEP = [sys.executable, "-c", "import time; time.sleep(600)"]
+from tests.core.helpers import alive
+from tests.processes import SLEEP, read_line
 
 # A workload that escaped everything the parent-death chain covers: it runs in a session of its own
 # (as a BashOperator's shell does). It starts one process that stays in its group but drops the mark,
@@ -52,26 +47,6 @@ pids = json.loads(workload.stdout.readline())
 print(json.dumps({{"workload": workload.pid, **pids}}), flush=True)
 time.sleep(600)
 """
-
-
-def read_line(proc: subprocess.Popen[str]) -> str:
-    assert proc.stdout is not None
-    with selectors.DefaultSelector() as selector:
-        selector.register(proc.stdout, selectors.EVENT_READ)
-        assert selector.select(GUARD), "no line from the child within the guard"
-    return proc.stdout.readline()
-
-
-@pytest.fixture
-def spawned() -> Iterator[list[int]]:
-    """Pids to kill after the test, whatever it asserted; our own children are reaped too."""
-    pids: list[int] = []
-    yield pids
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)
 
 
 def test_what_a_killed_executor_left_running_is_killed_by_its_successor(

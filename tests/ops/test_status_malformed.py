@@ -23,7 +23,7 @@ from async_local_executor.core.state import FinishedWorkload, LaunchFailure, Run
 from async_local_executor.ops import cli, overview
 from async_local_executor.ops.status import StatusWriter, status_path
 from async_local_executor.ops.status_read import read_all
-from tests.core.test_health import quiet
+from tests.states import quiet
 
 HOST = "scheduler-host"
 NAN, INF = float("nan"), float("inf")

@@ -18,7 +18,7 @@ import pytest
 
 from async_local_executor.core.cgroups import Limits, Mode
 from async_local_executor.core.proc_identity import start_ticks
-from async_local_executor.ops.containment import (
+from async_local_executor.ops.instance_cgroups import (
     LimitsUnavailable,
     instance_lives,
     instance_name,
@@ -121,7 +121,7 @@ def test_without_a_journal_an_instance_is_judged_by_its_owner_process(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Reclaimed already, as a crashed instance's journal is before its cgroups are looked at.
-    with caplog.at_level(logging.INFO, logger="async_local_executor.ops.containment"):
+    with caplog.at_level(logging.INFO, logger="async_local_executor.ops.instance_cgroups"):
         assert instance_lives(instance_name("0123456789ab"), tmp_path)
         assert not instance_lives(instance_name("0123456789ab", pid=_dead_pid()), tmp_path)
     assert "no launch journal" in caplog.records[-1].getMessage()
@@ -131,7 +131,7 @@ def test_a_journal_that_cannot_be_opened_keeps_its_instances_cgroups(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     (tmp_path / f"0123456789abcdef{SUFFIX}").mkdir()  # whatever it is, it may be a live one's
-    with caplog.at_level(logging.WARNING, logger="async_local_executor.ops.containment"):
+    with caplog.at_level(logging.WARNING, logger="async_local_executor.ops.instance_cgroups"):
         assert instance_lives(instance_name("0123456789abcdef", pid=_dead_pid()), tmp_path)
     [warning] = [record.getMessage() for record in caplog.records]
     assert "left alone" in warning
@@ -158,7 +158,7 @@ def test_start_kills_what_a_dead_instance_left_and_says_so(
     survivor = box.start("print('ready', flush=True)\nimport time\ntime.sleep(600)\n", left)
     assert read_line(survivor) == "ready"
 
-    with caplog.at_level(logging.INFO, logger="async_local_executor.ops.containment"):
+    with caplog.at_level(logging.INFO, logger="async_local_executor.ops.instance_cgroups"):
         containment = open_containment(
             "c0ffee", enabled=True, root=box.root, limits=Limits(), journals=tmp_path
         )

@@ -19,7 +19,7 @@ from async_local_executor.ops import overview
 from async_local_executor.ops.status import StatusWriter, status_path
 from async_local_executor.ops.status_read import STALE_AFTER, read_all
 from tests.core.helpers import py
-from tests.core.test_health import quiet
+from tests.states import quiet
 
 HOST = "scheduler-host"
 

@@ -28,7 +28,7 @@ from async_local_executor.ops.status import StatusWriter, document, read_all, st
 from tests.core import cgroup_helpers
 from tests.core.cgroup_helpers import MiB, Scratch, read_line
 from tests.core.helpers import py
-from tests.core.test_status_file import report as quiet_report
+from tests.states import quiet_report
 
 needs_cgroups = pytest.mark.skipif(bool(cgroup_helpers.unusable()), reason=cgroup_helpers.unusable())
 

@@ -20,7 +20,7 @@ from async_local_executor.ops import journal_file
 from async_local_executor.ops.journal import INSTANCE_ENV, SUFFIX, LaunchJournal, reclaim
 from async_local_executor.ops.status import walk_trees
 from tests.core.helpers import alive
-from tests.core.test_registry import SLEEP, read_line, spawned  # noqa: F401 - spawned is a fixture
+from tests.processes import SLEEP, read_line
 
 # A workload that starts a process which escapes everything but the journal: no mark in its environment
 # (env -i), a session and group of its own (setsid). It prints that process's pid once the process runs
@@ -70,7 +70,7 @@ time.sleep(600)
 
 def test_a_descendant_that_dropped_the_mark_and_left_the_session_is_killed_by_the_successor(
     tmp_path: Path,
-    spawned: list[int],  # noqa: F811 - the fixture
+    spawned: list[int],
 ) -> None:
     state, elsewhere = tmp_path / "state", tmp_path / "status"
     state.mkdir()
@@ -99,7 +99,7 @@ def test_a_descendant_that_dropped_the_mark_and_left_the_session_is_killed_by_th
 
 def test_a_seen_pid_is_killed_only_while_it_runs_as_the_process_that_was_seen(
     tmp_path: Path,
-    spawned: list[int],  # noqa: F811 - the fixture
+    spawned: list[int],
 ) -> None:
     matching, stranger, of_an_ended_launch = (subprocess.Popen(SLEEP) for _ in range(3))
     spawned += [matching.pid, stranger.pid, of_an_ended_launch.pid]
@@ -168,7 +168,7 @@ def test_only_new_descendants_of_running_launches_are_recorded_and_an_exit_drops
 def test_a_launchs_descendants_are_bounded_and_those_gone_make_room(
     journal: LaunchJournal,
     monkeypatch: pytest.MonkeyPatch,
-    spawned: list[int],  # noqa: F811 - the fixture
+    spawned: list[int],
 ) -> None:
     monkeypatch.setattr(registry, "_SEEN_PER_LAUNCH", 2)
     me = os.getpid()
@@ -224,7 +224,7 @@ PARENT = (
 
 
 def test_the_walk_names_each_workloads_descendants_with_their_start_times(
-    spawned: list[int],  # noqa: F811 - the fixture
+    spawned: list[int],
 ) -> None:
     parent = subprocess.Popen([sys.executable, "-c", PARENT, *SLEEP], stdout=subprocess.PIPE, text=True)
     spawned.append(parent.pid)

@@ -17,16 +17,15 @@ from typing import Any
 import psutil
 import pytest
 
-from async_local_executor.core.health import Health, Report, Verdict
 from async_local_executor.core.proc_identity import start_ticks
-from async_local_executor.core.state import SupervisorState
 from async_local_executor.ops import cli, files, recovery
 from async_local_executor.ops.journal import LaunchJournal
 from async_local_executor.ops.journal_file import SUFFIX
 from async_local_executor.ops.status import START_KEY, START_TICKS_KEY, StatusWriter, read_all, status_path
 from tests.core.clock_step import step_wall_clock
 from tests.core.helpers import GUARD
-from tests.core.test_registry import SLEEP, read_line
+from tests.processes import SLEEP, read_line
+from tests.states import quiet_report as report
 
 # Above the kernel's largest pid (pid_max is at most 2**22): a pid of another namespace, not of ours.
 FOREIGN_PID = 2**22 + 7
@@ -41,24 +40,6 @@ journal = LaunchJournal.open(Path(sys.argv[1]), owner="other namespace")
 print(journal.instance, flush=True)
 time.sleep(600)
 """
-
-
-def report() -> Report:
-    state = SupervisorState(
-        running=(),
-        waiting=0,
-        oldest_waiting_since=None,
-        memory_low=False,
-        memory_floor=0,
-        available_memory=None,
-        launcher_problem=None,
-        recent_failures=(),
-        last_launched_at=None,
-        launched_total=0,
-        memory_waits_total=0,
-        outcomes_total={},
-    )
-    return Report(time.monotonic(), 0.0, 0.0, Health(Verdict.HEALTHY), state)
 
 
 def write(directory: Path, instance: str, **meta: Any) -> Path:

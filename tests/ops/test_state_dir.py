@@ -21,8 +21,8 @@ from async_local_executor.ops.reclaim import reclaim
 from async_local_executor.ops.state_dir import UnsafeStateDir
 from async_local_executor.ops.status import StatusWriter, status_path
 from tests.core.helpers import alive
-from tests.core.test_health import quiet
-from tests.core.test_registry import SLEEP
+from tests.processes import SLEEP
+from tests.states import quiet
 
 NOBODY = 65534
 
