@@ -88,7 +88,7 @@ demo: install
 # docstrings) are generated; tests check both are current.
 docs: install
 	$(BIN)/python -m async_local_executor.adapter.provider > docs/configuration.md
-	$(BIN)/python -m tests.packaging.module_map
+	$(BIN)/python -m tests.packaging.design_doc
 
 # Quick profile (about 20 minutes on 2 cores): refreshes docs/benchmarks.md and its charts.
 bench: install
