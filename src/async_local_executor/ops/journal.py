@@ -1,29 +1,20 @@
 """A record, on disk, of the processes an executor launched, so that its successor can clean up after it.
 
-The parent-death chain (:mod:`async_local_executor.core.lifeline`) ends a killed scheduler's task processes
-within seconds. A process that left both our process groups and that chain runs on, though: a daemon a
-task started with ``setsid``, or the shell of a BashOperator (Airflow starts it in a session of its
-own). If it outlives a crash, a restarted scheduler would start the same try again beside it. So each
-executor instance
+Rule: every process a launch starts is accounted for by a dead instance's successor, even one that left
+our process groups and the parent-death chain (a daemon started with ``setsid``, a BashOperator's shell).
+So each executor instance
 
 - marks every process it launches with ``ASYNC_LOCAL_EXECUTOR_INSTANCE=<instance id>`` in the
   environment, which descendants inherit;
 - appends a line per launch (pid, process start in clock ticks since boot, key) and per exit to a
   journal file, 0600, that it holds an exclusive ``flock`` on for its whole life (the kernel drops the
   lock when the process dies, however it dies);
-
 - appends a line per descendant of a running launch that the status file's walk of the process trees
-  sees (pid and start time, see :meth:`LaunchJournal.seen`): one that then drops the mark (``env -i``)
-  and leaves the launch's group and session (``setsid``) is still named;
+  sees (pid and start time, see :meth:`LaunchJournal.seen`), so one that drops the mark and leaves the
+  launch's session is still named;
 
-and an executor that starts calls :func:`reclaim` before it launches anything: every journal whose lock
-is free belonged to a dead instance, and every process still carrying that instance's mark, or still
-running under a recorded pid with the recorded start time, is killed. Nothing of this knows Airflow.
-
-Survivors are killed, not adopted: by the time a successor starts, whatever ran in the dead instance's
-tree has lost its supervisor (the parent-death chain killed it), so a survivor is a fragment of a task,
-not a task that can report back; and a process we did not fork cannot be waited on or have its output
-read. The scheduler then resets the task instance and its retries decide what happens next.
+and an executor that starts calls :func:`reclaim` before it launches anything, which kills what a dead
+instance left (docs/design.md, "Survivors are killed, not adopted", says why). Nothing here knows Airflow.
 """
 
 from __future__ import annotations
