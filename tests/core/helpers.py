@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import sys
 import threading
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 
 import anyio
 import psutil
@@ -71,15 +73,17 @@ class Recorder:
 class FakeClock:
     """A :class:`~async_local_executor.core.clock.Clock` whose time moves only when the test advances it.
 
-    Sleepers on any event loop (the executor's loop thread included) wake when an advance passes their
-    deadline; a test waits for a sleeper to be parked before it advances, so nothing depends on timing.
+    Sleepers and ``move_on_after`` timeouts on any event loop (the executor's loop thread included) fire
+    when an advance passes their deadline; a test waits for one to be parked before it advances, so
+    nothing depends on timing.
     """
 
     def __init__(self, monotonic: float = 1_000.0, wall: float = 1_800_000_000.0) -> None:
         self._lock = threading.Condition()
         self._now = monotonic
         self._wall_offset = wall - monotonic
-        self._sleepers: list[tuple[float, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        # (deadline, loop, what to call on that loop when the deadline passes)
+        self._sleepers: list[tuple[float, asyncio.AbstractEventLoop, Callable[[], object]]] = []
 
     def monotonic(self) -> float:
         with self._lock:
@@ -92,21 +96,25 @@ class FakeClock:
     async def sleep(self, seconds: float) -> None:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
-        with self._lock:
-            entry = (self._now + max(0.0, seconds), loop, future)
-            self._sleepers.append(entry)
-            self._lock.notify_all()
-        if seconds <= 0:
-            self._wake_due()
+        entry = self._park(seconds, loop, functools.partial(_resolve, future))
         try:
             await future
         finally:
-            with self._lock:
-                if entry in self._sleepers:
-                    self._sleepers.remove(entry)
+            self._unpark(entry)
+
+    @contextmanager
+    def move_on_after(self, seconds: float, shield: bool = False) -> Iterator[anyio.CancelScope]:
+        loop = asyncio.get_running_loop()
+        with anyio.CancelScope(shield=shield) as scope:
+            entry = self._park(seconds, loop, scope.cancel)
+            try:
+                yield scope
+            finally:
+                self._unpark(entry)
 
     @property
     def sleeping(self) -> int:
+        """Sleepers and timeouts parked on this clock."""
         with self._lock:
             return len(self._sleepers)
 
@@ -116,7 +124,7 @@ class FakeClock:
         self._wake_due()
 
     def wait_for_sleepers(self, count: int = 1, guard: float = GUARD) -> None:
-        """Block (the calling thread) until ``count`` sleepers are parked on this clock."""
+        """Block (the calling thread) until ``count`` sleepers or timeouts are parked on this clock."""
         with self._lock:
             assert self._lock.wait_for(lambda: len(self._sleepers) >= count, guard), "no sleeper parked"
 
@@ -124,13 +132,29 @@ class FakeClock:
         """The same, from a coroutine: waits on a worker thread so the loop keeps running."""
         await anyio.to_thread.run_sync(self.wait_for_sleepers, count, guard)
 
+    def _park(
+        self, seconds: float, loop: asyncio.AbstractEventLoop, fire: Callable[[], object]
+    ) -> tuple[float, asyncio.AbstractEventLoop, Callable[[], object]]:
+        with self._lock:
+            entry = (self._now + max(0.0, seconds), loop, fire)
+            self._sleepers.append(entry)
+            self._lock.notify_all()
+        if seconds <= 0:
+            self._wake_due()
+        return entry
+
+    def _unpark(self, entry: tuple[float, asyncio.AbstractEventLoop, Callable[[], object]]) -> None:
+        with self._lock:
+            if entry in self._sleepers:
+                self._sleepers.remove(entry)
+
     def _wake_due(self) -> None:
         with self._lock:
             due = [s for s in self._sleepers if s[0] <= self._now]
             for entry in due:
                 self._sleepers.remove(entry)
-        for _, loop, future in due:
-            loop.call_soon_threadsafe(_resolve, future)
+        for _, loop, fire in due:
+            loop.call_soon_threadsafe(fire)
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

@@ -33,6 +33,39 @@ async def test_a_sleeper_wakes_only_when_time_passes_its_deadline() -> None:
     assert clock.sleeping == 0
 
 
+@pytest.mark.asyncio
+async def test_a_timeout_fires_only_when_time_passes_its_deadline() -> None:
+    clock = FakeClock()
+    with clock.move_on_after(5.0) as outer:
+        with clock.move_on_after(3.0, shield=True) as shielded:
+            advanced = False
+
+            async def advance_when_parked() -> None:
+                nonlocal advanced
+                await clock.sleepers(2)
+                clock.advance(2.9)
+                await anyio.wait_all_tasks_blocked()
+                assert not shielded.cancel_called
+                clock.advance(0.1)
+                advanced = True
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(advance_when_parked)
+                await anyio.sleep_forever()
+        assert advanced and shielded.cancelled_caught
+        assert not outer.cancel_called
+    assert clock.sleeping == 0
+
+
+def test_the_system_clock_times_out_on_real_time() -> None:
+    async def main() -> bool:
+        with SYSTEM.move_on_after(0.01) as scope:
+            await anyio.sleep_forever()
+        return scope.cancelled_caught
+
+    assert anyio.run(main)
+
+
 def test_a_sleeper_on_another_threads_loop_is_woken_from_this_one() -> None:
     clock = FakeClock()
     start = clock.monotonic()

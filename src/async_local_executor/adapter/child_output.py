@@ -23,7 +23,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 from async_local_executor.core.clock import SYSTEM, Clock
-from async_local_executor.core.launchers.forkserver import HELPER_KEY
+from async_local_executor.core.launchers.base import HELPER_KEY
 
 log = logging.getLogger("async_local_executor.child")
 

@@ -7,6 +7,7 @@ Every core component takes a :class:`Clock` (default :data:`SYSTEM`), so a test 
 from __future__ import annotations
 
 import time
+from contextlib import AbstractContextManager
 from typing import Protocol
 
 import anyio
@@ -25,6 +26,13 @@ class Clock(Protocol):
         """Wait ``seconds`` of this clock's monotonic time."""
         ...
 
+    def move_on_after(self, seconds: float, shield: bool = False) -> AbstractContextManager[anyio.CancelScope]:
+        """A cancel scope cancelled once ``seconds`` of this clock's monotonic time have passed.
+
+        Every timeout in the core goes through here, so a fake clock drives them all.
+        """
+        ...
+
 
 class SystemClock:
     def monotonic(self) -> float:
@@ -35,6 +43,9 @@ class SystemClock:
 
     async def sleep(self, seconds: float) -> None:
         await anyio.sleep(seconds)
+
+    def move_on_after(self, seconds: float, shield: bool = False) -> AbstractContextManager[anyio.CancelScope]:
+        return anyio.move_on_after(seconds, shield=shield)
 
 
 SYSTEM: Clock = SystemClock()

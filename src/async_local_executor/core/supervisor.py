@@ -171,7 +171,7 @@ class Supervisor:
     async def shutdown(self, wait: float) -> None:
         """Stop accepting, give running workloads ``wait`` seconds to finish, then stop the rest."""
         self._accepting = False
-        with anyio.move_on_after(wait):
+        with self._clock.move_on_after(wait):
             await self._idle.wait()
         for tracked in list(self._tracked.values()):
             self._stop(tracked, "executor shut down")

@@ -15,6 +15,9 @@ from async_local_executor.core.errors import LaunchError
 OutputSink = Callable[[Hashable, str], None]
 """Receives each line a child writes to stdout or stderr, with the key of the workload."""
 
+HELPER_KEY = "fork-server"
+"""The key an :data:`OutputSink` receives with a launcher's own lines (its helper's), not a workload's."""
+
 
 @dataclass(frozen=True)
 class LaunchRequest:

@@ -32,18 +32,12 @@ from async_local_executor.core.errors import LaunchError
 from async_local_executor.core.launchers.base import Child, Launcher, LaunchRequest, OutputSink
 from async_local_executor.core.launchers.forkserver_channel import MessageTooLarge
 from async_local_executor.core.launchers.forkserver_learning import Learning, describe
-from async_local_executor.core.launchers.forkserver_process import (
-    HELPER_KEY,
-    HelperDied,
-    HelperProcess,
-    HelperUnfit,
-)
+from async_local_executor.core.launchers.forkserver_process import HelperDied, HelperProcess, HelperUnfit
 from async_local_executor.core.launchers.forkserver_protocol import BUFFER
 from async_local_executor.core.launchers.forkserver_start import HelperSpec, LearnedModuleFailed, start_helper
 from async_local_executor.core.launchers.output import discard
 
-# HELPER_KEY stays importable from here: it names the launcher's own output to the sink.
-__all__ = ["HELPER_KEY", "RESTART_DELAY_MAX", "ForkServerLauncher"]
+__all__ = ["RESTART_DELAY_MAX", "ForkServerLauncher"]
 
 log = logging.getLogger(__name__)
 

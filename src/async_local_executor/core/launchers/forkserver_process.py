@@ -24,7 +24,7 @@ import psutil
 
 from async_local_executor.core.clock import SYSTEM, Clock
 from async_local_executor.core.errors import LaunchError
-from async_local_executor.core.launchers.base import LaunchRequest, OutputSink
+from async_local_executor.core.launchers.base import HELPER_KEY, LaunchRequest, OutputSink
 from async_local_executor.core.launchers.forkserver_channel import Channel, ChannelClosed
 from async_local_executor.core.launchers.forkserver_child import ForkServerChild
 from async_local_executor.core.launchers.output import LineSplitter, drain_stream
@@ -32,7 +32,6 @@ from async_local_executor.core.launchers.output import LineSplitter, drain_strea
 # The whole fork-server path logs under the launcher's name, as it did when it was one module.
 log = logging.getLogger("async_local_executor.core.launchers.forkserver")
 
-HELPER_KEY = "fork-server"  # the key the helper's own output is logged under
 # How long a helper's explanation is awaited for a child whose control socket closed without a pid.
 EXPLANATION_WAIT = 10.0
 
