@@ -11,8 +11,8 @@ import pytest
 from async_local_executor.core.launchers.base import LaunchRequest
 from async_local_executor.core.launchers.forkserver import ForkServerLauncher
 from async_local_executor.core.launchers.subprocess import SubprocessLauncher
+from async_local_executor.core.stopping import TerminationPolicy
 from async_local_executor.core.supervisor import Supervisor
-from async_local_executor.core.termination import TerminationPolicy
 from tests.core.helpers import Recorder
 
 

@@ -21,8 +21,8 @@ from async_local_executor.core.launchers.base import Launcher, LaunchRequest
 from async_local_executor.core.launchers.forkserver import ForkServerLauncher
 from async_local_executor.core.launchers.subprocess import SubprocessLauncher
 from async_local_executor.core.outcome import OutcomeKind, Times
+from async_local_executor.core.stopping import TerminationPolicy
 from async_local_executor.core.supervisor import Supervisor
-from async_local_executor.core.termination import TerminationPolicy
 from tests.core.helpers import GUARD, FakeClock, Recorder, py
 
 pytestmark = pytest.mark.asyncio

@@ -3,7 +3,7 @@
 ``idle``, ``normal`` or a nice increment are the operator's setting for every workload, applied by the
 workload process itself, first thing, before it starts any thread or process (Linux priorities are per
 thread and inherited), for its whole life. ``auto`` is decided per workload by the scheduler
-(``core/crowd.py``): a workload that starts in a crowd is put in ``SCHED_IDLE`` from outside, with what
+(``core/launchers/crowd.py``): a workload that starts in a crowd is put in ``SCHED_IDLE`` from outside, with what
 lets it leave that class again (:func:`lower`), and put back when the crowd ends (:func:`restore`).
 An unprivileged process may enter ``SCHED_IDLE`` but leave it only within its ``RLIMIT_NICE``.
 """

@@ -6,12 +6,14 @@ tested without processes or an event loop.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import signal
 from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import TypeAlias
 
+from async_local_executor.core.cgroups.limits import format_bytes
 from async_local_executor.core.errors import ChildLost, LaunchError
 
 
@@ -116,3 +118,17 @@ def internal_error(key: Hashable, error: Exception, *, launched: bool) -> Outcom
     """
     kind = OutcomeKind.LOST if launched else OutcomeKind.LAUNCH_FAILED
     return Outcome(key, kind, reason=f"internal error: {error!r}")
+
+
+def with_cleanup(outcome: Outcome, cleanup: Cleanup | None) -> Outcome:
+    """``outcome`` with what its cgroup says (an OOM kill's reason, the leftovers killed); as is without one."""
+    if cleanup is None:
+        return outcome
+    reason = outcome.reason
+    if cleanup.oom_kills:
+        limit = cleanup.memory_limit
+        what = f"memory limit {format_bytes(limit)} exceeded" if limit is not None else "out of memory"
+        reason = f"killed by the kernel: {what}" + (f" ({reason})" if reason else "")
+    if cleanup.killed and not outcome.ok:
+        reason += f"; {cleanup.killed} leftover processes killed"
+    return dataclasses.replace(outcome, reason=reason, cleanup=cleanup)

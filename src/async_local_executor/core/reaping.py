@@ -11,14 +11,14 @@ import logging
 
 import anyio
 
+from async_local_executor.core.clock import Clock
 from async_local_executor.core.errors import ChildLost
 from async_local_executor.core.launchers.base import Child
 
 log = logging.getLogger(__name__)
 
 # How long a process killed after an internal error may take to be awaited. Killed, it exits at once;
-# awaiting it also waits (bounded by the launcher) for its output to reach EOF. Real seconds: it bounds
-# a real wait, which an injected clock could neither shorten nor lengthen.
+# awaiting it also waits (bounded by the launcher) for its output to reach EOF.
 ABANDONED_REAP = 10.0
 
 
@@ -34,14 +34,15 @@ async def reap(child: Child) -> int | ChildLost:
     return status
 
 
-async def reap_abandoned(child: Child, label: str) -> None:
+async def reap_abandoned(child: Child, label: str, clock: Clock) -> None:
     """Await ``child`` (already killed, its outcome already reported) so that what it holds is released.
 
     Nothing it does here can reach the workload's outcome any more, so a failure is only logged.
 
     :param label: names the workload in the log
+    :param clock: what the bound of :data:`ABANDONED_REAP` seconds is measured on
     """
-    with anyio.move_on_after(ABANDONED_REAP, shield=True) as scope:
+    with clock.move_on_after(ABANDONED_REAP, shield=True) as scope:
         try:
             await child.wait()
         except Exception:

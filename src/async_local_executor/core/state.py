@@ -9,6 +9,7 @@ from typing import Any
 
 from async_local_executor.core.admission import Admission
 from async_local_executor.core.cgroups.group import WorkloadCgroup
+from async_local_executor.core.launchers.base import LauncherReport
 from async_local_executor.core.outcome import Outcome, OutcomeKind
 
 # Launch failures kept for the health check and the status report.
@@ -97,15 +98,15 @@ class Tally:
 
 
 def snapshot(
+    *,
     running: tuple[RunningWorkload, ...],
     waiting: int,
     oldest_waiting_since: float | None,
     admission: Admission,
     tally: Tally,
-    launcher_problem: str | None,
-    launcher_state: str | None = None,
-    preload: Mapping[str, Any] | None = None,
+    launcher: LauncherReport,
 ) -> SupervisorState:
+    """The supervisor's state now, from its own records and its launcher's report."""
     return SupervisorState(
         running=running,
         waiting=waiting,
@@ -113,13 +114,13 @@ def snapshot(
         memory_low=admission.memory_low,
         memory_floor=admission.memory_floor,
         available_memory=admission.last_available,
-        launcher_problem=launcher_problem,
+        launcher_problem=launcher.problem,
         recent_failures=tuple(tally.failures),
         launched_total=tally.launched_total,
         last_launched_at=tally.last_launched_at,
         memory_waits_total=admission.memory_waits_total,
         outcomes_total=dict(tally.outcomes_total),
         recent_finished=tuple(tally.finished_recently),
-        launcher_state=launcher_state,
-        preload=preload,
+        launcher_state=launcher.description,
+        preload=launcher.preload,
     )

@@ -5,9 +5,9 @@ with an opaque key, and the result is an :class:`Outcome`. Every method here mus
 loop's own thread; :mod:`async_local_executor.core.runtime` is what crosses threads.
 
 The parts live beside it: who may launch (:mod:`.admission`), how a workload is stopped
-(:mod:`.escalation`), its run-time limit (:mod:`.timeouts`), awaiting its process (:mod:`.reaping`),
-what its end means (:mod:`.outcome`), and its phases (:mod:`.lifecycle`). This module sequences them
-for each workload.
+and its run-time limit (:mod:`.stopping`), awaiting its process (:mod:`.reaping`),
+what its end means (:mod:`.outcome`), its phases (:mod:`.lifecycle`) and its record
+(:mod:`.workload`). This module sequences them for each workload.
 """
 
 from __future__ import annotations
@@ -25,9 +25,7 @@ import anyio.abc
 
 from async_local_executor.core.admission import Admission, host_available_memory
 from async_local_executor.core.clock import SYSTEM, Clock
-from async_local_executor.core.contained import contained_outcome
 from async_local_executor.core.errors import LaunchError
-from async_local_executor.core.escalation import escalate
 from async_local_executor.core.launchers.base import Child, Launcher, LaunchRequest
 from async_local_executor.core.lifecycle import Phase, Step
 from async_local_executor.core.outcome import (
@@ -36,12 +34,12 @@ from async_local_executor.core.outcome import (
     Times,
     classify,
     internal_error,
+    with_cleanup,
 )
 from async_local_executor.core.reaping import reap, reap_abandoned
 from async_local_executor.core.state import RunningWorkload, SupervisorState, Tally, snapshot
-from async_local_executor.core.termination import TerminationPolicy
-from async_local_executor.core.timeouts import Deadline
-from async_local_executor.core.tracked import Tracked
+from async_local_executor.core.stopping import Deadline, TerminationPolicy, escalate
+from async_local_executor.core.workload import Workload
 
 __all__ = ["Listener", "Supervisor"]
 
@@ -99,7 +97,7 @@ class Supervisor:
         self._policy = policy or TerminationPolicy()
         self._clock = clock
         self._tally = Tally()
-        self._tracked: dict[int, Tracked] = {}
+        self._workloads: dict[int, Workload] = {}
         self._serials = itertools.count()
         self._accepting = True
         self._idle = anyio.Event()
@@ -110,29 +108,29 @@ class Supervisor:
     @property
     def in_flight(self) -> int:
         """Workloads accepted and not finished."""
-        return len(self._tracked)
+        return len(self._workloads)
 
     def state(self) -> SupervisorState:
         """A snapshot for health checks and status reports. Loop thread only; O(workloads)."""
         running: list[RunningWorkload] = []
         waiting = 0
         oldest: float | None = None
-        for tracked in self._tracked.values():
-            child, launched = tracked.child, tracked.launched
+        for workload in self._workloads.values():
+            child, launched = workload.child, workload.launched
             if child is not None and launched is not None:
-                cgroup = getattr(child, "cgroup", None)
                 running.append(
-                    RunningWorkload(tracked.label, child.pid, launched, tracked.request.group, cgroup)
+                    RunningWorkload(workload.label, child.pid, launched, workload.request.group, child.cgroup)
                 )
-            elif not tracked.life.finished:
+            elif not workload.lifecycle.finished:
                 waiting += 1
-                oldest = tracked.accepted if oldest is None else min(oldest, tracked.accepted)
-        launcher = self._launcher
-        problem = getattr(launcher, "problem", None)
-        described = getattr(launcher, "state", None)
-        preload = getattr(launcher, "preload", None)
+                oldest = workload.accepted if oldest is None else min(oldest, workload.accepted)
         return snapshot(
-            tuple(running), waiting, oldest, self._admission, self._tally, problem, described, preload
+            running=tuple(running),
+            waiting=waiting,
+            oldest_waiting_since=oldest,
+            admission=self._admission,
+            tally=self._tally,
+            launcher=self._launcher.report(),
         )
 
     async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -147,25 +145,27 @@ class Supervisor:
         """Accept one workload; its outcome always arrives through the listener, exactly once."""
         if self._tg is None:
             raise RuntimeError("supervisor is not serving")
-        tracked = Tracked(request, accepted=self._clock.time())
+        workload = Workload(request, accepted=self._clock.time())
         if not self._accepting:
-            tracked.stop_reason = "executor is shutting down"
-            self._end(tracked, None, Step.DROP)
+            workload.stop_reason = "executor is shutting down"
+            self._end(workload, None, Step.DROP)
             return
         serial = next(self._serials)
-        self._tracked[serial] = tracked
+        self._workloads[serial] = workload
         if self._idle.is_set():
             self._idle = anyio.Event()
-        self._tg.start_soon(self._supervise, serial, tracked, name=f"workload {request.label or request.key}")
+        self._tg.start_soon(
+            self._supervise, serial, workload, name=f"workload {request.label or request.key}"
+        )
 
     def stop(self, key: Hashable, reason: str) -> int:
         """Stop every workload with ``key``: drop it if it has no slot yet, else terminate it.
 
         :return: how many workloads were affected
         """
-        matches = [t for t in self._tracked.values() if t.request.key == key]
-        for tracked in matches:
-            self._stop(tracked, reason)
+        matches = [w for w in self._workloads.values() if w.request.key == key]
+        for workload in matches:
+            self._stop(workload, reason)
         return len(matches)
 
     async def shutdown(self, wait: float) -> None:
@@ -173,109 +173,110 @@ class Supervisor:
         self._accepting = False
         with self._clock.move_on_after(wait):
             await self._idle.wait()
-        for tracked in list(self._tracked.values()):
-            self._stop(tracked, "executor shut down")
+        for workload in list(self._workloads.values()):
+            self._stop(workload, "executor shut down")
         await self._idle.wait()
         self._closed.set()
 
-    async def _supervise(self, serial: int, tracked: Tracked) -> None:
+    async def _supervise(self, serial: int, workload: Workload) -> None:
         try:
-            with tracked.scope:
-                async with self._admission.slot(tracked.request):
-                    if tracked.life.finished:  # dropped before this task first ran
+            with workload.scope:
+                async with self._admission.slot(workload.request):
+                    if workload.lifecycle.finished:  # dropped before this task first ran
                         return
-                    await self._admission.wait_for_memory(tracked.request)
-                    tracked.life.advance(Step.ADMIT)
-                    child = await self._launch(tracked)
+                    await self._admission.wait_for_memory(workload.request)
+                    workload.lifecycle.advance(Step.ADMIT)
+                    child = await self._launch(workload)
                     if child is not None:
-                        tracked.reaping = True
+                        workload.exit_awaited = True
                         status = await reap(child)
-                        tracked.exited.set()
-                        self._end(tracked, status, Step.EXIT)
+                        workload.exited.set()
+                        self._end(workload, status, Step.EXIT)
         except Exception as exc:
             # A bug of ours or the launcher's must still end in a final event, not in silence.
-            log.exception("supervising workload %s failed", tracked.label)
+            log.exception("supervising workload %s failed", workload.label)
             try:
-                self._abandon(tracked, exc)
+                self._abandon(workload, exc)
             except Exception:
-                log.exception("reporting the internal error of workload %s failed too", tracked.label)
-            if tracked.child is not None and not tracked.reaping:
+                log.exception("reporting the internal error of workload %s failed too", workload.label)
+            if workload.child is not None and not workload.exit_awaited:
                 # Killed by _abandon, its outcome reported: awaited only so its pipes are closed.
-                await reap_abandoned(tracked.child, tracked.label)
+                await reap_abandoned(workload.child, workload.label, self._clock)
         finally:
-            if tracked.deadline is not None:
-                tracked.deadline.cancel()  # else a long timeout's timer would hold up shutdown
-            self._tracked.pop(serial, None)
-            if not self._tracked:
+            if workload.deadline is not None:
+                workload.deadline.cancel()  # else a long timeout's timer would hold up shutdown
+            self._workloads.pop(serial, None)
+            if not self._workloads:
                 self._idle.set()
 
-    async def _launch(self, tracked: Tracked) -> Child | None:
+    async def _launch(self, workload: Workload) -> Child | None:
         """Start the process and arm its stop or its timeout; None if it could not be started."""
-        request = tracked.request
+        request = workload.request
         try:
             child = await self._launcher.launch(request)
         except LaunchError as exc:
-            self._end(tracked, exc, Step.LAUNCH_FAILED)
+            self._end(workload, exc, Step.LAUNCH_FAILED)
             return None
-        tracked.child = child
-        tracked.launched = now = self._clock.time()
+        workload.child = child
+        workload.launched = now = self._clock.time()
         self._tally.launched(now)
-        tracked.life.advance(Step.LAUNCHED)
+        workload.lifecycle.advance(Step.LAUNCHED)
         self._listener.started(request.key, child.pid)
-        if tracked.stop_reason is not None:  # stopped while it was launching
-            self._terminate(tracked)
+        if workload.stop_reason is not None:  # stopped while it was launching
+            self._terminate(workload)
         elif request.timeout is not None:
             assert self._tg is not None
-            tracked.deadline = Deadline(
+            workload.deadline = Deadline(
                 request.timeout,
                 clock=self._clock,
-                exited=tracked.exited,
-                expire=lambda reason: self._stop(tracked, reason),
+                exited=workload.exited,
+                expire=lambda reason: self._stop(workload, reason),
                 label=request.label or request.key,
             )
-            self._tg.start_soon(tracked.deadline.run)
+            self._tg.start_soon(workload.deadline.run)
         return child
 
-    def _stop(self, tracked: Tracked, reason: str) -> None:
-        if tracked.stop_reason is not None:
+    def _stop(self, workload: Workload, reason: str) -> None:
+        if workload.stop_reason is not None:
             return
-        tracked.stop_reason = reason
-        phase = tracked.life.phase
+        workload.stop_reason = reason
+        phase = workload.lifecycle.phase
         if phase is Phase.QUEUED:
-            tracked.scope.cancel()
-            self._end(tracked, None, Step.DROP)
+            workload.scope.cancel()
+            self._end(workload, None, Step.DROP)
         elif phase is Phase.RUNNING:
-            self._terminate(tracked)
+            self._terminate(workload)
         # LAUNCHING: _launch terminates it as soon as the launch returns.
 
-    def _terminate(self, tracked: Tracked) -> None:
-        tracked.life.advance(Step.TERMINATE)
+    def _terminate(self, workload: Workload) -> None:
+        workload.lifecycle.advance(Step.TERMINATE)
         assert self._tg is not None
-        assert tracked.child is not None
-        label = tracked.request.label or tracked.request.key
-        self._tg.start_soon(escalate, tracked.child, tracked.exited, self._policy, self._clock, label)
+        assert workload.child is not None
+        label = workload.request.label or workload.request.key
+        self._tg.start_soon(escalate, workload.child, workload.exited, self._policy, self._clock, label)
 
-    def _abandon(self, tracked: Tracked, error: Exception) -> None:
-        if tracked.life.finished:
+    def _abandon(self, workload: Workload, error: Exception) -> None:
+        if workload.lifecycle.finished:
             return
-        child = tracked.child
-        if child is not None and not tracked.exited.is_set():
+        child = workload.child
+        if child is not None and not workload.exited.is_set():
             # It runs with nothing left to reap it or report its exit: kill its group, so the task is
             # not still running (and reporting) after its final event says failed.
             with contextlib.suppress(OSError):
                 child.signal(signal.SIGKILL)
         self._finish(
-            tracked, internal_error(tracked.request.key, error, launched=child is not None), Step.ABANDON
+            workload, internal_error(workload.request.key, error, launched=child is not None), Step.ABANDON
         )
 
-    def _end(self, tracked: Tracked, status: ExitStatus, step: Step) -> None:
-        outcome = classify(tracked.request.key, status, tracked.stop_reason)
-        # A contained child (core.contained) knows, once awaited, what its cgroup held and used.
-        self._finish(tracked, contained_outcome(outcome, getattr(tracked.child, "cleanup", None)), step)
+    def _end(self, workload: Workload, status: ExitStatus, step: Step) -> None:
+        outcome = classify(workload.request.key, status, workload.stop_reason)
+        # A contained child knows, once awaited, what its cgroup held and used.
+        cleanup = workload.child.cleanup if workload.child is not None else None
+        self._finish(workload, with_cleanup(outcome, cleanup), step)
 
-    def _finish(self, tracked: Tracked, outcome: Outcome, step: Step) -> None:
-        tracked.life.advance(step)
+    def _finish(self, workload: Workload, outcome: Outcome, step: Step) -> None:
+        workload.lifecycle.advance(step)
         now = self._clock.time()
-        outcome = dataclasses.replace(outcome, times=Times(tracked.accepted, tracked.launched, now))
-        self._tally.finished(outcome, tracked.label, now)
+        outcome = dataclasses.replace(outcome, times=Times(workload.accepted, workload.launched, now))
+        self._tally.finished(outcome, workload.label, now)
         self._listener.finished(outcome)

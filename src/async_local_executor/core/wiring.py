@@ -13,21 +13,21 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from async_local_executor.core import crowd
 from async_local_executor.core.admission import MB
 from async_local_executor.core.cgroups import Containment, Limits
 from async_local_executor.core.clock import SYSTEM, Clock
-from async_local_executor.core.contained import ContainedLauncher
 from async_local_executor.core.health import Probe, Report, Thresholds
 from async_local_executor.core.imports.learned import Learned
+from async_local_executor.core.launchers import crowd
 from async_local_executor.core.launchers.base import Launcher, OutputSink
+from async_local_executor.core.launchers.contained import ContainedLauncher
 from async_local_executor.core.launchers.forkserver import ForkServerLauncher
 from async_local_executor.core.launchers.forkserver_learning import Learning
 from async_local_executor.core.launchers.subprocess import SubprocessLauncher
 from async_local_executor.core.prefetch import PrefetchBudget
 from async_local_executor.core.runtime import Runtime, uvloop_available
+from async_local_executor.core.stopping import TerminationPolicy
 from async_local_executor.core.supervisor import Listener, Supervisor
-from async_local_executor.core.termination import TerminationPolicy
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class Plan:
     limits: Limits = Limits()  # noqa: RUF009 - frozen
     kill_leftovers: bool = True
     crowd: bool = False
-    """Lower the CPU share of workloads that start in a crowd, until it ends (``core/crowd.py``)."""
+    """Lower the CPU share of workloads that start in a crowd, until it ends (``core/launchers/crowd.py``)."""
 
     def __post_init__(self) -> None:
         if self.launcher not in LAUNCHERS:
@@ -134,7 +134,7 @@ def wire(
 
     def make_supervisor() -> Supervisor:
         # Built on the loop thread: anyio objects bind to the loop that creates them.
-        launcher: Launcher = SubprocessLauncher(output=output, env=env)
+        launcher: Launcher = SubprocessLauncher(output=output, env=env, clock=clock)
         if plan.launcher == "forkserver":
             learning = None
             if plan.learn_dir:

@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Protocol
+from typing import Any, Protocol
 
 from typing_extensions import Self
 
+from async_local_executor.core.cgroups.group import WorkloadCgroup
 from async_local_executor.core.cgroups.limits import Limits
 from async_local_executor.core.errors import LaunchError
+from async_local_executor.core.outcome import Cleanup
 
 OutputSink = Callable[[Hashable, str], None]
 """Receives each line a child writes to stdout or stderr, with the key of the workload."""
@@ -36,7 +38,7 @@ class LaunchRequest:
     :param source: a Python file the workload will run (an Airflow task's DAG file); a launcher that
         learns what workloads import reads its top-level imports
     :param low_cpu: it starts in a crowd: a contained launcher gives its cgroup the lowest CPU weight
-        (see ``core/crowd.py``, which asks for it and undoes it)
+        (see ``core/launchers/crowd.py``, which asks for it and undoes it)
     :param before_start: awaited with the new process's pid before it gets ``stdin``, so before it runs
         anything of the workload (a contained launcher moves it into its cgroup here); if it raises,
         the process is killed and the launch fails with the error. A program started by the plain
@@ -68,6 +70,17 @@ class Child(Protocol):
     @property
     def pid(self) -> int: ...
 
+    @property
+    def cgroup(self) -> WorkloadCgroup | None:
+        """The cgroup that holds every process of the workload, for a contained one; None otherwise."""
+        ...
+
+    @property
+    def cleanup(self) -> Cleanup | None:
+        """What its cgroup held and used, read once :meth:`wait` has returned; None before that, or when
+        it has no cgroup."""
+        ...
+
     async def wait(self) -> int:
         """Wait until the process has exited and its output is drained; return its exit status.
 
@@ -80,6 +93,20 @@ class Child(Protocol):
     def signal(self, sig: int) -> None:
         """Send ``sig`` to the whole process group; a group that is already gone is not an error."""
         ...
+
+
+@dataclass(frozen=True)
+class LauncherReport:
+    """A launch path's account of itself, for the status report and the health check.
+
+    :param description: the launch path in words (which fork server, say)
+    :param problem: why it is degraded or down right now, in words; None when it is fine
+    :param preload: what it preloads and what it refused, for a path that learns; None otherwise
+    """
+
+    description: str
+    problem: str | None = None
+    preload: Mapping[str, Any] | None = None
 
 
 class Launcher(Protocol):
@@ -96,9 +123,8 @@ class Launcher(Protocol):
 
     async def launch(self, request: LaunchRequest) -> Child: ...
 
-    @property
-    def problem(self) -> str | None:
-        """Why this launch path is degraded or down right now, in words; None when it is fine."""
+    def report(self) -> LauncherReport:
+        """How this launch path is, right now. Loop thread only; cheap (read on every status)."""
         ...
 
 

@@ -29,7 +29,13 @@ from typing_extensions import Self
 
 from async_local_executor.core.clock import SYSTEM, Clock
 from async_local_executor.core.errors import LaunchError
-from async_local_executor.core.launchers.base import Child, Launcher, LaunchRequest, OutputSink
+from async_local_executor.core.launchers.base import (
+    Child,
+    Launcher,
+    LauncherReport,
+    LaunchRequest,
+    OutputSink,
+)
 from async_local_executor.core.launchers.forkserver_channel import MessageTooLarge
 from async_local_executor.core.launchers.forkserver_learning import Learning, describe
 from async_local_executor.core.launchers.forkserver_process import HelperDied, HelperProcess, HelperUnfit
@@ -176,6 +182,9 @@ class ForkServerLauncher:
     @property
     def preload(self) -> dict[str, object] | None:  # beyond the target's own imports, for the status
         return describe(self._learning, self._spec.preload)
+
+    def report(self) -> LauncherReport:
+        return LauncherReport(self.state, self.problem, self.preload)
 
     async def launch(self, request: LaunchRequest) -> Child:
         if self._learning is not None:

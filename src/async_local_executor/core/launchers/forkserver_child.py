@@ -30,6 +30,9 @@ def _exit_status(result: os.waitid_result) -> int:
 class ForkServerChild:
     """A workload process forked by a helper as our own child; the same contract as a subprocess child."""
 
+    cgroup: None = None  # uncontained: a contained launcher wraps it to give it one
+    cleanup: None = None
+
     def __init__(
         self, pid: int, pidfd: int, read_fd: int, request: LaunchRequest, output: OutputSink
     ) -> None:

@@ -9,6 +9,7 @@ from collections.abc import Callable, Hashable
 import anyio
 import anyio.abc
 
+from async_local_executor.core.clock import SYSTEM, Clock
 from async_local_executor.core.launchers.base import OutputSink
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,9 @@ async def drain_stream(stream: anyio.abc.ByteReceiveStream | None, splitter: Lin
         splitter.close()
 
 
-async def drain_after_exit(signal_group: Callable[[int], None], drained: anyio.Event) -> None:
+async def drain_after_exit(
+    signal_group: Callable[[int], None], drained: anyio.Event, clock: Clock = SYSTEM
+) -> None:
     """Once the leader has exited: kill what it left in its group, then wait (bounded) for EOF.
 
     Whatever the leader left in its group would outlive the workload and could hold the pipe open; a
@@ -83,7 +86,8 @@ async def drain_after_exit(signal_group: Callable[[int], None], drained: anyio.E
 
     :param signal_group: signals the workload's group (and the groups its descendants made)
     :param drained: set once the output reader reached EOF
+    :param clock: what the bound of :data:`DRAIN_AFTER_EXIT` seconds is measured on (the launcher's)
     """
     signal_group(signal.SIGKILL)
-    with anyio.move_on_after(DRAIN_AFTER_EXIT):
+    with clock.move_on_after(DRAIN_AFTER_EXIT):
         await drained.wait()

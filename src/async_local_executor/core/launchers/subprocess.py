@@ -17,8 +17,9 @@ import anyio
 import anyio.abc
 from typing_extensions import Self
 
+from async_local_executor.core.clock import SYSTEM, Clock
 from async_local_executor.core.errors import LaunchError
-from async_local_executor.core.launchers.base import LaunchRequest, OutputSink, prepare
+from async_local_executor.core.launchers.base import LauncherReport, LaunchRequest, OutputSink, prepare
 from async_local_executor.core.launchers.output import LineSplitter, discard, drain_after_exit, drain_stream
 from async_local_executor.core.launchers.tree import GroupSignaller
 
@@ -51,11 +52,15 @@ class SubprocessLauncher:
 
     :param output: receives each output line; by default output is read and discarded
     :param env: the environment of a child whose request names none; ``None`` to inherit ours
+    :param clock: what the bound on draining a child's output after its exit waits on
     """
 
-    def __init__(self, output: OutputSink | None = None, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, output: OutputSink | None = None, env: Mapping[str, str] | None = None, clock: Clock = SYSTEM
+    ) -> None:
         self._output = output or discard
         self._env = env
+        self._clock = clock
 
     async def __aenter__(self) -> Self:
         return self
@@ -65,14 +70,9 @@ class SubprocessLauncher:
     ) -> None:
         return None
 
-    @property
-    def problem(self) -> str | None:
-        return None  # nothing lives between launches that could break
-
-    @property
-    def state(self) -> str:
-        """The launch path in words, for the status report."""
-        return "subprocess: every workload starts a fresh interpreter"
+    def report(self) -> LauncherReport:
+        # No problem, ever: nothing lives between launches that could break.
+        return LauncherReport("subprocess: every workload starts a fresh interpreter")
 
     async def launch(self, request: LaunchRequest) -> SubprocessChild:
         try:
@@ -95,12 +95,18 @@ class SubprocessLauncher:
                 await process.wait()
                 await process.aclose()
             raise
-        return SubprocessChild(process, request, self._output)
+        return SubprocessChild(process, request, self._output, self._clock)
 
 
 class SubprocessChild:
-    def __init__(self, process: anyio.abc.Process, request: LaunchRequest, output: OutputSink) -> None:
+    cgroup: None = None  # uncontained: a contained launcher wraps it to give it one
+    cleanup: None = None
+
+    def __init__(
+        self, process: anyio.abc.Process, request: LaunchRequest, output: OutputSink, clock: Clock = SYSTEM
+    ) -> None:
         self._process = process
+        self._clock = clock
         self._request = request
         self._output = output
         self._drained = anyio.Event()
@@ -119,7 +125,7 @@ class SubprocessChild:
                 tg.start_soon(self._feed_stdin)
                 tg.start_soon(self._drain)
                 status = await self._process.wait()
-                await drain_after_exit(self.signal, self._drained)
+                await drain_after_exit(self.signal, self._drained, self._clock)
                 tg.cancel_scope.cancel()
         except BaseException:
             # Cut short (a bug, or cancelled): nobody will wait for it again, so it must not run on

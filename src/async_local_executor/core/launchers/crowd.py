@@ -1,19 +1,17 @@
 """A workload that starts in a crowd gets a low CPU share, and gets it back when the crowd ends.
 
-A burst of starts (hundreds of supervisors and task processes, each reading its DAG file) is runnable
-all at once; at the scheduler's own priority it shares the CPU with the scheduler's loop one for one,
-and the loop goes tens of seconds without a heartbeat. Below :attr:`Crowd.threshold` running workloads
-a start keeps the scheduler's priority (at ordinary load a lowered workload makes the scheduler loop
-for every event, which costs throughput). A lowered share must never outlast the crowd: a CPU-heavy
-task that started in a morning burst would otherwise get almost nothing, for hours, whenever anything
-at normal priority wants the CPU. So every lowering is one the scheduler undoes, for a process of any
-user, as soon as fewer than the threshold run:
+A start is crowded when :attr:`CrowdLauncher.threshold` or more workloads run; below it a start keeps
+the scheduler's priority. The rule: a lowered share never outlasts the crowd, so every lowering is one
+the scheduler itself undoes, for a process of any user, as soon as fewer than the threshold run:
 
 - ``cgroup``: the workload's cgroup gets the lowest CPU weight and the default back (the scheduler owns
   the cgroup; the task cannot change it either way).
 - ``class``: the workload's process enters ``SCHED_IDLE`` before it runs anything, with the
   ``RLIMIT_NICE`` that lets each of its threads be put back to ``SCHED_OTHER``.
 - ``none``: neither can be undone here; crowded starts keep the scheduler's priority.
+
+Why a crowd starves the scheduler's loop, and how the threshold was chosen: docs/design.md ("A start
+in a crowd gets a low CPU share until the crowd ends").
 """
 
 from __future__ import annotations
@@ -21,10 +19,9 @@ from __future__ import annotations
 import enum
 import logging
 import os
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from types import TracebackType
-from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -33,11 +30,12 @@ from typing_extensions import Self
 
 from async_local_executor.core import cpu_priority
 from async_local_executor.core.cgroups import WorkloadCgroup
-from async_local_executor.core.launchers.base import Child, Launcher, LaunchRequest
+from async_local_executor.core.launchers.base import Child, Launcher, LauncherReport, LaunchRequest
+from async_local_executor.core.outcome import Cleanup
 
 log = logging.getLogger(__name__)
 
-# 32 no-op tasks per 2 cores ran best at the scheduler's priority; 256 starved its loop.
+# Running workloads per core from which a start is crowded (measured: docs/design.md).
 CROWD_PER_CORE = 24
 
 
@@ -121,17 +119,8 @@ class CrowdLauncher:
     ) -> bool | None:
         return await self._inner.__aexit__(exc_type, exc, tb)
 
-    @property
-    def problem(self) -> str | None:
-        return self._inner.problem
-
-    @property
-    def state(self) -> str | None:
-        return getattr(self._inner, "state", None)
-
-    @property
-    def preload(self) -> Mapping[str, Any] | None:
-        return getattr(self._inner, "preload", None)
+    def report(self) -> LauncherReport:
+        return self._inner.report()
 
     @property
     def lowered(self) -> int:
@@ -150,8 +139,7 @@ class CrowdLauncher:
             raise
         serial = self._serials = self._serials + 1
         if crowded:
-            found = getattr(child, "cgroup", None)
-            cgroup = found if isinstance(found, WorkloadCgroup) else None
+            cgroup = child.cgroup
             weighed = self._how is How.CGROUP
             # A weighed start that ran without a cgroup (it could not be made) was not lowered.
             if not weighed or cgroup is not None:
@@ -233,12 +221,11 @@ class CrowdChild:
 
     @property
     def cgroup(self) -> WorkloadCgroup | None:
-        cgroup = getattr(self._child, "cgroup", None)
-        return cgroup if isinstance(cgroup, WorkloadCgroup) else None
+        return self._child.cgroup
 
     @property
-    def cleanup(self) -> Any:
-        return getattr(self._child, "cleanup", None)
+    def cleanup(self) -> Cleanup | None:
+        return self._child.cleanup
 
     def signal(self, sig: int) -> None:
         self._child.signal(sig)

@@ -8,23 +8,23 @@ import anyio
 
 from async_local_executor.core.launchers.base import Child, LaunchRequest
 from async_local_executor.core.lifecycle import Lifecycle
-from async_local_executor.core.timeouts import Deadline
+from async_local_executor.core.stopping import Deadline
 
 
 @dataclass(eq=False)
-class Tracked:
+class Workload:
     """Loop thread only. Identity, not value, tells two records apart: keys may repeat."""
 
     request: LaunchRequest
     accepted: float  # wall clock
-    life: Lifecycle = field(default_factory=Lifecycle)
+    lifecycle: Lifecycle = field(default_factory=Lifecycle)  # its phase; the only way a phase changes
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)  # cancelled to drop it unlaunched
     child: Child | None = None
     stop_reason: str | None = None  # set once we decide to stop it
     exited: anyio.Event = field(default_factory=anyio.Event)  # set once its process's exit is known
     deadline: Deadline | None = None  # the timeout's timer, while one runs
     launched: float | None = None  # wall clock
-    reaping: bool = False  # its process is being awaited (or was): it must not be awaited twice
+    exit_awaited: bool = False  # its process is being awaited (or was): it must not be awaited twice
 
     @property
     def label(self) -> str:

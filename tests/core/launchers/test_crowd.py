@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from async_local_executor.core import crowd
 from async_local_executor.core.cgroups import Containment, cgroup2_mount
 from async_local_executor.core.cgroups.discovery import directory_of, mount_root, v1_mounts
-from async_local_executor.core.contained import ContainedLauncher
-from async_local_executor.core.crowd import Choice, CrowdLauncher, How
+from async_local_executor.core.launchers import crowd
 from async_local_executor.core.launchers.base import Launcher, LaunchRequest
+from async_local_executor.core.launchers.contained import ContainedLauncher
+from async_local_executor.core.launchers.crowd import Choice, CrowdLauncher, How
 from async_local_executor.core.supervisor import Supervisor
 from tests.core import cgroup_helpers
 from tests.core.cgroup_helpers import Scratch

@@ -14,9 +14,7 @@ import dataclasses
 import itertools
 import logging
 import signal
-from collections.abc import Mapping
 from types import TracebackType
-from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -27,11 +25,10 @@ from async_local_executor.core.cgroups import (
     Limits,
     LimitUnavailable,
     WorkloadCgroup,
-    format_bytes,
 )
 from async_local_executor.core.errors import LaunchError
-from async_local_executor.core.launchers.base import Child, Launcher, LaunchRequest
-from async_local_executor.core.outcome import Cleanup, Outcome
+from async_local_executor.core.launchers.base import Child, Launcher, LauncherReport, LaunchRequest
+from async_local_executor.core.outcome import Cleanup
 
 log = logging.getLogger(__name__)
 
@@ -72,25 +69,16 @@ class ContainedLauncher:
     ) -> bool | None:
         return await self._inner.__aexit__(exc_type, exc, tb)
 
-    @property
-    def problem(self) -> str | None:
-        return self._inner.problem
-
-    @property
-    def state(self) -> str | None:
-        return getattr(self._inner, "state", None)
-
-    @property
-    def preload(self) -> Mapping[str, Any] | None:
-        return getattr(self._inner, "preload", None)
+    def report(self) -> LauncherReport:
+        return self._inner.report()
 
     async def launch(self, request: LaunchRequest) -> Child:
         limits = self._limits.merged(request.limits)
         name = f"w{next(self._names)}"
         try:
-            # On the loop: cgroupfs writes are in-kernel and take a fraction of a millisecond (measured
-            # 0.1 to 0.3 ms each), less than a worker thread's round trip on a busy host; _settle, which
-            # may wait for a cgroup to empty, stays in a worker thread.
+            # On the loop: cgroupfs writes are in-kernel and cost less than a worker thread's round trip
+            # (docs/design.md, Containment); _settle, which may wait for a cgroup to empty, stays in a
+            # worker thread.
             cgroup = self._containment.create(name, limits, low_cpu=request.low_cpu)
         except LimitUnavailable as exc:
             raise LaunchError(f"cannot apply its limits ({limits.describe()}): {exc}") from exc
@@ -126,17 +114,23 @@ class ContainedLauncher:
 
 
 class ContainedChild:
-    """A launched workload in its cgroup; the same contract as the child it wraps.
-
-    :attr cleanup: what the cgroup held and used, once :meth:`wait` has returned
-    """
+    """A launched workload in its cgroup; the same contract as the child it wraps, with its cgroup and,
+    once :meth:`wait` has returned, its cleanup."""
 
     def __init__(self, child: Child, cgroup: WorkloadCgroup, *, kill_leftovers: bool) -> None:
         self._child = child
-        self.cgroup = cgroup
+        self._cgroup = cgroup
         self._kill_leftovers = kill_leftovers
         self._killed = False
-        self.cleanup: Cleanup | None = None
+        self._cleanup: Cleanup | None = None
+
+    @property
+    def cgroup(self) -> WorkloadCgroup:
+        return self._cgroup
+
+    @property
+    def cleanup(self) -> Cleanup | None:
+        return self._cleanup
 
     @property
     def pid(self) -> int:
@@ -166,7 +160,7 @@ class ContainedChild:
         finally:
             # Shielded: a cancelled wait must still not leave the workload's processes behind.
             with anyio.CancelScope(shield=True):
-                self.cleanup = await anyio.to_thread.run_sync(self._settle)
+                self._cleanup = await anyio.to_thread.run_sync(self._settle)
 
     def _settle(self) -> Cleanup:
         """Worker thread: read what the cgroup used, kill what is left in it, remove it."""
@@ -193,17 +187,3 @@ class ContainedChild:
             cpu_seconds=usage.cpu_seconds,
             memory_limit=cgroup.limits.memory,
         )
-
-
-def contained_outcome(outcome: Outcome, cleanup: Cleanup | None) -> Outcome:
-    """``outcome`` with what its cgroup says: an OOM kill's reason, the leftovers killed."""
-    if cleanup is None:
-        return outcome
-    reason = outcome.reason
-    if cleanup.oom_kills:
-        limit = cleanup.memory_limit
-        what = f"memory limit {format_bytes(limit)} exceeded" if limit is not None else "out of memory"
-        reason = f"killed by the kernel: {what}" + (f" ({reason})" if reason else "")
-    if cleanup.killed and not outcome.ok:
-        reason += f"; {cleanup.killed} leftover processes killed"
-    return dataclasses.replace(outcome, reason=reason, cleanup=cleanup)
