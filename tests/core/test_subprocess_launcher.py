@@ -8,6 +8,7 @@ import anyio
 import psutil
 import pytest
 
+from async_local_executor.core.errors import LaunchError
 from async_local_executor.core.launchers.base import LaunchRequest
 from async_local_executor.core.launchers.subprocess import SubprocessLauncher
 from tests.core.helpers import GUARD, Recorder, py
@@ -37,3 +38,23 @@ async def test_a_wait_cut_short_kills_the_process_and_closes_its_pipes() -> None
     with pytest.raises(psutil.NoSuchProcess):
         psutil.Process(child.pid)
     assert open_fds() == before
+
+
+async def test_a_program_that_cannot_start_fails_the_launch_naming_it_and_the_cause() -> None:
+    # A real spawn: the cause in words comes from the OS (or, on uvloop, from the launcher's own probe).
+    async with SubprocessLauncher() as launcher:
+        with pytest.raises(LaunchError) as failed:
+            await launcher.launch(LaunchRequest("missing", ["/nonexistent/python3"]))
+        child = await launcher.launch(LaunchRequest("fine", py("pass")))
+        assert await child.wait() == 0  # the next launch is not hurt
+    assert "/nonexistent/python3" in str(failed.value)
+    assert "No such file" in str(failed.value)
+
+
+async def test_the_report_names_the_path_and_never_a_problem() -> None:
+    report = SubprocessLauncher().report()
+    assert (report.description, report.problem, report.preload) == (
+        "subprocess: every workload starts a fresh interpreter",
+        None,
+        None,
+    )

@@ -33,7 +33,8 @@ from async_local_executor.core.outcome import Cleanup
 log = logging.getLogger(__name__)
 
 # Seconds the leftovers of an ended workload get to leave its cgroup after SIGKILL before it is left
-# for the executor's own removal at shutdown (or a successor's reclaim).
+# for the executor's own removal at shutdown (or a successor's reclaim). Real seconds: a worker thread
+# waits them out in a blocking poll of the cgroup, where no event-loop clock reaches.
 SETTLE_GUARD = 5.0
 
 
