@@ -1,4 +1,4 @@
-"""What an end means: classify() and internal_error() as pure functions, no processes."""
+"""What an end means: classify(), internal_error() and with_cleanup() as pure functions, no processes."""
 
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ import pytest
 
 from async_local_executor.core.errors import ChildLost, LaunchError
 from async_local_executor.core.outcome import (
+    Cleanup,
     Outcome,
     OutcomeKind,
     Times,
     classify,
     describe_status,
     internal_error,
+    with_cleanup,
 )
 
 
@@ -86,3 +88,32 @@ def test_an_internal_error_is_a_failed_launch_before_a_process_and_lost_after(
 
 def test_an_unknown_signal_is_named_by_number() -> None:
     assert describe_status(-200) == "killed by signal 200"
+
+
+@pytest.mark.parametrize(
+    ("outcome", "cleanup", "reason"),
+    [
+        # No cgroup: the outcome as it was.
+        (Outcome("k", OutcomeKind.EXITED, 1, "exited with code 1"), None, "exited with code 1"),
+        # An OOM kill names the limit, or says out of memory when there was none.
+        (
+            Outcome("k", OutcomeKind.SIGNALLED, -9, "killed by SIGKILL"),
+            Cleanup(oom_kills=1, memory_limit=1 << 20),
+            "killed by the kernel: memory limit 1 MiB exceeded (killed by SIGKILL)",
+        ),
+        (Outcome("k", OutcomeKind.LOST), Cleanup(oom_kills=2), "killed by the kernel: out of memory"),
+        # Leftovers killed are said for a failure only: a clean exit keeps its empty reason.
+        (
+            Outcome("k", OutcomeKind.EXITED, 2, "exited with code 2"),
+            Cleanup(leftovers=3, killed=3),
+            "exited with code 2; 3 leftover processes killed",
+        ),
+        (Outcome("k", OutcomeKind.EXITED, 0), Cleanup(leftovers=3, killed=3), ""),
+    ],
+)
+def test_what_a_cgroup_says_goes_into_the_outcome(
+    outcome: Outcome, cleanup: Cleanup | None, reason: str
+) -> None:
+    result = with_cleanup(outcome, cleanup)
+    assert (result.reason, result.cleanup) == (reason, cleanup)
+    assert (result.kind, result.returncode) == (outcome.kind, outcome.returncode)
