@@ -26,7 +26,9 @@ class Clock(Protocol):
         """Wait ``seconds`` of this clock's monotonic time."""
         ...
 
-    def move_on_after(self, seconds: float, shield: bool = False) -> AbstractContextManager[anyio.CancelScope]:
+    def move_on_after(
+        self, seconds: float, shield: bool = False
+    ) -> AbstractContextManager[anyio.CancelScope]:
         """A cancel scope cancelled once ``seconds`` of this clock's monotonic time have passed.
 
         Every timeout in the core goes through here, so a fake clock drives them all.
@@ -44,7 +46,9 @@ class SystemClock:
     async def sleep(self, seconds: float) -> None:
         await anyio.sleep(seconds)
 
-    def move_on_after(self, seconds: float, shield: bool = False) -> AbstractContextManager[anyio.CancelScope]:
+    def move_on_after(
+        self, seconds: float, shield: bool = False
+    ) -> AbstractContextManager[anyio.CancelScope]:
         return anyio.move_on_after(seconds, shield=shield)
 
 
