@@ -18,7 +18,7 @@ import pytest
 from async_local_executor.core.admission import MB
 from async_local_executor.core.clock import SYSTEM, Clock
 from async_local_executor.core.launchers.base import Launcher, LaunchRequest
-from async_local_executor.core.launchers.forkserver import ForkServerLauncher
+from async_local_executor.core.launchers.forkserver.launcher import ForkServerLauncher
 from async_local_executor.core.launchers.subprocess import SubprocessLauncher
 from async_local_executor.core.outcome import OutcomeKind, Times
 from async_local_executor.core.supervisor import Supervisor
@@ -28,7 +28,7 @@ from tests.core.helpers import GUARD, FakeClock, Recorder, py
 pytestmark = pytest.mark.asyncio
 
 
-TARGET = "tests.core.forkserver_targets:python_c"
+TARGET = "tests.core.launchers.forkserver.targets:python_c"
 
 
 @pytest.fixture(params=["subprocess", "forkserver"])
