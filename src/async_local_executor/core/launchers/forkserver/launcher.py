@@ -1,4 +1,4 @@
-"""The fast launch path: a helper that has imported everything once forks one child per workload.
+"""The fork server's policy: when a helper starts, is replaced or stops, and when a launch falls back.
 
 A fork of a process that already imported the task SDK costs milliseconds; a fresh interpreter costs
 about two seconds of CPU. The scheduler itself cannot fork (its event-loop thread makes it
@@ -7,8 +7,8 @@ multi-threaded), so the forking happens in a helper started with ``exec``
 :mod:`~async_local_executor.core.launchers.forkserver.protocol`).
 
 This module is the policy: when a helper starts, is replaced (when it dies, hangs, or what workloads
-import has grown: :mod:`~async_local_executor.core.launchers.forkserver.learning`) or stops while idle, and when a launch goes to the fallback
-launcher. A replaced helper costs no running workload; requests it had not started go to a fresh one.
+import has grown: :mod:`~async_local_executor.core.launchers.forkserver.learning`) or stops while
+idle, and when a launch goes to the fallback launcher. A replaced helper costs no running workload; requests it had not started go to a fresh one.
 A helper that cannot start, for any reason (out of descriptors, a start timeout on an overloaded host,
 a host where it cannot fork), costs at most the launches made while it is down: they go to the
 fallback, and a new helper is tried again after a backoff. One that must not fork (a preload started

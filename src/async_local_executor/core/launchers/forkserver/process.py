@@ -81,7 +81,7 @@ class HelperSpec:
 
 
 @dataclass(eq=False)
-class _Spawn:
+class _Pending:
     """A spawn request the helper has not answered: what the loop learns of it from the channel."""
 
     resolved: anyio.Event = field(default_factory=anyio.Event)  # the helper refused it, or is gone
@@ -123,7 +123,7 @@ class HelperProcess:
         self._ping_timeout = ping_timeout
         self._clock = clock
         self._ids = itertools.count()
-        self._pending: dict[int, _Spawn] = {}
+        self._pending: dict[int, _Pending] = {}
         self._heard = 0  # messages received so far: the helper's progress
         self.pid = process.pid
         self.ready = False
@@ -211,7 +211,7 @@ class HelperProcess:
             raise LaunchError(f"cannot create the workload's control socket: {exc.strerror}") from exc
         os.set_blocking(read_fd, False)
         control.setblocking(False)
-        spawn = _Spawn()
+        spawn = _Pending()
         self._pending[request_id] = spawn
         try:
             try:
@@ -242,7 +242,7 @@ class HelperProcess:
             raise LaunchError("the workload process ended before it could start")
         return await ForkServerChild.adopt(pid, control, read_fd, request, self._output)
 
-    async def _child_pid(self, control: socket.socket, spawn: _Spawn) -> int | None:
+    async def _child_pid(self, control: socket.socket, spawn: _Pending) -> int | None:
         """The pid the child reports on its control socket; ``None`` when the socket closed without one."""
         received = b""
         while b"\n" not in received:

@@ -151,6 +151,15 @@ def decode(data: bytes) -> Message:
     return kind(**values)
 
 
+_WORDS: dict[object, str] = {
+    tuple: "a list of strings",
+    dict: "an object",
+    int: "an integer",
+    str: "a string",
+    bool: "a boolean",
+}
+
+
 def _value(value: object, hint: object, where: str) -> Any:
     """``value`` as ``hint`` (the few field types above), or :class:`ProtocolError`."""
     args = typing.get_args(hint)
@@ -170,7 +179,7 @@ def _value(value: object, hint: object, where: str) -> Any:
             return value
     elif isinstance(hint, type) and isinstance(value, hint):
         return value
-    raise ProtocolError(f"{where} must be {getattr(hint, '__name__', hint)}, got {value!r:.80}")
+    raise ProtocolError(f"{where} must be {_WORDS.get(origin or hint, hint)}, got {value!r:.80}")
 
 
 def size_buffers(sock: socket.socket, size: int = BUFFER) -> None:

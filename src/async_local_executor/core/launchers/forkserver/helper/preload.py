@@ -1,7 +1,7 @@
 """In the fork-server helper: import learned modules one at a time, refusing what would harm a workload.
 
-The names come from what workloads imported (:mod:`async_local_executor.core.imports`). Each one is
-checked before it is imported, and watched while it is:
+The names come from what workloads imported (:mod:`async_local_executor.core.launchers.forkserver.learning`).
+Each one is checked before it is imported, and watched while it is:
 
 - it must belong to an installed distribution, and be found where that distribution is installed: a
   module of the DAGs folder or of a bundle, imported here, would keep every task on the code of the
