@@ -84,7 +84,7 @@ def test_a_dead_fork_server_is_replaced_on_an_idle_executor_which_turns_healthy_
 def _is_helper(process: psutil.Process) -> bool:
     try:
         command = " ".join(process.cmdline())
-        return "forkserver_helper" in command and process.status() != psutil.STATUS_ZOMBIE
+        return "forkserver.helper" in command and process.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
 

@@ -125,7 +125,7 @@ def test_nothing_outlives_a_killed_scheduler_and_a_restart_finishes(make: Make) 
     airflow_helpers = [
         child
         for child in psutil.Process(sandbox.pids["scheduler"]).children()
-        if child.pid not in launched and "forkserver_helper" not in " ".join(cmdline(child.pid))
+        if child.pid not in launched and "forkserver.helper" not in " ".join(cmdline(child.pid))
     ]
     sandbox.kill("scheduler")
     for helper in airflow_helpers:

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from async_local_executor.core.launchers.base import LaunchRequest
-from async_local_executor.core.launchers.forkserver import ForkServerLauncher
+from async_local_executor.core.launchers.forkserver.launcher import ForkServerLauncher
 from async_local_executor.core.launchers.subprocess import SubprocessLauncher
 from async_local_executor.core.stopping import TerminationPolicy
 from async_local_executor.core.supervisor import Supervisor
@@ -33,10 +33,10 @@ def test_request_needs_a_program() -> None:
 
 def test_target_must_name_a_function() -> None:
     with pytest.raises(ValueError, match="target must look like module:function"):
-        ForkServerLauncher(target="tests.core.forkserver_targets")
+        ForkServerLauncher(target="tests.core.launchers.forkserver.targets")
 
 
 def test_helper_module_imports_nothing_heavy() -> None:
-    code = "import sys, async_local_executor.core.launchers.forkserver_helper; print('anyio' in sys.modules, 'airflow' in sys.modules)"
+    code = "import sys, async_local_executor.core.launchers.forkserver.helper.__main__; print('anyio' in sys.modules, 'airflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False False"

@@ -27,7 +27,7 @@ from async_local_executor.core.admission import MB
 from async_local_executor.core.clock import SYSTEM, Clock
 from async_local_executor.core.errors import LaunchError
 from async_local_executor.core.launchers.base import Launcher, LauncherReport, LaunchRequest
-from async_local_executor.core.launchers.forkserver import ForkServerLauncher
+from async_local_executor.core.launchers.forkserver.launcher import ForkServerLauncher
 from async_local_executor.core.launchers.subprocess import SubprocessLauncher
 from async_local_executor.core.outcome import Cleanup, OutcomeKind, Times
 from async_local_executor.core.reaping import ABANDONED_REAP
@@ -39,7 +39,7 @@ from tests.core.helpers import GUARD, FakeClock, Recorder, py
 pytestmark = pytest.mark.asyncio
 
 
-TARGET = "tests.core.forkserver_targets:python_c"
+TARGET = "tests.core.launchers.forkserver.targets:python_c"
 
 
 @pytest.fixture(params=["subprocess", "forkserver"])

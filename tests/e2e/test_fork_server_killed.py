@@ -31,7 +31,7 @@ def sandbox(tmp_path: Path) -> Iterator[AirflowSandbox]:
 
 
 def _helpers(scheduler: psutil.Process) -> list[int]:
-    return [p.pid for p in scheduler.children() if "forkserver_helper" in " ".join(cmdline(p.pid))]
+    return [p.pid for p in scheduler.children() if "forkserver.helper" in " ".join(cmdline(p.pid))]
 
 
 def test_killing_the_fork_server_loses_no_running_task(sandbox: AirflowSandbox, tmp_path: Path) -> None:

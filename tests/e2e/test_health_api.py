@@ -69,7 +69,7 @@ def executor(sandbox: AirflowSandbox, token: str) -> dict[str, Any]:
 
 def helpers_of(scheduler: int) -> list[int]:
     return [
-        p.pid for p in psutil.Process(scheduler).children() if "forkserver_helper" in " ".join(cmdline(p.pid))
+        p.pid for p in psutil.Process(scheduler).children() if "forkserver.helper" in " ".join(cmdline(p.pid))
     ]
 
 

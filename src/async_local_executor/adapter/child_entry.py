@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from async_local_executor.core import cpu_priority, lifeline
-from async_local_executor.core.imports import observe
+from async_local_executor.core.launchers.forkserver.learning import observe
 
 EXIT_OK = 0  # the workload ran to its end (whatever the task's own outcome, which it reports itself)
 EXIT_CRASHED = 1  # running the workload raised

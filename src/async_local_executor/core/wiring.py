@@ -17,12 +17,12 @@ from async_local_executor.core.admission import MB
 from async_local_executor.core.cgroups import Containment, Limits
 from async_local_executor.core.clock import SYSTEM, Clock
 from async_local_executor.core.health import Probe, Report, Thresholds
-from async_local_executor.core.imports.learned import Learned
 from async_local_executor.core.launchers import crowd
 from async_local_executor.core.launchers.base import Launcher, OutputSink
 from async_local_executor.core.launchers.contained import ContainedLauncher
-from async_local_executor.core.launchers.forkserver import ForkServerLauncher
-from async_local_executor.core.launchers.forkserver_learning import Learning
+from async_local_executor.core.launchers.forkserver.launcher import ForkServerLauncher
+from async_local_executor.core.launchers.forkserver.learning.learned import Learned
+from async_local_executor.core.launchers.forkserver.learning.loop import Learning
 from async_local_executor.core.launchers.subprocess import SubprocessLauncher
 from async_local_executor.core.prefetch import PrefetchBudget
 from async_local_executor.core.runtime import Runtime, uvloop_available

@@ -17,7 +17,7 @@ import pytest
 from async_local_executor.core.cgroups import Containment, Limits, WorkloadCgroup, cgroup_of, group
 from async_local_executor.core.launchers.base import LaunchRequest
 from async_local_executor.core.launchers.contained import ContainedLauncher
-from async_local_executor.core.launchers.forkserver import ForkServerLauncher
+from async_local_executor.core.launchers.forkserver.launcher import ForkServerLauncher
 from async_local_executor.core.outcome import OutcomeKind
 from tests.core import cgroup_helpers
 from tests.core.cgroup_helpers import MiB, Scratch, gone

@@ -1,7 +1,7 @@
 """A fork server that cannot start costs the launches made meanwhile at most, never the executor.
 
 Out of descriptors (EMFILE) while a helper is replaced: a real process with a lowered RLIMIT_NOFILE
-(tests/core/emfile_driver.py), a real helper killed, real workloads. Nothing is mocked.
+(tests/core/launchers/forkserver/emfile_driver.py), a real helper killed, real workloads. Nothing is mocked.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_out_of_descriptors_while_the_helper_is_replaced_costs_no_more_than_that_launch() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "tests.core.emfile_driver"],
+        [sys.executable, "-m", "tests.core.launchers.forkserver.emfile_driver"],
         cwd=ROOT,
         capture_output=True,
         text=True,

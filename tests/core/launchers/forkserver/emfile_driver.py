@@ -1,4 +1,4 @@
-"""Run by tests/core/test_forkserver_start_failures.py in a process of its own: its descriptor limit is lowered.
+"""Run by test_start_failures.py beside it, in a process of its own: its descriptor limit is lowered.
 
 A supervisor with a fork server (and the plain launcher as its fallback) serves; the helper is killed
 while the process has no descriptor left, so its replacement cannot start; a workload is submitted
@@ -17,13 +17,15 @@ import signal
 import anyio
 
 from async_local_executor.core.launchers.base import LaunchRequest
-from async_local_executor.core.launchers.forkserver import ForkServerLauncher
+from async_local_executor.core.launchers.forkserver.launcher import ForkServerLauncher
 from async_local_executor.core.launchers.subprocess import SubprocessLauncher
 from async_local_executor.core.supervisor import Supervisor
 from tests.core.helpers import GUARD, Recorder, py
 
-TARGET = "tests.core.forkserver_targets:python_c"
-FORKED = py("import sys; print('forked' if 'tests.core.forkserver_targets' in sys.modules else 'fresh')")
+TARGET = "tests.core.launchers.forkserver.targets:python_c"
+FORKED = py(
+    "import sys; print('forked' if 'tests.core.launchers.forkserver.targets' in sys.modules else 'fresh')"
+)
 
 
 class Said(logging.Handler):

@@ -7,8 +7,14 @@ import socket
 import subprocess
 import sys
 
-from async_local_executor.core.launchers.forkserver_helper import Helper
-from async_local_executor.core.launchers.forkserver_protocol import MAX_MESSAGE, decode, size_buffers
+from async_local_executor.core.launchers.forkserver.helper.server import Helper
+from async_local_executor.core.launchers.forkserver.protocol import (
+    MAX_MESSAGE,
+    Pong,
+    Unfit,
+    decode,
+    size_buffers,
+)
 from tests.core.helpers import GUARD
 
 
@@ -27,14 +33,14 @@ def test_the_helper_never_blocks_on_a_full_channel() -> None:
             except BlockingIOError:
                 break
             filler += 1
-    helper._send({"op": "pong", "id": 1})  # returns at once: the channel is full
-    helper._send({"op": "pong", "id": 2})
+    helper._send(Pong(id=1))  # returns at once: the channel is full
+    helper._send(Pong(id=2))
     assert len(helper._outbox) == 2
     for _ in range(filler):
         loop_end.recv(1 << 20)
     assert helper._flush()
     assert not helper._outbox
-    assert [decode(loop_end.recv(1 << 20))["id"] for _ in range(2)] == [1, 2]
+    assert [decode(loop_end.recv(1 << 20)) for _ in range(2)] == [Pong(id=1), Pong(id=2)]
     loop_end.close()
     helper_end.close()
 
@@ -43,10 +49,10 @@ def test_the_helper_names_the_preload_that_started_a_thread_and_does_not_serve()
     # In place of "ready": forking with a second thread running could copy a held lock into every
     # workload. Only the module that started it is blamed, not the preloads around it.
     loop_end, helper_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    preloads = ["decimal", "tests.core.forkserver_threaded", "fractions"]
-    argv = [sys.executable, "-m", "async_local_executor.core.launchers.forkserver_helper"]
+    preloads = ["decimal", "tests.core.launchers.forkserver.threaded", "fractions"]
+    argv = [sys.executable, "-m", "async_local_executor.core.launchers.forkserver.helper"]
     argv += ["--fd", str(helper_end.fileno()), "--parent-pid", str(os.getpid())]
-    argv += ["--target", "tests.core.forkserver_targets:python_c"]
+    argv += ["--target", "tests.core.launchers.forkserver.targets:python_c"]
     for module in preloads:
         argv += ["--preload", module]
     helper = subprocess.Popen(argv, pass_fds=[helper_end.fileno()])
@@ -58,8 +64,10 @@ def test_the_helper_names_the_preload_that_started_a_thread_and_does_not_serve()
         loop_end.close()  # a helper that went on serving exits on this EOF
         returncode = helper.wait(GUARD)
     assert returncode == 1
-    assert message["op"] == "unfit"
-    error = message["error"]
-    assert error.startswith("preloading tests.core.forkserver_threaded started 1 thread (sdk-exporter); ")
+    assert isinstance(message, Unfit)
+    error = message.error
+    assert error.startswith(
+        "preloading tests.core.launchers.forkserver.threaded started 1 thread (sdk-exporter); "
+    )
     assert "decimal" not in error
     assert "fractions" not in error

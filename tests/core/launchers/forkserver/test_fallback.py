@@ -17,18 +17,20 @@ import psutil
 import pytest
 
 from async_local_executor.core.launchers.base import LaunchRequest
-from async_local_executor.core.launchers.forkserver_channel import Channel, ChannelClosed, MessageTooLarge
-from async_local_executor.core.launchers.forkserver_protocol import MAX_MESSAGE
+from async_local_executor.core.launchers.forkserver.channel import Channel, ChannelClosed, MessageTooLarge
+from async_local_executor.core.launchers.forkserver.protocol import MAX_MESSAGE, Spawn
 from async_local_executor.core.launchers.subprocess import SubprocessLauncher
 from tests.core.helpers import GUARD, Recorder, py
-from tests.core.test_forkserver import _helper_replaced, fork_server
+from tests.core.launchers.forkserver.test_launcher import _helper_replaced, fork_server
 from tests.core.test_supervisor import serving, until_dead
 
 pytestmark = pytest.mark.asyncio
 
 LOGGER = "async_local_executor.core.launchers.forkserver"
 # Says whether the fork server ran it: a forked child has the target's module, a fresh interpreter not.
-FORKED = py("import sys; print('forked' if 'tests.core.forkserver_targets' in sys.modules else 'fresh')")
+FORKED = py(
+    "import sys; print('forked' if 'tests.core.launchers.forkserver.targets' in sys.modules else 'fresh')"
+)
 # Far below the 1 MiB the channel asks for, and below what any host grants: the limit the tests meet.
 SMALL_BUFFER = 64 * 1024
 
@@ -54,7 +56,7 @@ async def test_the_channel_limit_is_what_the_kernel_granted() -> None:
         with pytest.raises(
             MessageTooLarge, match=f"exceeds the fork-server channel's limit \\({channel.limit} bytes"
         ):
-            channel.frame({"op": "spawn", "argv": ["a" * channel.limit]})
+            channel.frame(Spawn(id=0, argv=("a" * channel.limit,)))
     finally:
         channel.close()
         theirs.close()
@@ -111,7 +113,9 @@ async def test_a_preload_that_starts_a_thread_keeps_the_fork_server_from_forking
     caplog.set_level(logging.INFO, logger=LOGGER)
     recorder = Recorder()
     fallback = SubprocessLauncher(output=recorder.output)
-    launcher = fork_server(recorder, preload=["decimal", "tests.core.forkserver_threaded"], fallback=fallback)
+    launcher = fork_server(
+        recorder, preload=["decimal", "tests.core.launchers.forkserver.threaded"], fallback=fallback
+    )
     async with serving(recorder, launcher) as supervisor:
         for key in ("a", "b"):
             supervisor.submit(LaunchRequest(key, FORKED))
@@ -125,13 +129,13 @@ async def test_a_preload_that_starts_a_thread_keeps_the_fork_server_from_forking
         r for r in caplog.records if r.levelno == logging.WARNING and "could not start" in r.getMessage()
     ]
     [warning] = [r.getMessage() for r in warnings]
-    assert "preloading tests.core.forkserver_threaded started 1 thread (sdk-exporter)" in warning
+    assert "preloading tests.core.launchers.forkserver.threaded started 1 thread (sdk-exporter)" in warning
     assert "decimal" not in warning
     assert warning.endswith(
         "workloads start fresh interpreters meanwhile, the fork server is tried again in 1s"
     )
     assert problem is not None
-    assert "tests.core.forkserver_threaded" in problem
+    assert "tests.core.launchers.forkserver.threaded" in problem
     assert launcher.helpers_started == 0
     assert not messages(caplog, "starting a new fork server")
 
@@ -149,7 +153,9 @@ async def test_a_helper_that_gains_a_thread_after_startup_forks_nothing_more(
     caplog.set_level(logging.INFO, logger=LOGGER)
     recorder = Recorder()
     fallback = SubprocessLauncher(output=recorder.output)
-    launcher = fork_server(recorder, preload=["tests.core.forkserver_late_thread"], fallback=fallback)
+    launcher = fork_server(
+        recorder, preload=["tests.core.launchers.forkserver.late_thread"], fallback=fallback
+    )
     async with serving(recorder, launcher) as supervisor:
         helper = await _helper_replaced(launcher, -1)
         supervisor.submit(LaunchRequest("before", FORKED))

@@ -18,9 +18,10 @@ import anyio
 import anyio.to_thread
 
 from async_local_executor.core.clock import SYSTEM, Clock
-from async_local_executor.core.imports.learned import Learned
+from async_local_executor.core.launchers.forkserver import LOGGER
+from async_local_executor.core.launchers.forkserver.learning.learned import Learned
 
-log = logging.getLogger("async_local_executor.core.launchers.forkserver")
+log = logging.getLogger(LOGGER)
 
 SCAN_EVERY = 5.0
 # After a helper refused a learned module, the next try (without it) may come this much sooner.
@@ -37,6 +38,8 @@ class Learning:
     :param memory_budget: bytes the learned modules may add to a helper (0: no limit)
     :param discover: files workloads are expected to run, listed once in a worker thread at the start
         (the DAG files already on the host), so their imports are preloaded before their first workload
+    :param clock: what the scans' period and the interval between helpers are measured on (the
+        launcher's)
     """
 
     def __init__(
@@ -111,7 +114,7 @@ class Learning:
                 self.learned.saw_file(path)
             self._wake.set()
         while True:
-            with anyio.move_on_after(SCAN_EVERY):
+            with self._clock.move_on_after(SCAN_EVERY):
                 await self._wake.wait()
             self._wake = anyio.Event()
             found = await anyio.to_thread.run_sync(self.learned.scan)

@@ -1,10 +1,16 @@
-"""One running fork-server helper as the loop sees it: its handshake, its spawn requests, its watchdog.
+"""One fork-server helper as the loop sees it: its start, its handshake, its spawn requests, its watchdog.
 
 The helper only forks; each child is the scheduler's own (``CLONE_PARENT``), reports its pid on a
 control socket of its own, and is reaped here through a pidfd. So a helper that dies, hangs or is
 retired costs no running workload: a request it had not started raises :class:`HelperDied`, for the
 launcher to retry on a fresh helper. Its liveness is judged by progress, never by one reply that had
 to wait behind a busy loop.
+
+The helper imports the target's module, the explicit preloads and, when given a plan, the learned
+modules one by one (:mod:`~async_local_executor.core.launchers.forkserver.helper.preload`). A helper that
+could not start because of a learned module (it said which one started a thread, or it crashed or
+hung while importing one) raises :class:`LearnedModuleFailed`, naming the module, so the launcher can
+refuse that module and keep everything else. Every wait here is on the launcher's clock.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ import logging
 import os
 import signal
 import socket
+import subprocess
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,15 +33,17 @@ import psutil
 from async_local_executor.core.clock import SYSTEM, Clock
 from async_local_executor.core.errors import LaunchError
 from async_local_executor.core.launchers.base import HELPER_KEY, LaunchRequest, OutputSink
-from async_local_executor.core.launchers.forkserver_channel import Channel, ChannelClosed
-from async_local_executor.core.launchers.forkserver_child import ForkServerChild
+from async_local_executor.core.launchers.forkserver import LOGGER, protocol
+from async_local_executor.core.launchers.forkserver.channel import Channel, ChannelClosed
+from async_local_executor.core.launchers.forkserver.child import ForkServerChild
 from async_local_executor.core.launchers.output import LineSplitter, drain_stream
 
-# The whole fork-server path logs under the launcher's name, as it did when it was one module.
-log = logging.getLogger("async_local_executor.core.launchers.forkserver")
+log = logging.getLogger(LOGGER)
 
 # How long a helper's explanation is awaited for a child whose control socket closed without a pid.
 EXPLANATION_WAIT = 10.0
+# How long a killed helper is awaited before its process is closed anyway.
+REAP_WAIT = 10.0
 
 
 class HelperDied(Exception):
@@ -44,8 +54,34 @@ class HelperUnfit(LaunchError):
     """The helper refused to fork because it is no longer single-threaded; it will refuse every request."""
 
 
+class LearnedModuleFailed(LaunchError):
+    """The helper could not start because of one learned module."""
+
+    def __init__(self, module: str, reason: str) -> None:
+        super().__init__(f"{module}: {reason}")
+        self.module = module
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class HelperSpec:
+    """How every helper of one launcher is started."""
+
+    python: str
+    target: str
+    preload: Sequence[str]
+    output: OutputSink
+    env: Mapping[str, str] | None
+    channel_buffer: int
+    start_timeout: float
+    ping_interval: float
+    ping_timeout: float
+    clock: Clock
+    memory_budget: int = 0  # bytes the learned modules may add to a helper; 0: no limit
+
+
 @dataclass(eq=False)
-class _Spawn:
+class _Pending:
     """A spawn request the helper has not answered: what the loop learns of it from the channel."""
 
     resolved: anyio.Event = field(default_factory=anyio.Event)  # the helper refused it, or is gone
@@ -74,9 +110,9 @@ class HelperProcess:
         ping_interval: float,
         ping_timeout: float,
         clock: Clock = SYSTEM,
-        learned: dict[str, Any] | None = None,
+        plan: protocol.Plan | None = None,
     ) -> None:
-        self.process, self._learned = process, learned  # learned: the plan to send it first, if any
+        self.process, self._plan = process, plan  # the plan to send it first, if any
         self.importing: str | None = None  # the learned module it said it is importing (during startup)
         self.blame: str | None = None  # the learned module it refused to fork after
         self.preload_report: dict[str, Any] | None = None
@@ -87,7 +123,7 @@ class HelperProcess:
         self._ping_timeout = ping_timeout
         self._clock = clock
         self._ids = itertools.count()
-        self._pending: dict[int, _Spawn] = {}
+        self._pending: dict[int, _Pending] = {}
         self._heard = 0  # messages received so far: the helper's progress
         self.pid = process.pid
         self.ready = False
@@ -141,27 +177,28 @@ class HelperProcess:
             self.gone.set()
 
     async def _handshake(self) -> str | None:
-        with anyio.move_on_after(self._start_timeout):
-            if self._learned is not None:
+        with self._clock.move_on_after(self._start_timeout):
+            if self._plan is not None:
                 with contextlib.suppress(ChannelClosed):
-                    await self._channel.send(self._channel.frame(self._learned), [], unless=self.retired)
-            while (message := await self._channel.receive()) is not None and message.get("op") == "importing":
-                self.importing = str(message.get("module"))
+                    await self._channel.send(self._channel.frame(self._plan), [], unless=self.retired)
+            while isinstance(message := await self._channel.receive(), protocol.Importing):
+                self.importing = message.module
             if message is None:
                 return "it exited during startup (its output is in the log above)"
-            self.preload_report = message.get("preload")
-            if message.get("op") == "unfit":
-                self.blame = None if message.get("blame") is None else str(message["blame"])
-                return str(message.get("error"))
-            if message.get("op") != "ready":
+            if isinstance(message, protocol.Unfit):
+                self.preload_report = message.preload
+                self.blame = message.blame
+                return message.error
+            if not isinstance(message, protocol.Ready):
                 return f"unexpected first message {message!r}"
-            self.pid = int(message["pid"])
+            self.preload_report = message.preload
+            self.pid = message.pid
             return None
         return f"it was not ready within {self._start_timeout:.0f}s"
 
     async def spawn(self, request: LaunchRequest) -> ForkServerChild:
         request_id = next(self._ids)
-        message = self._channel.frame({"op": "spawn", "id": request_id, "argv": list(request.argv)})
+        message = self._channel.frame(protocol.Spawn(id=request_id, argv=tuple(request.argv)))
         try:
             read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
         except OSError as exc:  # EMFILE/ENFILE: a launch failure to report, not a crash of ours
@@ -174,7 +211,7 @@ class HelperProcess:
             raise LaunchError(f"cannot create the workload's control socket: {exc.strerror}") from exc
         os.set_blocking(read_fd, False)
         control.setblocking(False)
-        spawn = _Spawn()
+        spawn = _Pending()
         self._pending[request_id] = spawn
         try:
             try:
@@ -205,7 +242,7 @@ class HelperProcess:
             raise LaunchError("the workload process ended before it could start")
         return await ForkServerChild.adopt(pid, control, read_fd, request, self._output)
 
-    async def _child_pid(self, control: socket.socket, spawn: _Spawn) -> int | None:
+    async def _child_pid(self, control: socket.socket, spawn: _Pending) -> int | None:
         """The pid the child reports on its control socket; ``None`` when the socket closed without one."""
         received = b""
         while b"\n" not in received:
@@ -219,7 +256,7 @@ class HelperProcess:
             if not chunk:
                 # Closed with no pid: the helper refused the request or went away (it closes its copy
                 # either way, and then says which on the channel).
-                with anyio.move_on_after(EXPLANATION_WAIT):
+                with self._clock.move_on_after(EXPLANATION_WAIT):
                     await spawn.resolved.wait()
                 return None
             received += chunk
@@ -247,14 +284,14 @@ class HelperProcess:
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.process.pid, signal.SIGKILL)
 
-    def _dispatch(self, message: dict[str, Any]) -> None:
+    def _dispatch(self, message: protocol.Message) -> None:
         self._heard += 1
-        if message["op"] != "spawn_failed":
+        if not isinstance(message, protocol.SpawnFailed):
             return  # a pong: progress is all it says
-        spawn = self._pending.get(int(message["id"]))
+        spawn = self._pending.get(message.id)
         if spawn is not None:
-            spawn.error = str(message.get("error", "spawn failed"))
-            spawn.unfit = bool(message.get("unfit"))
+            spawn.error = message.error
+            spawn.unfit = message.unfit
             spawn.resolved.set()
 
     def _abandon(self) -> None:
@@ -284,15 +321,85 @@ class HelperProcess:
                 self.retire(f"made no progress for {silent:.0f}s (process state: {state})")
                 return
             # Never waited on: a channel too full to take a ping is itself a helper not reading.
-            self._channel.offer({"op": "ping", "id": -1})
+            self._channel.offer(protocol.Ping(id=-1))
 
     async def _drain_own_output(self) -> None:
         await drain_stream(self.process.stdout, LineSplitter(HELPER_KEY, self._output))
 
     async def _reap(self) -> None:
         self.kill()
-        with anyio.move_on_after(10):
+        with self._clock.move_on_after(REAP_WAIT):
             await self.process.wait()
         with contextlib.suppress(Exception):
             await self.process.aclose()
         self._channel.close()
+
+
+async def start_helper(
+    tg: anyio.abc.TaskGroup, spec: HelperSpec, learned: Sequence[str] | None = None
+) -> HelperProcess:
+    """A ready helper, served in ``tg``.
+
+    :param learned: learned modules for it to try (``None``: it is told of none)
+    :raises LearnedModuleFailed: a learned module kept it from starting
+    :raises LaunchError: it could not start for another reason
+    """
+    channel, theirs = Channel.pair(buffer=spec.channel_buffer)
+    argv = [
+        spec.python,
+        "-m",
+        "async_local_executor.core.launchers.forkserver.helper",
+        "--fd",
+        str(theirs.fileno()),
+        "--parent-pid",
+        str(os.getpid()),
+        "--target",
+        spec.target,
+    ]
+    for module in spec.preload:
+        argv += ["--preload", module]
+    plan = None
+    if learned is not None:
+        argv.append("--learned")
+        plan = protocol.Plan(modules=tuple(learned), budget=spec.memory_budget)
+    try:
+        process = await anyio.open_process(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            pass_fds=[theirs.fileno()],
+            env=spec.env,
+        )
+    except OSError as exc:
+        channel.close()
+        raise LaunchError(f"cannot start the fork server: {exc.strerror}") from exc
+    except BaseException:  # cancelled (the loop is going away): nothing owns the channel yet
+        channel.close()
+        raise
+    finally:
+        theirs.close()
+    helper = HelperProcess(
+        process,
+        channel,
+        spec.output,
+        start_timeout=spec.start_timeout,
+        ping_interval=spec.ping_interval,
+        ping_timeout=spec.ping_timeout,
+        clock=spec.clock,
+        plan=plan,
+    )
+    try:
+        await tg.start(helper.run)
+    except BaseException:
+        # Cancelled before run() took charge of the helper: it is ours to stop.
+        helper.kill()
+        channel.close()
+        raise
+    if helper.start_error is not None:
+        await helper.gone.wait()
+        blamed = helper.blame or helper.importing
+        if blamed is not None:
+            raise LearnedModuleFailed(blamed, helper.start_error)
+        raise LaunchError(f"the fork server could not start: {helper.start_error}")
+    return helper

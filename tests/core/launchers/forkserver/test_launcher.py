@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from async_local_executor.core.launchers.base import LaunchRequest
-from async_local_executor.core.launchers.forkserver import ForkServerLauncher
+from async_local_executor.core.launchers.forkserver.launcher import ForkServerLauncher
 from async_local_executor.core.launchers.subprocess import SubprocessLauncher
 from async_local_executor.core.outcome import OutcomeKind
 from tests.core.helpers import GUARD, FakeClock, Recorder, py
@@ -39,7 +39,7 @@ async def test_children_are_forked_by_one_helper_as_our_own_children() -> None:
     # CLONE_PARENT: the helper forks, but each child is ours, so the helper's fate is not theirs.
     recorder = Recorder()
     launcher = fork_server(recorder)
-    code = "import os, tests.core.forkserver_targets as t; print(os.getppid(), t.PRELOADED)"
+    code = "import os, tests.core.launchers.forkserver.targets as t; print(os.getppid(), t.PRELOADED)"
     async with serving(recorder, launcher) as supervisor:
         for i in range(5):
             supervisor.submit(LaunchRequest(i, py(code)))
@@ -114,7 +114,7 @@ async def test_payload_never_appears_on_a_command_line() -> None:
 async def test_preloads_happen_once_in_the_helper_and_a_bad_entry_is_skipped() -> None:
     recorder = Recorder()
     launcher = fork_server(recorder, preload=["decimal", "no_such_module_for_preload"])
-    code = "import sys, tests.core.forkserver_targets as t; print(t.PRELOADED, 'decimal' in sys.modules)"
+    code = "import sys, tests.core.launchers.forkserver.targets as t; print(t.PRELOADED, 'decimal' in sys.modules)"
     async with serving(recorder, launcher) as supervisor:
         supervisor.submit(LaunchRequest("k", py(code)))
         await recorder.until(lambda: recorder.outcomes)
@@ -133,8 +133,8 @@ async def test_the_preload_of_the_module_the_target_names_runs_even_for_a_functi
     # The workload entries are methods of a shared skeleton: the function's own module is not the one
     # named in the target, and it is the named one whose preload() imports what every child needs.
     recorder = Recorder()
-    launcher = fork_server(recorder, target="tests.core.forkserver_reexport:run")
-    code = "import tests.core.forkserver_targets as t; print(t.REEXPORT_PRELOADED)"
+    launcher = fork_server(recorder, target="tests.core.launchers.forkserver.reexport:run")
+    code = "import tests.core.launchers.forkserver.targets as t; print(t.REEXPORT_PRELOADED)"
     async with serving(recorder, launcher) as supervisor:
         supervisor.submit(LaunchRequest("k", py(code)))
         await recorder.until(lambda: recorder.outcomes)
@@ -240,7 +240,9 @@ async def test_an_idle_helper_that_dies_is_replaced_without_waiting_for_a_worklo
         clock.advance(0.25)
         third = await _helper_replaced(launcher, second)
         supervisor.submit(
-            LaunchRequest("after", py("import tests.core.forkserver_targets as t; print(t.PRELOADED)"))
+            LaunchRequest(
+                "after", py("import tests.core.launchers.forkserver.targets as t; print(t.PRELOADED)")
+            )
         )
         await recorder.until(lambda: recorder.outcomes)
         assert launcher.helper_pid == third
@@ -330,7 +332,9 @@ async def test_a_large_payload_reaches_the_forked_child_through_its_own_socket()
     recorder = Recorder()
     launcher = fork_server(recorder, fallback=SubprocessLauncher(output=recorder.output))
     big = b"x" * (8 * 1024 * 1024)
-    code = "import sys, tests.core.forkserver_targets as t; print(len(sys.stdin.read()), t.PRELOADED)"
+    code = (
+        "import sys, tests.core.launchers.forkserver.targets as t; print(len(sys.stdin.read()), t.PRELOADED)"
+    )
     async with serving(recorder, launcher) as supervisor:
         supervisor.submit(LaunchRequest("big", py(code), stdin=big))
         await recorder.until(lambda: recorder.outcomes)
@@ -344,7 +348,7 @@ async def test_a_request_too_large_for_the_channel_uses_the_fallback() -> None:
     launcher = fork_server(recorder, fallback=SubprocessLauncher(output=recorder.output))
     # Over the channel's 1 MiB in all, though each argument is within exec's own limit.
     args = ["a" * 100_000] * 12
-    code = "import sys; print(len(sys.argv), 'tests.core.forkserver_targets' in sys.modules)"
+    code = "import sys; print(len(sys.argv), 'tests.core.launchers.forkserver.targets' in sys.modules)"
     async with serving(recorder, launcher) as supervisor:
         supervisor.submit(LaunchRequest("big", [*py(code), *args]))
         await recorder.until(lambda: recorder.outcomes)

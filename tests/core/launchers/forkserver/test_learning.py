@@ -18,13 +18,12 @@ from pathlib import Path
 import anyio
 import pytest
 
-from async_local_executor.core.imports import observe
-from async_local_executor.core.imports.learned import RETRY_FIRST, Learned
-from async_local_executor.core.imports.source import top_level_imports
-from async_local_executor.core.launchers import forkserver_learning
 from async_local_executor.core.launchers.base import LaunchRequest
-from async_local_executor.core.launchers.forkserver import ForkServerLauncher
-from async_local_executor.core.launchers.forkserver_learning import Learning
+from async_local_executor.core.launchers.forkserver.launcher import ForkServerLauncher
+from async_local_executor.core.launchers.forkserver.learning import loop, observe
+from async_local_executor.core.launchers.forkserver.learning.learned import RETRY_FIRST, Learned
+from async_local_executor.core.launchers.forkserver.learning.loop import Learning
+from async_local_executor.core.launchers.forkserver.learning.source import top_level_imports
 from tests.core.helpers import GUARD, Recorder, py
 from tests.core.test_supervisor import TARGET, serving
 
@@ -153,14 +152,14 @@ def had(recorder: Recorder, key: object) -> list[str]:
 async def test_what_a_dag_file_imports_is_preloaded_and_unsafe_modules_are_refused_by_name(
     world: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(forkserver_learning, "RETRY_AFTER_REFUSAL", 0.1)
+    monkeypatch.setattr(loop, "RETRY_AFTER_REFUSAL", 0.1)
     recorder = Recorder()
     launcher, learning = learning_server(recorder, world)
     async with serving(recorder, launcher) as supervisor:
         # The DAG file is read and what it names preloaded; the thread-starter comes from the
         # workload's own process (imported inside the function, as the hook reports).
         observe_then_import = (
-            f"from async_local_executor.core.imports import observe; observe.install({str(world['learn'])!r}); "
+            f"from async_local_executor.core.launchers.forkserver.learning import observe; observe.install({str(world['learn'])!r}); "
             + PROBE
             + "; import fakepre_thread"
         )
@@ -263,7 +262,7 @@ def test_top_level_imports_are_read_without_running_the_file(tmp_path: Path) -> 
 
 def test_a_process_records_what_it_and_its_forks_load_that_its_parent_had_not(tmp_path: Path) -> None:
     code = (
-        f"import os, sys, json; from async_local_executor.core.imports import observe; observe.install({str(tmp_path)!r})\n"
+        f"import os, sys, json; from async_local_executor.core.launchers.forkserver.learning import observe; observe.install({str(tmp_path)!r})\n"
         "import json, email.mime.text, xml.dom\n"
         "pid = os.fork()\n"
         "if pid == 0:\n"
@@ -311,7 +310,7 @@ async def test_tasks_forked_after_numpy_random_was_preloaded_draw_numbers_of_the
 ) -> None:
     # NumPy seeds its global generator from the OS when numpy.random is imported (pandas imports it):
     # preloaded, that one state would be every task's. Generators a library makes are refused.
-    monkeypatch.setattr(forkserver_learning, "RETRY_AFTER_REFUSAL", 0.1)
+    monkeypatch.setattr(loop, "RETRY_AFTER_REFUSAL", 0.1)
     (world["dags"] / "random_dag.py").write_text(
         "import numpy.random\nimport fakepre_rng\nimport fakepre_seeds\n"
     )
@@ -346,7 +345,7 @@ async def test_tasks_forked_after_numpy_random_was_preloaded_draw_numbers_of_the
 async def test_a_module_that_changes_the_whole_process_is_refused_and_warnings_filters_stay_as_they_were(
     world: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(forkserver_learning, "RETRY_AFTER_REFUSAL", 0.1)
+    monkeypatch.setattr(loop, "RETRY_AFTER_REFUSAL", 0.1)
     names = ("fakepre_env", "fakepre_log", "fakepre_patch", "fakepre_warns")
     (world["dags"] / "side_effects_dag.py").write_text("".join(f"import {n}\n" for n in names))
     recorder = Recorder()
@@ -464,8 +463,8 @@ def test_pandas_and_numpy_get_the_same_verdict_on_every_start() -> None:
     code = textwrap.dedent(
         """
         import json
-        from async_local_executor.core.launchers.forkserver_preload import Unfit, preload_learned
-        from async_local_executor.core.launchers.forkserver_threads import ThreadCensus
+        from async_local_executor.core.launchers.forkserver.helper.preload import Unfit, preload_learned
+        from async_local_executor.core.launchers.forkserver.helper.threads import ThreadCensus
         try:
             report = preload_learned(["pandas", "numpy"], budget=0, census=ThreadCensus(), settle=1.0)
             print(json.dumps(sorted(row[0] for row in report["loaded"])))
@@ -485,13 +484,13 @@ def test_a_reseed_that_fails_costs_the_task_nothing_and_says_so(
 ) -> None:
     import types
 
-    from async_local_executor.core.launchers import forkserver_hygiene
+    from async_local_executor.core.launchers.forkserver.helper import hygiene
 
     def broken() -> None:
         raise OSError("no entropy")
 
     monkeypatch.setitem(sys.modules, "numpy.random", types.SimpleNamespace(seed=broken))
-    forkserver_hygiene.reseed_inherited()  # does not raise: the workload runs
+    hygiene.reseed_inherited()  # does not raise: the workload runs
     assert (
         "could not reseed numpy.random's global generator: OSError('no entropy')" in capsys.readouterr().err
     )

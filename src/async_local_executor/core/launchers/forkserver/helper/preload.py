@@ -1,7 +1,7 @@
 """In the fork-server helper: import learned modules one at a time, refusing what would harm a workload.
 
-The names come from what workloads imported (:mod:`async_local_executor.core.imports`). Each one is
-checked before it is imported, and watched while it is:
+The names come from what workloads imported (:mod:`async_local_executor.core.launchers.forkserver.learning`).
+Each one is checked before it is imported, and watched while it is:
 
 - it must belong to an installed distribution, and be found where that distribution is installed: a
   module of the DAGs folder or of a bundle, imported here, would keep every task on the code of the
@@ -11,7 +11,7 @@ checked before it is imported, and watched while it is:
   meets the error, or not, exactly as it would have);
 - it must leave no thread running (the helper must stay single-threaded to fork), create no random
   generator every task would then share, draw nothing from NumPy's global one, and leave no descriptor
-  open (:mod:`~async_local_executor.core.launchers.forkserver_hygiene`). Neither can be undone: the helper
+  open (:mod:`~async_local_executor.core.launchers.forkserver.helper.hygiene`). Neither can be undone: the helper
   stops there, says which module did it, and exits; the launcher refuses that module and starts a
   helper without it, while the previous one goes on serving.
 
@@ -28,13 +28,13 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from async_local_executor.core.launchers.forkserver_hygiene import (
+from async_local_executor.core.launchers.forkserver.helper.hygiene import (
     REFUSALS,
     ImportWatch,
     kept_warnings_filters,
 )
-from async_local_executor.core.launchers.forkserver_pools import stop_known_pools
-from async_local_executor.core.launchers.forkserver_threads import ThreadCensus, thread_ids
+from async_local_executor.core.launchers.forkserver.helper.pools import stop_known_pools
+from async_local_executor.core.launchers.forkserver.helper.threads import ThreadCensus, thread_ids
 
 KIB = 1024
 # Refusals for what a module is, the same on every try (the others may pass: the launcher retries them).

@@ -15,7 +15,7 @@ import anyio.to_thread
 
 from async_local_executor.core.errors import ChildLost, LaunchError
 from async_local_executor.core.launchers.base import LaunchRequest, OutputSink, prepare
-from async_local_executor.core.launchers.forkserver_protocol import GO
+from async_local_executor.core.launchers.forkserver.protocol import GO
 from async_local_executor.core.launchers.output import LineSplitter, drain_after_exit
 from async_local_executor.core.launchers.tree import GroupSignaller
 

@@ -1,14 +1,14 @@
-"""The fast launch path: a helper that has imported everything once forks one child per workload.
+"""The fork server's policy: when a helper starts, is replaced or stops, and when a launch falls back.
 
 A fork of a process that already imported the task SDK costs milliseconds; a fresh interpreter costs
 about two seconds of CPU. The scheduler itself cannot fork (its event-loop thread makes it
 multi-threaded), so the forking happens in a helper started with ``exec``
-(:mod:`~async_local_executor.core.launchers.forkserver_helper`; the messages between the two are
-:mod:`~async_local_executor.core.launchers.forkserver_protocol`).
+(:mod:`~async_local_executor.core.launchers.forkserver.helper`; the messages between the two are
+:mod:`~async_local_executor.core.launchers.forkserver.protocol`).
 
 This module is the policy: when a helper starts, is replaced (when it dies, hangs, or what workloads
-import has grown: ``forkserver_learning``) or stops while idle, and when a launch goes to the fallback
-launcher. A replaced helper costs no running workload; requests it had not started go to a fresh one.
+import has grown: :mod:`~async_local_executor.core.launchers.forkserver.learning`) or stops while
+idle, and when a launch goes to the fallback launcher. A replaced helper costs no running workload; requests it had not started go to a fresh one.
 A helper that cannot start, for any reason (out of descriptors, a start timeout on an overloaded host,
 a host where it cannot fork), costs at most the launches made while it is down: they go to the
 fallback, and a new helper is tried again after a backoff. One that must not fork (a preload started
@@ -36,21 +36,30 @@ from async_local_executor.core.launchers.base import (
     LaunchRequest,
     OutputSink,
 )
-from async_local_executor.core.launchers.forkserver_channel import MessageTooLarge
-from async_local_executor.core.launchers.forkserver_learning import Learning, describe
-from async_local_executor.core.launchers.forkserver_process import HelperDied, HelperProcess, HelperUnfit
-from async_local_executor.core.launchers.forkserver_protocol import BUFFER
-from async_local_executor.core.launchers.forkserver_start import HelperSpec, LearnedModuleFailed, start_helper
+from async_local_executor.core.launchers.forkserver import LOGGER
+from async_local_executor.core.launchers.forkserver.channel import MessageTooLarge
+from async_local_executor.core.launchers.forkserver.learning.loop import Learning, describe
+from async_local_executor.core.launchers.forkserver.process import (
+    HelperDied,
+    HelperProcess,
+    HelperSpec,
+    HelperUnfit,
+    LearnedModuleFailed,
+    start_helper,
+)
+from async_local_executor.core.launchers.forkserver.protocol import BUFFER
 from async_local_executor.core.launchers.output import discard
 
 __all__ = ["RESTART_DELAY_MAX", "ForkServerLauncher"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(LOGGER)
 
 # Longest wait before a dead helper is replaced (kept warm); one that lived longer waits restart_delay.
 RESTART_DELAY_MAX = 60.0
 # Longest wait before a helper that could not start is tried again (each failure doubles the wait).
 START_RETRY_MAX = 600.0
+# How long a closed helper is awaited (at shutdown, or stopped while idle) before it is left to exit.
+CLOSE_WAIT = 10.0
 
 
 class ForkServerLauncher:
@@ -71,7 +80,8 @@ class ForkServerLauncher:
         ``restart_delay`` seconds after it dies (doubled each time a replacement dies young); a number: start
         it with the first launch and stop it after that many seconds without a launch (the next
         launch starts a new one), trading the helper's start time for its memory while idle
-    :param clock: what the watchdog's ticks, the restart delay and the idle time are measured on
+    :param clock: what every wait is measured on: the watchdog's ticks, the start timeout, the restart
+        delay, the idle time
     :param channel_buffer: the socket buffer size asked for each helper's channel; the kernel may grant
         less, and a request that does not fit what it granted goes to the fallback
     :param learning: learn what workloads import and start helpers that preload it; ``None``: only
@@ -150,7 +160,7 @@ class ForkServerLauncher:
         helper = self._helper
         if helper is not None:
             helper.close()
-            with anyio.move_on_after(10, shield=True):
+            with self._clock.move_on_after(CLOSE_WAIT, shield=True):
                 await helper.gone.wait()
         self._tg.cancel_scope.cancel()
         return await self._tg.__aexit__(exc_type, exc, tb)
@@ -250,7 +260,7 @@ class ForkServerLauncher:
                 log.info("fork server idle for %.0fs; stopping it until the next workload", idle)
                 self._helper = None
                 helper.close()
-            with anyio.move_on_after(10):
+            with self._clock.move_on_after(CLOSE_WAIT):
                 await helper.gone.wait()
 
     async def _launch_fallback(self, request: LaunchRequest, why: str, *, say: bool = False) -> Child:

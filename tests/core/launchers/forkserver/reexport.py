@@ -3,8 +3,8 @@ points are: methods of a skeleton in ``child_entry``, named as ``adapter.child:f
 
 from __future__ import annotations
 
-import tests.core.forkserver_targets as targets
-from tests.core.forkserver_targets import python_c as run
+from tests.core.launchers.forkserver import targets
+from tests.core.launchers.forkserver.targets import python_c as run
 
 __all__ = ["preload", "run"]
 

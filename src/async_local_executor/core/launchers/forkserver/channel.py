@@ -1,8 +1,8 @@
 """The loop's end of the channel to one fork-server helper: messages in and out, never blocking the loop.
 
-What travels on it is :mod:`~async_local_executor.core.launchers.forkserver_protocol`; when to send what,
-and what an answer (or silence) means, is the launcher's business
-(:mod:`~async_local_executor.core.launchers.forkserver_process`).
+What travels on it is :mod:`~async_local_executor.core.launchers.forkserver.protocol`; when to send what,
+and what an answer (or silence) means, is :mod:`~async_local_executor.core.launchers.forkserver.process`'s
+business.
 """
 
 from __future__ import annotations
@@ -11,13 +11,14 @@ import contextlib
 import errno
 import socket
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import anyio
 
-from async_local_executor.core.launchers.forkserver_protocol import (
+from async_local_executor.core.launchers.forkserver.protocol import (
     BUFFER,
     MAX_MESSAGE,
+    Message,
+    ToHelper,
     decode,
     encode,
     size_buffers,
@@ -61,7 +62,7 @@ class Channel:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         return cls(ours, buffer=buffer), theirs
 
-    def frame(self, message: dict[str, Any]) -> bytes:
+    def frame(self, message: ToHelper) -> bytes:
         """``message`` as one datagram; :class:`MessageTooLarge` when it cannot go through this channel."""
         data = encode(message)
         if len(data) > self.limit:
@@ -90,12 +91,12 @@ class Channel:
                     raise MessageTooLarge(len(data), self.limit) from exc
                 raise ChannelClosed from exc
 
-    def offer(self, message: dict[str, Any]) -> None:
+    def offer(self, message: ToHelper) -> None:
         """Send ``message`` if the channel takes it at once; never waited on, and a failure is dropped."""
         with contextlib.suppress(BlockingIOError, OSError):
             self._sock.send(encode(message))
 
-    async def receive(self) -> dict[str, Any] | None:
+    async def receive(self) -> Message | None:
         """The next message; ``None`` once the channel is closed or broken."""
         while True:
             try:
@@ -107,7 +108,7 @@ class Channel:
                 return None
             return decode(data) if data else None
 
-    def received(self) -> Iterator[dict[str, Any]]:
+    def received(self) -> Iterator[Message]:
         """The messages the channel holds now, without waiting for more."""
         while True:
             try:

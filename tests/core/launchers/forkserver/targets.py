@@ -10,7 +10,7 @@ import io
 import sys
 
 PRELOADED = False
-REEXPORT_PRELOADED = False  # set by tests.core.forkserver_reexport's preload
+REEXPORT_PRELOADED = False  # set by tests.core.launchers.forkserver.reexport's preload
 
 
 def preload() -> None:

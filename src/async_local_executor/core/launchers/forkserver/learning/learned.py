@@ -1,10 +1,10 @@
 """The launcher's memory of what workloads import: what to try next, what is preloaded, what was refused.
 
 Names come from two places: the top-level imports of the files workloads run (read without running
-them, :mod:`~async_local_executor.core.imports.source`) and what workload processes loaded while they
-ran (:mod:`~async_local_executor.core.imports.observe`). Which of them a helper may import is decided
+them, :mod:`~async_local_executor.core.launchers.forkserver.learning.source`) and what workload processes loaded while they
+ran (:mod:`~async_local_executor.core.launchers.forkserver.learning.observe`). Which of them a helper may import is decided
 by the helper itself, the only process that can import them without harm
-(:mod:`~async_local_executor.core.launchers.forkserver_preload`); this keeps its verdicts.
+(:mod:`~async_local_executor.core.launchers.forkserver.helper.preload`); this keeps its verdicts.
 
 A preloaded module is remembered with the size and time of its file: when an upgrade (``pip install
 -U``) replaces the file, a new helper is wanted, which imports the new code. The preloaded names are
@@ -24,8 +24,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from async_local_executor.core.imports import observe, source
-from async_local_executor.core.launchers.forkserver_preload import PERMANENT_REFUSALS
+from async_local_executor.core.launchers.forkserver.helper.preload import PERMANENT_REFUSALS
+from async_local_executor.core.launchers.forkserver.learning import observe, source
 
 # Files read per scan: a DAGs folder of thousands is read over several scans, not in one burst of CPU.
 FILES_PER_SCAN = 100

@@ -1,0 +1,92 @@
+"""The fork server's waits run on the launcher's clock: a fake one drives them, nothing waits real time."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import anyio
+import pytest
+
+from async_local_executor.core.launchers.forkserver.channel import Channel
+from async_local_executor.core.launchers.forkserver.learning import loop
+from async_local_executor.core.launchers.forkserver.learning.learned import Learned, Scan
+from async_local_executor.core.launchers.forkserver.learning.loop import Learning
+from async_local_executor.core.launchers.forkserver.process import HelperProcess
+from tests.core.helpers import GUARD, FakeClock, Recorder
+
+# Far longer than any test may take: only the fake clock can get there.
+HOUR = 3600.0
+
+
+@pytest.mark.asyncio
+async def test_the_learning_scans_when_its_clock_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(loop, "SCAN_EVERY", HOUR)
+    clock = FakeClock()
+    learned = Learned(str(tmp_path))
+    scans: list[float] = []
+    scanned = threading.Event()  # the scan runs in a worker thread
+    real_scan = learned.scan
+
+    def scan() -> Scan:
+        scans.append(clock.monotonic())
+        scanned.set()
+        return real_scan()
+
+    monkeypatch.setattr(learned, "scan", scan)
+
+    async def grow(modules: list[str]) -> bool:
+        raise AssertionError("nothing was learned: no helper is wanted")
+
+    learning = Learning(learned, interval=60.0, clock=clock)
+    start = clock.monotonic()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(learning.run, grow)
+        await clock.sleepers(1)  # the scan period, parked on the fake clock
+        clock.advance(HOUR - 1)
+        await anyio.wait_all_tasks_blocked()
+        assert scans == []
+        clock.advance(1)
+        assert await anyio.to_thread.run_sync(scanned.wait, GUARD)
+        assert scans == [start + HOUR]
+        tg.cancel_scope.cancel()
+    assert not learning.stopped.is_set()
+
+
+@pytest.mark.asyncio
+async def test_a_helper_that_never_says_ready_times_out_on_the_launchers_clock() -> None:
+    # A process that holds the helper's end of the channel and never speaks: a helper hung in its imports.
+    clock = FakeClock()
+    channel, theirs = Channel.pair()
+    process = await anyio.open_process(
+        [sys.executable, "-c", "import signal; signal.pause()"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        pass_fds=[theirs.fileno()],
+    )
+    theirs.close()
+    helper = HelperProcess(
+        process,
+        channel,
+        Recorder().output,
+        start_timeout=HOUR,
+        ping_interval=5.0,
+        ping_timeout=30.0,
+        clock=clock,
+    )
+    with anyio.fail_after(GUARD):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(helper.run)
+            await clock.sleepers(1)  # the start timeout
+            assert helper.start_error is None
+            assert not helper.gone.is_set()
+            clock.advance(HOUR)
+            await helper.gone.wait()
+    assert helper.start_error == "it was not ready within 3600s"
+    assert not helper.ready
+    assert process.returncode is not None  # killed and reaped, not left behind
