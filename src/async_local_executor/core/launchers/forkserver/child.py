@@ -13,6 +13,7 @@ import socket
 import anyio
 import anyio.to_thread
 
+from async_local_executor.core.clock import SYSTEM, Clock
 from async_local_executor.core.errors import ChildLost, LaunchError
 from async_local_executor.core.launchers.base import LaunchRequest, OutputSink, prepare
 from async_local_executor.core.launchers.forkserver.protocol import GO
@@ -34,7 +35,13 @@ class ForkServerChild:
     cleanup: None = None
 
     def __init__(
-        self, pid: int, pidfd: int, read_fd: int, request: LaunchRequest, output: OutputSink
+        self,
+        pid: int,
+        pidfd: int,
+        read_fd: int,
+        request: LaunchRequest,
+        output: OutputSink,
+        clock: Clock = SYSTEM,
     ) -> None:
         self._pid = pid
         self._pidfd = pidfd
@@ -43,10 +50,17 @@ class ForkServerChild:
         self._output = output
         self._drained = anyio.Event()
         self._signaller = GroupSignaller(pid)
+        self._clock = clock
 
     @classmethod
     async def adopt(
-        cls, pid: int, control: socket.socket, read_fd: int, request: LaunchRequest, output: OutputSink
+        cls,
+        pid: int,
+        control: socket.socket,
+        read_fd: int,
+        request: LaunchRequest,
+        output: OutputSink,
+        clock: Clock = SYSTEM,
     ) -> ForkServerChild:
         """Take charge of the child that reported ``pid``, then send it its payload (it runs after that)."""
         try:
@@ -67,7 +81,7 @@ class ForkServerChild:
                 await anyio.to_thread.run_sync(os.waitid, os.P_PIDFD, pidfd, os.WEXITED)
                 os.close(pidfd)
             raise
-        child = cls(pid, pidfd, read_fd, request, output)
+        child = cls(pid, pidfd, read_fd, request, output, clock)
         # Shielded: a child that got half its payload would run with a truncated workload.
         with anyio.CancelScope(shield=True):
             await _send_all(control, GO + request.stdin)
@@ -86,7 +100,7 @@ class ForkServerChild:
                 tg.start_soon(self._drain)
                 status = await self._reap()
                 # Still a zombie (see _reap): its pid, and so its group's id, cannot be anyone else's.
-                await drain_after_exit(self.signal, self._drained)
+                await drain_after_exit(self.signal, self._drained, self._clock)
                 tg.cancel_scope.cancel()
         finally:
             with contextlib.suppress(ChildProcessError):

@@ -240,7 +240,7 @@ class HelperProcess:
             if self.retired.is_set():
                 raise HelperDied
             raise LaunchError("the workload process ended before it could start")
-        return await ForkServerChild.adopt(pid, control, read_fd, request, self._output)
+        return await ForkServerChild.adopt(pid, control, read_fd, request, self._output, self._clock)
 
     async def _child_pid(self, control: socket.socket, spawn: _Pending) -> int | None:
         """The pid the child reports on its control socket; ``None`` when the socket closed without one."""
