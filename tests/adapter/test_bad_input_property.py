@@ -117,8 +117,7 @@ def test_any_executor_config_ends_its_task_once_and_spares_the_others(
 def test_any_airflow2_hand_over_ends_once(
     executor: RecordingExecutor, command: object, queue_name: object, executor_config: object
 ) -> None:
-    # A valid command launches the stub child, which expects Airflow 3's payload and crashes: that is
-    # a final event too.
+    # A valid command launches the stub entry, which runs it and succeeds; an invalid one fails unlaunched.
     key = TaskInstanceKey("adapter_dag", "a2", "manual__1", 1, next(serials))
     executor._process_tasks([(key, command, queue_name, executor_config)])  # type: ignore[list-item]
     scheduler = Scheduler(executor)

@@ -13,8 +13,6 @@ import pytest
     [
         ("async_local_executor", "AsyncLocalExecutor"),
         ("async_local_executor.executor", "AsyncLocalExecutor"),
-        ("async_local_executor.child", "forked_main"),
-        ("async_local_executor.child_cli", "forked_main"),
     ],
 )
 def test_class_and_target_paths_users_and_old_processes_name_still_resolve(module: str, name: str) -> None:
@@ -31,13 +29,3 @@ def test_old_python_m_entry_points_still_start() -> None:
         check=True,
     )
     assert "--target" in helper.stdout
-    # The workload entry reads its workload from stdin: an empty one is refused by the new module's code.
-    child = subprocess.run(
-        [sys.executable, "-m", "async_local_executor.child"],
-        input="",
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert child.returncode == 2
-    assert "invalid workload on stdin" in child.stderr

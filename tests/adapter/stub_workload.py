@@ -1,4 +1,4 @@
-"""Stands in for ``async_local_executor.adapter.child`` where no api-server runs (the end-to-end suite runs the
+"""Stands in for ``async_local_executor.adapter.workload.airflow3`` where no api-server runs (the end-to-end suite runs the
 real one). It reads the same stdin payload and exits the way the real child would, chosen by the test:
 the workload's task id (or connection id) names the behaviour."""
 
