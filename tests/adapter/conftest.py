@@ -9,11 +9,15 @@ os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="ale-adapter-"))
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
 from harness import cgroups
+from tests.adapter.driver import RecordingExecutor
+
+StartExecutor = Callable[..., RecordingExecutor]
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -34,3 +38,25 @@ def launcher(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
     """Every adapter test runs on both launch paths."""
     monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__LAUNCHER", str(request.param))
     return str(request.param)
+
+
+@pytest.fixture
+def start_executor() -> Iterator[StartExecutor]:
+    """Start a :class:`~tests.adapter.driver.RecordingExecutor` (keyword arguments as for its constructor,
+    and ``argv`` for the workload command); every one started is ended when the test ends.
+
+    A test that ends one itself (to check what ending does) may: ending twice is a no-op.
+    """
+    started: list[RecordingExecutor] = []
+
+    def start(argv: tuple[str, ...] | None = None, **kwargs: Any) -> RecordingExecutor:
+        executor = RecordingExecutor(**kwargs)
+        if argv is not None:
+            executor.argv = argv
+        started.append(executor)
+        executor.start()
+        return executor
+
+    yield start
+    for executor in reversed(started):
+        executor.end()

@@ -14,11 +14,11 @@ from async_local_executor.adapter.executor import AsyncLocalExecutor
 from async_local_executor.core.health import Report
 
 GUARD = 60.0
-STUB = str(Path(__file__).with_name("stub_child.py"))
+STUB = str(Path(__file__).with_name("stub_workload.py"))
 
 
 class RecordingExecutor(AsyncLocalExecutor):
-    """The real executor with the stub child (no api-server here), a record of change_state calls, and
+    """The real executor with the stub workload entry (no api-server here), a record of change_state calls, and
     a condition that each health report notifies, for a test to wait on."""
 
     argv: tuple[str, ...] = (sys.executable, STUB)
@@ -33,7 +33,7 @@ class RecordingExecutor(AsyncLocalExecutor):
         return self.argv
 
     def _fork_target(self) -> str:
-        return "tests.adapter.stub_child:forked"
+        return "tests.adapter.stub_workload:forked"
 
     def change_state(self, key: Any, state: Any, info: Any = None, remove_running: bool = True) -> None:
         self.changes.append((key, state, info, remove_running))

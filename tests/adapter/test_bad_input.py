@@ -19,7 +19,7 @@ import pytest
 from airflow.models.taskinstancekey import TaskInstanceKey
 from airflow.utils.state import TaskInstanceState
 
-from async_local_executor.adapter import executor_base, validation
+from async_local_executor.adapter import handover, validation
 from async_local_executor.adapter.metrics import Metrics
 from tests.adapter import workloads
 from tests.adapter.driver import RecordingExecutor, Scheduler
@@ -157,7 +157,7 @@ def test_writing_the_reason_to_the_task_log_never_raises(tmp_path: Path) -> None
     # During end() it runs on the scheduler's thread (the loop is gone): raising there would lose the
     # reason, and the task's final event with it, for an internal error.
     key = TaskInstanceKey("adapter_dag", "t", "manual__1", 1, -1)
-    executor_base._tell_the_task(str(tmp_path), "dag_id=adapter_dag/bad\0name.log", key, "why")
+    handover.tell_the_task(str(tmp_path), "dag_id=adapter_dag/bad\0name.log", key, "why")
 
 
 @pytest.mark.parametrize(
@@ -242,7 +242,7 @@ def test_a_report_that_raises_still_gives_exactly_one_final_event(
     }
     assert final_events(executor) == {item.key: 1 for item in items}
     assert executor.running == set()
-    assert executor._states == {}
+    assert executor._submissions == {}
 
 
 def test_shutting_down_with_a_step_that_raises_still_ends(

@@ -1,7 +1,7 @@
 """The executor driven as the scheduler drives it, with real workload objects and real child processes.
 
-The child is a stub (tests/adapter/stub_child.py) because no api-server runs here; the real child and a
-real Airflow are exercised by tests/e2e.
+The workload entry is a stub (tests/adapter/stub_workload.py) because no api-server runs here; the real
+entry and a real Airflow are exercised by tests/e2e.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -21,11 +20,13 @@ import pytest
 from airflow.models.connection_test import ConnectionTestState
 from airflow.utils.state import CallbackState, TaskInstanceState
 
-from async_local_executor.adapter import child, child_entry, startup
+from async_local_executor.adapter import startup
 from async_local_executor.adapter.executor import AsyncLocalExecutor
+from async_local_executor.adapter.workload import entry
 from async_local_executor.core.errors import RuntimeNotRunning
 from async_local_executor.ops import journal
 from tests.adapter import workloads
+from tests.adapter.conftest import StartExecutor
 from tests.adapter.driver import GUARD, RecordingExecutor, Scheduler, loop_threads
 
 # Only a hang trips it: 5000 real processes take about 30 s on a 2-core machine.
@@ -33,11 +34,8 @@ BURST_GUARD = 600.0
 
 
 @pytest.fixture
-def executor() -> Iterator[RecordingExecutor]:
-    ex = RecordingExecutor(parallelism=4)
-    ex.start()
-    yield ex
-    ex.end()
+def executor(start_executor: StartExecutor) -> RecordingExecutor:
+    return start_executor(parallelism=4)
 
 
 def queue(ex: AsyncLocalExecutor, *items: object) -> None:
@@ -90,7 +88,7 @@ def test_a_task_whose_instance_is_gone_ends_without_failing_and_nothing_else_doe
     # The scheduler applies an event to whichever task instance holds the key now: after a clear, that
     # is the restarting one, which a failure would fail and an end lets run again.
     task, conn = workloads.task("gone"), workloads.connection_test("gone")
-    assert child.EXIT_TI_GONE == 4  # what the stub returns
+    assert entry.EXIT_TI_GONE == 4  # what the stub returns
     queue(executor, task, conn)
     scheduler = Scheduler(executor)
     scheduler.run_until(lambda: not executor.running and not executor.queued_connection_tests)
@@ -117,28 +115,27 @@ def test_callbacks_and_connection_tests_report_running_first(executor: Recording
     assert not executor.queued_connection_tests
 
 
-def test_parallelism_is_enforced_and_heartbeat_never_waits_for_children(tmp_path: Path) -> None:
+def test_parallelism_is_enforced_and_heartbeat_never_waits_for_children(
+    start_executor: StartExecutor, tmp_path: Path
+) -> None:
     gate = tmp_path / "gate"
     gate.touch()
-    ex = RecordingExecutor(parallelism=2)  # prefetch_multiplier defaults to 1: 2 more accepted
-    ex.start()
-    try:
-        items = [workloads.task(f"hold:{gate}", map_index=i) for i in range(500)]
-        queue(ex, *items)
-        scheduler = Scheduler(ex)
-        scheduler.loop_once()  # every child blocks until the gate goes: returning proves no wait
-        assert len(ex.running) == 4  # two running, two waiting inside the executor for a slot
-        assert len(ex.queued_tasks) == 496
-        assert ex.slots_available == 2 + 2 - 4 - 496
-        scheduler.run_until(lambda: holding(gate) == 2)
-        scheduler.loop_once()
-        assert len(ex.running) == 4  # no room left: nothing more accepted while both run
-        assert holding(gate) == 2  # the prefetched two wait for a slot, they do not start
-        assert all(ex.has_task(w.ti) for w in items)  # type: ignore[arg-type]
-        gate.unlink()
-        scheduler.run_until(lambda: len(scheduler.events) == 500)
-    finally:
-        ex.end()
+    ex = start_executor(parallelism=2)  # prefetch_multiplier defaults to 1: 2 more accepted
+    items = [workloads.task(f"hold:{gate}", map_index=i) for i in range(500)]
+    queue(ex, *items)
+    scheduler = Scheduler(ex)
+    scheduler.loop_once()  # every child blocks until the gate goes: returning proves no wait
+    assert len(ex.running) == 4  # two running, two waiting inside the executor for a slot
+    assert len(ex.queued_tasks) == 496
+    assert ex.slots_available == 2 + 2 - 4 - 496
+    scheduler.run_until(lambda: holding(gate) == 2)
+    scheduler.loop_once()
+    assert len(ex.running) == 4  # no room left: nothing more accepted while both run
+    assert holding(gate) == 2  # the prefetched two wait for a slot, they do not start
+    assert all(ex.has_task(w.ti) for w in items)  # type: ignore[arg-type]
+    gate.unlink()
+    scheduler.run_until(lambda: len(scheduler.events) == 500)
+    ex.end()
     assert {state for state, _ in scheduler.events.values()} == {TaskInstanceState.SUCCESS}
     assert ex.running == set()
 
@@ -146,99 +143,88 @@ def test_parallelism_is_enforced_and_heartbeat_never_waits_for_children(tmp_path
 # The default launch path only: 5000 fresh interpreters cost 4 minutes of a 2-core CI run and add
 # nothing about dispatch; the plain path's dispatch is covered by the 500-workload test above.
 @pytest.mark.parametrize("launcher", ["forkserver"], indirect=True)
-def test_5000_queued_at_parallelism_256_heartbeat_keeps_returning(tmp_path: Path, launcher: str) -> None:
+def test_5000_queued_at_parallelism_256_heartbeat_keeps_returning(
+    start_executor: StartExecutor, tmp_path: Path, launcher: str
+) -> None:
     # The stock executor's burst deadlock (a full pipe between scheduler and workers) at its largest.
     # Returning is the assertion; how fast it returns is the dispatch benchmark's figure.
     gate = tmp_path / "gate"
     gate.touch()
-    ex = RecordingExecutor(parallelism=256)
-    ex.start()
-    try:
-        items = [workloads.task(f"hold:{gate}", map_index=i) for i in range(5000)]
-        queue(ex, *items)
-        scheduler = Scheduler(ex)
-        scheduler.loop_once()
-        assert len(ex.running) == 512  # 256 slots and as many prefetched
-        assert len(ex.queued_tasks) == 5000 - 512
-        scheduler.run_until(lambda: holding(gate) == 256, guard=BURST_GUARD)
-        scheduler.loop_once()
-        assert holding(gate) == 256  # every slot taken, no process beyond parallelism
-        assert len(ex.running) == 512
-        gate.unlink()  # all 256 exit at once, and the rest follow in waves
-        scheduler.run_until(lambda: len(scheduler.events) == 5000, guard=BURST_GUARD)
-    finally:
-        ex.end()
+    ex = start_executor(parallelism=256)
+    items = [workloads.task(f"hold:{gate}", map_index=i) for i in range(5000)]
+    queue(ex, *items)
+    scheduler = Scheduler(ex)
+    scheduler.loop_once()
+    assert len(ex.running) == 512  # 256 slots and as many prefetched
+    assert len(ex.queued_tasks) == 5000 - 512
+    scheduler.run_until(lambda: holding(gate) == 256, guard=BURST_GUARD)
+    scheduler.loop_once()
+    assert holding(gate) == 256  # every slot taken, no process beyond parallelism
+    assert len(ex.running) == 512
+    gate.unlink()  # all 256 exit at once, and the rest follow in waves
+    scheduler.run_until(lambda: len(scheduler.events) == 5000, guard=BURST_GUARD)
+    ex.end()
     assert {state for state, _ in scheduler.events.values()} == {TaskInstanceState.SUCCESS}
     assert ex.running == set()
     assert len(scheduler.heartbeat_seconds) > 2
 
 
-def test_the_schedulers_own_cap_leaves_room_for_the_prefetch(tmp_path: Path) -> None:
+def test_the_schedulers_own_cap_leaves_room_for_the_prefetch(
+    start_executor: StartExecutor, tmp_path: Path
+) -> None:
     # The scheduler queues at most [core] parallelism minus every executor's slots_occupied.
     gate = tmp_path / "gate"
     gate.touch()
-    ex = RecordingExecutor(parallelism=2)  # prefetch_multiplier 1: two more may wait here
-    ex.start()
-    try:
-        queue(ex, *[workloads.task(f"hold:{gate}", map_index=i) for i in range(2)])
-        scheduler = Scheduler(ex)
-        scheduler.run_until(lambda: holding(gate) == 2)
-        assert ex.parallelism - ex.slots_occupied == 2  # both slots taken; room for two prefetched
-        queue(ex, *[workloads.task(f"hold:{gate}", map_index=i) for i in range(2, 4)])
-        scheduler.loop_once()
-        assert len(ex.running) == 4
-        assert ex.parallelism - ex.slots_occupied == 0
-        assert holding(gate) == 2
-        gate.unlink()
-        scheduler.run_until(lambda: len(scheduler.events) == 4)
-    finally:
-        ex.end()
+    ex = start_executor(parallelism=2)  # prefetch_multiplier 1: two more may wait here
+    queue(ex, *[workloads.task(f"hold:{gate}", map_index=i) for i in range(2)])
+    scheduler = Scheduler(ex)
+    scheduler.run_until(lambda: holding(gate) == 2)
+    assert ex.parallelism - ex.slots_occupied == 2  # both slots taken; room for two prefetched
+    queue(ex, *[workloads.task(f"hold:{gate}", map_index=i) for i in range(2, 4)])
+    scheduler.loop_once()
+    assert len(ex.running) == 4
+    assert ex.parallelism - ex.slots_occupied == 0
+    assert holding(gate) == 2
+    gate.unlink()
+    scheduler.run_until(lambda: len(scheduler.events) == 4)
 
 
 def test_without_prefetch_the_executor_accepts_only_free_slots(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    start_executor: StartExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__PREFETCH_MULTIPLIER", "0")
     gate = tmp_path / "gate"
     gate.touch()
-    ex = RecordingExecutor(parallelism=2)
-    ex.start()
-    try:
-        queue(ex, *[workloads.task(f"hold:{gate}", map_index=i) for i in range(5)])
-        scheduler = Scheduler(ex)
-        scheduler.loop_once()
-        assert len(ex.running) == 2
-        assert ex.slots_available == 2 - 2 - 3
-        gate.unlink()
-        scheduler.run_until(lambda: len(scheduler.events) == 5)
-    finally:
-        ex.end()
+    ex = start_executor(parallelism=2)
+    queue(ex, *[workloads.task(f"hold:{gate}", map_index=i) for i in range(5)])
+    scheduler = Scheduler(ex)
+    scheduler.loop_once()
+    assert len(ex.running) == 2
+    assert ex.slots_available == 2 - 2 - 3
+    gate.unlink()
+    scheduler.run_until(lambda: len(scheduler.events) == 5)
 
 
 def test_prefetch_shrinks_once_tasks_run_longer_than_half_the_queued_timeout(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    start_executor: StartExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The scheduler revokes a task queued longer than this; a prefetched task counts as queued.
     monkeypatch.setenv("AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT", "1")
     gate = tmp_path / "gate"
     gate.touch()
-    ex = RecordingExecutor(parallelism=2)
-    ex.start()
-    try:
-        items = [workloads.task(f"hold:{gate}", map_index=i) for i in range(2)]
-        queue(ex, *items)
-        scheduler = Scheduler(ex)
-        scheduler.loop_once()
-        assert ex.slots_available == 2 + 2 - 2  # both running; room for the two prefetched
-        scheduler.run_until(lambda: holding(gate) == 2)
-        # Both have now run for longer than half the timeout: a workload waiting for one of their slots
-        # could be revoked, so the executor stops offering any beyond the free slots.
-        scheduler.run_until(lambda: ex.slots_available == 0)
-        gate.unlink()
-        scheduler.run_until(lambda: len(scheduler.events) == 2)
-        assert ex.slots_available == 2  # they took about that long: no prefetch while that holds
-    finally:
-        ex.end()
+    ex = start_executor(parallelism=2)
+    items = [workloads.task(f"hold:{gate}", map_index=i) for i in range(2)]
+    queue(ex, *items)
+    scheduler = Scheduler(ex)
+    scheduler.loop_once()
+    assert ex.slots_available == 2 + 2 - 2  # both running; room for the two prefetched
+    scheduler.run_until(lambda: holding(gate) == 2)
+    # Both have now run for longer than half the timeout: a workload waiting for one of their slots
+    # could be revoked, so the executor stops offering any beyond the free slots.
+    scheduler.run_until(lambda: ex.slots_available == 0)
+    gate.unlink()
+    scheduler.run_until(lambda: len(scheduler.events) == 2)
+    assert ex.slots_available == 2  # they took about that long: no prefetch while that holds
 
 
 def test_token_never_in_argv_or_environment(tmp_path: Path, executor: RecordingExecutor) -> None:
@@ -260,49 +246,43 @@ def test_token_never_in_argv_or_environment(tmp_path: Path, executor: RecordingE
 
 
 def test_launch_failure_fails_the_workload_and_the_executor_carries_on(
-    launcher: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    start_executor: StartExecutor, launcher: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     # A missing interpreter is a plain-launch failure; the fork server's own failures are in tests/core.
     monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__LAUNCHER", "subprocess")
     monkeypatch.setenv("AIRFLOW__LOGGING__BASE_LOG_FOLDER", str(tmp_path))
-    ex = RecordingExecutor(parallelism=2)
-    ex.argv = ("/nonexistent/python3",)
-    ex.start()
-    try:
-        broken = workloads.task("ok", log_path="dag_id=adapter_dag/attempt=1.log")
-        queue(ex, broken)
-        scheduler = Scheduler(ex)
-        scheduler.run_until(lambda: broken.key in scheduler.events)
-        state, info = scheduler.events[broken.key]
-        assert state == TaskInstanceState.FAILED
-        assert info.startswith("not launched: cannot start '/nonexistent/python3'")
-        # The task's own log says why (it has no process to say it), and so does the audit log.
-        task_log = tmp_path / "dag_id=adapter_dag" / "attempt=1.log"
-        scheduler.run_until(lambda: task_log.exists() and task_log.read_text().endswith("\n"))
-        [line] = task_log.read_text().splitlines()
-        record = json.loads(line)
-        assert record["level"] == "error"
-        assert record["event"] == f"The executor could not run this task: {info}"
-        [audit] = list(ex._task_event_logs)
-        assert (audit.event, audit.extra, audit.task_id) == ("executor launch failed", info, "ok")
-        ex.argv = RecordingExecutor.argv  # the cause goes away: the next workload runs
-        ex._argv = ex._child_argv()
-        fine = workloads.task("ok", map_index=1)
-        queue(ex, fine)
-        scheduler.run_until(lambda: fine.key in scheduler.events)
-        assert scheduler.events[fine.key] == (TaskInstanceState.SUCCESS, None)
-    finally:
-        ex.end()
+    ex = start_executor(parallelism=2, argv=("/nonexistent/python3",))
+    broken = workloads.task("ok", log_path="dag_id=adapter_dag/attempt=1.log")
+    queue(ex, broken)
+    scheduler = Scheduler(ex)
+    scheduler.run_until(lambda: broken.key in scheduler.events)
+    state, info = scheduler.events[broken.key]
+    assert state == TaskInstanceState.FAILED
+    assert info.startswith("not launched: cannot start '/nonexistent/python3'")
+    # The task's own log says why (it has no process to say it), and so does the audit log.
+    task_log = tmp_path / "dag_id=adapter_dag" / "attempt=1.log"
+    scheduler.run_until(lambda: task_log.exists() and task_log.read_text().endswith("\n"))
+    [line] = task_log.read_text().splitlines()
+    record = json.loads(line)
+    assert record["level"] == "error"
+    assert record["event"] == f"The executor could not run this task: {info}"
+    [audit] = list(ex._task_event_logs)
+    assert (audit.event, audit.extra, audit.task_id) == ("executor launch failed", info, "ok")
+    ex.argv = RecordingExecutor.argv  # the cause goes away: the next workload runs
+    ex._argv = ex._child_argv()
+    fine = workloads.task("ok", map_index=1)
+    queue(ex, fine)
+    scheduler.run_until(lambda: fine.key in scheduler.events)
+    assert scheduler.events[fine.key] == (TaskInstanceState.SUCCESS, None)
 
 
 def test_end_waits_up_to_its_bound_then_terminates_and_joins(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    start_executor: StartExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__SHUTDOWN_TIMEOUT", "0")
     gate = tmp_path / "gate"
     gate.touch()
-    ex = RecordingExecutor(parallelism=1)
-    ex.start()
+    ex = start_executor(parallelism=1)
     running, waiting = workloads.task(f"hold:{gate}"), workloads.task(f"hold:{gate}", map_index=1)
     queue(ex, running, waiting)
     scheduler = Scheduler(ex)
@@ -317,11 +297,10 @@ def test_end_waits_up_to_its_bound_then_terminates_and_joins(
     assert _child_pids() == []
 
 
-def test_terminate_does_not_wait(tmp_path: Path) -> None:
+def test_terminate_does_not_wait(start_executor: StartExecutor, tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     gate.touch()
-    ex = RecordingExecutor(parallelism=2)
-    ex.start()
+    ex = start_executor(parallelism=2)
     held = workloads.task(f"hold:{gate}")
     queue(ex, held)
     scheduler = Scheduler(ex)
@@ -350,39 +329,33 @@ def _child_pids() -> list[int]:
 
 
 def test_a_team_executor_uses_its_own_api_url_and_options(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    start_executor: StartExecutor, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setenv("AIRFLOW__TEAM_A___CORE__EXECUTION_API_SERVER_URL", "http://team-a.invalid/execution/")
     monkeypatch.setenv("AIRFLOW__TEAM_A___ASYNC_LOCAL_EXECUTOR__SHUTDOWN_TIMEOUT", "3")
     caplog.set_level(logging.DEBUG, logger="async_local_executor.child")  # every line of the children
-    ex = RecordingExecutor(parallelism=2, team_name="team_a")
-    ex.start()
-    try:
-        assert ex._config.shutdown_timeout == 3.0
-        item = workloads.task("ok")
-        queue(ex, item)
-        scheduler = Scheduler(ex)
-        scheduler.run_until(lambda: item.key in scheduler.events)
-    finally:
-        ex.end()
+    ex = start_executor(parallelism=2, team_name="team_a")
+    assert ex._config.shutdown_timeout == 3.0
+    item = workloads.task("ok")
+    queue(ex, item)
+    scheduler = Scheduler(ex)
+    scheduler.run_until(lambda: item.key in scheduler.events)
+    ex.end()
     assert any("server=http://team-a.invalid/execution/" in r.getMessage() for r in caplog.records)
 
 
 def test_two_teams_executors_learn_apart_in_one_state_directory(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launcher: str
+    start_executor: StartExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launcher: str
 ) -> None:
     state = tmp_path / "state"
     # One state directory, as two teams get when neither sets its own.
     for prefix in ("AIRFLOW__", "AIRFLOW__TEAM_A___"):
         monkeypatch.setenv(f"{prefix}ASYNC_LOCAL_EXECUTOR__STATE_DIR", str(state))
         monkeypatch.setenv(f"{prefix}ASYNC_LOCAL_EXECUTOR__LAUNCHER", launcher)
-    ours, theirs = RecordingExecutor(parallelism=1), RecordingExecutor(parallelism=1, team_name="team_a")
-    ours.start()
-    try:
-        theirs.start()
-        theirs.end()
-    finally:
-        ours.end()
+    ours = start_executor(parallelism=1)
+    theirs = start_executor(parallelism=1, team_name="team_a")
+    theirs.end()
+    ours.end()
     if launcher != "forkserver":
         assert ours._learn_dir == theirs._learn_dir == ""  # nothing to learn for
         return
@@ -424,57 +397,51 @@ def test_revoke_before_the_loop_saw_it_drops_it_without_an_event(executor: Recor
 
 
 def test_revoke_of_a_waiting_or_running_workload_stops_it_and_reports_nothing(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    start_executor: StartExecutor, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
     gate = tmp_path / "gate"
     gate.touch()
-    ex = RecordingExecutor(parallelism=1)  # prefetch 1: one runs, one waits inside the executor
-    ex.start()
-    try:
-        running, waiting = workloads.task(f"hold:{gate}"), workloads.task(f"hold:{gate}", map_index=1)
-        queue(ex, running, waiting)
-        scheduler = Scheduler(ex)
-        scheduler.run_until(lambda: holding(gate) == 1)
-        pid = held_pid(gate)
-        ex.revoke_task(ti=workloads.Revoked(waiting.key))  # type: ignore[arg-type]
-        ex.revoke_task(ti=workloads.Revoked(running.key))  # type: ignore[arg-type]
-        assert ex.running == set()
-        scheduler.run_until(lambda: caplog.text.count("revoked workload") == 2)
-        assert _gone(pid)
-        assert holding(gate) == 1  # the waiting one never started
-        assert scheduler.events == {}
-        after = workloads.task("ok", map_index=2)
-        queue(ex, after)
-        scheduler.run_until(lambda: after.key in scheduler.events)
-    finally:
-        ex.end()
+    ex = start_executor(parallelism=1)  # prefetch 1: one runs, one waits inside the executor
+    running, waiting = workloads.task(f"hold:{gate}"), workloads.task(f"hold:{gate}", map_index=1)
+    queue(ex, running, waiting)
+    scheduler = Scheduler(ex)
+    scheduler.run_until(lambda: holding(gate) == 1)
+    pid = held_pid(gate)
+    ex.revoke_task(ti=workloads.Revoked(waiting.key))  # type: ignore[arg-type]
+    ex.revoke_task(ti=workloads.Revoked(running.key))  # type: ignore[arg-type]
+    assert ex.running == set()
+    scheduler.run_until(lambda: caplog.text.count("revoked workload") == 2)
+    assert _gone(pid)
+    assert holding(gate) == 1  # the waiting one never started
+    assert scheduler.events == {}
+    after = workloads.task("ok", map_index=2)
+    queue(ex, after)
+    scheduler.run_until(lambda: after.key in scheduler.events)
+    ex.end()
     assert scheduler.events == {after.key: (TaskInstanceState.SUCCESS, None)}
 
 
 def test_a_key_queued_again_after_revoke_gets_its_own_outcome(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    start_executor: StartExecutor, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
     gate = tmp_path / "gate"
     gate.touch()
-    ex = RecordingExecutor(parallelism=2)
-    ex.start()
-    try:
-        first = workloads.task(f"hold:{gate}")
-        queue(ex, first)
-        scheduler = Scheduler(ex)
-        scheduler.run_until(lambda: holding(gate) == 1)
-        ex.revoke_task(ti=workloads.Revoked(first.key))  # type: ignore[arg-type]
-        # The scheduler requeues the same try (same key) while the first process is being stopped.
-        again = workloads.task(f"hold:{gate}")
-        assert again.key == first.key
-        queue(ex, again)
-        scheduler.run_until(lambda: holding(gate) == 2 and "revoked workload" in caplog.text)
-        gate.unlink()
-        scheduler.run_until(lambda: first.key in scheduler.events)
-    finally:
-        ex.end()
+    ex = start_executor(parallelism=2)
+    first = workloads.task(f"hold:{gate}")
+    queue(ex, first)
+    scheduler = Scheduler(ex)
+    scheduler.run_until(lambda: holding(gate) == 1)
+    ex.revoke_task(ti=workloads.Revoked(first.key))  # type: ignore[arg-type]
+    # The scheduler requeues the same try (same key) while the first process is being stopped.
+    again = workloads.task(f"hold:{gate}")
+    assert again.key == first.key
+    queue(ex, again)
+    scheduler.run_until(lambda: holding(gate) == 2 and "revoked workload" in caplog.text)
+    gate.unlink()
+    scheduler.run_until(lambda: first.key in scheduler.events)
+    ex.end()
     # One change for the key, the second submission's: the revoked one's end was not taken for it.
     assert [(state, info) for key, state, info, _ in ex.changes if key == first.key] == [
         (TaskInstanceState.SUCCESS, None)
@@ -482,11 +449,13 @@ def test_a_key_queued_again_after_revoke_gets_its_own_outcome(
 
 
 def test_a_dead_loop_thread_stops_the_scheduler_loudly(
-    caplog: pytest.LogCaptureFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    start_executor: StartExecutor,
+    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__STATE_DIR", str(tmp_path))
-    ex = RecordingExecutor(parallelism=2)
-    ex.start()
+    ex = start_executor(parallelism=2)
     runtime = ex._runtime
     assert runtime is not None
 
@@ -527,37 +496,35 @@ def test_task_timeout_from_executor_config_fails_the_task_with_the_reason(
     assert holding(gate) == 1  # the bad one was never launched; the slow one was
 
 
-def test_queue_limits_apply_to_each_task_queue(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_queue_limits_apply_to_each_task_queue(
+    start_executor: StartExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__QUEUE_LIMITS", "reports:1")
     gate = tmp_path / "gate"
     gate.touch()
-    ex = RecordingExecutor(parallelism=4)
-    ex.start()
-    try:
-        reports = [workloads.task(f"hold:{gate}", map_index=i, queue="reports") for i in range(3)]
-        others = [workloads.task(f"hold:{gate}", map_index=10 + i) for i in range(2)]
-        queue(ex, *reports, *others)
-        scheduler = Scheduler(ex)
-        # One "reports" task and both "default" ones run; the other two reports tasks wait.
-        scheduler.run_until(lambda: holding(gate) == 3)
-        scheduler.loop_once()
-        assert holding(gate) == 3
-        gate.unlink()
-        scheduler.run_until(lambda: len(scheduler.events) == 5)
-    finally:
-        ex.end()
+    ex = start_executor(parallelism=4)
+    reports = [workloads.task(f"hold:{gate}", map_index=i, queue="reports") for i in range(3)]
+    others = [workloads.task(f"hold:{gate}", map_index=10 + i) for i in range(2)]
+    queue(ex, *reports, *others)
+    scheduler = Scheduler(ex)
+    # One "reports" task and both "default" ones run; the other two reports tasks wait.
+    scheduler.run_until(lambda: holding(gate) == 3)
+    scheduler.loop_once()
+    assert holding(gate) == 3
+    gate.unlink()
+    scheduler.run_until(lambda: len(scheduler.events) == 5)
+    ex.end()
     assert {state for state, _ in scheduler.events.values()} == {TaskInstanceState.SUCCESS}
 
 
 def test_running_launches_are_journaled_and_marked_and_a_clean_end_removes_the_journal(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    start_executor: StartExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     state = tmp_path / "state"
     monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__STATE_DIR", str(state))
     gate = tmp_path / "gate"
     gate.touch()
-    ex = RecordingExecutor(parallelism=2)
-    ex.start()
+    ex = start_executor(parallelism=2)
     held = workloads.task(f"hold:{gate}")
     queue(ex, held)
     scheduler = Scheduler(ex)
@@ -577,7 +544,10 @@ def test_running_launches_are_journaled_and_marked_and_a_clean_end_removes_the_j
 
 
 def test_start_kills_what_a_crashed_executor_left_running_before_launching(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    start_executor: StartExecutor,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     state = tmp_path / "state"
     state.mkdir()
@@ -596,21 +566,15 @@ def test_start_kills_what_a_crashed_executor_left_running_before_launching(
         ]
         (state / f"crashed{journal.SUFFIX}").write_text("".join(json.dumps(e) + "\n" for e in entries))
         caplog.set_level(logging.WARNING, logger="async_local_executor.ops.recovery")
-        ex = RecordingExecutor(parallelism=1)
-        ex.start()
-        try:
-            assert recorded.wait(GUARD) == -signal.SIGKILL
-            assert descendant.wait(GUARD) == -signal.SIGKILL
-            messages = [r.getMessage() for r in caplog.records]
-            assert f"killed pid {recorded.pid} (old.task try 3) left running by a stopped executor" in (
-                "\n".join(messages)
-            )
-            assert any(
-                f"killed pid {descendant.pid} (started by one of its workloads)" in m for m in messages
-            )
-            assert not (state / f"crashed{journal.SUFFIX}").exists()
-        finally:
-            ex.end()
+        start_executor(parallelism=1)
+        assert recorded.wait(GUARD) == -signal.SIGKILL
+        assert descendant.wait(GUARD) == -signal.SIGKILL
+        messages = [r.getMessage() for r in caplog.records]
+        assert f"killed pid {recorded.pid} (old.task try 3) left running by a stopped executor" in (
+            "\n".join(messages)
+        )
+        assert any(f"killed pid {descendant.pid} (started by one of its workloads)" in m for m in messages)
+        assert not (state / f"crashed{journal.SUFFIX}").exists()
     finally:
         for proc in (recorded, descendant):
             proc.kill()
@@ -619,24 +583,21 @@ def test_start_kills_what_a_crashed_executor_left_running_before_launching(
 
 @pytest.mark.parametrize("mode", ["auto", "off"])
 def test_tasks_record_their_imports_only_when_preload_is_auto(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+    start_executor: StartExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> None:
     state = tmp_path / "state"
     monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__STATE_DIR", str(state))
     monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__PRELOAD", mode)
-    ex = RecordingExecutor(parallelism=2)
-    ex.start()
-    try:
-        queue(ex, workloads.task("ok"))
-        scheduler = Scheduler(ex)
-        scheduler.run_until(lambda: len(scheduler.events) == 1)
-        learning = bool(ex._learn_dir)  # what the real entry's argv carries (the stub's has no flags)
-        recorded_in = (state / "imports").is_dir()
-    finally:
-        ex.end()
+    ex = start_executor(parallelism=2)
+    queue(ex, workloads.task("ok"))
+    scheduler = Scheduler(ex)
+    scheduler.run_until(lambda: len(scheduler.events) == 1)
+    learning = bool(ex._learn_dir)  # what the real entry's argv carries (the stub's has no flags)
+    recorded_in = (state / "imports").is_dir()
+    ex.end()
     assert {state for state, _ in scheduler.events.values()} == {TaskInstanceState.SUCCESS}
     # off: the workload's command line and the state directory are what they were before learning.
-    assert child_entry.argv_flags(1, "auto", ex._learn_dir)[4:] == (
+    assert entry.argv_flags(1, "auto", ex._learn_dir)[4:] == (
         ("--learn-imports", ex._learn_dir) if learning else ()
     )
     assert learning is (mode == "auto" and ex._config.launcher.value == "forkserver")

@@ -1,6 +1,6 @@
 """The executor on Airflow 2, driven as the 2.x scheduler drives it: commands in, states out.
 
-The stub child stands in for `airflow tasks run` (which needs the task's rows in a metadata database;
+The stub workload entry (tests/adapter/stub_workload.py) stands in for `airflow tasks run` (which needs the task's rows in a metadata database;
 tests/airflow2/test_end_to_end.py runs the real one). Everything else is real: the executor, its loop
 thread, both launch paths and the child processes.
 """
@@ -18,21 +18,12 @@ from airflow.utils.state import TaskInstanceState
 from tests.adapter.driver import RecordingExecutor, Scheduler
 from tests.core.helpers import alive
 
-STUB = str(Path(__file__).with_name("stub_child.py"))
-
 
 @pytest.fixture(autouse=True, params=["forkserver", "subprocess"])
 def launcher(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Every test here runs on both launch paths."""
     monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__LAUNCHER", str(request.param))
     return str(request.param)
-
-
-class Airflow2Executor(RecordingExecutor):
-    argv = (RecordingExecutor.argv[0], STUB)
-
-    def _fork_target(self) -> str:
-        return "tests.airflow2.stub_child:forked"
 
 
 class TI:
@@ -54,21 +45,21 @@ def command(task_id: str) -> list[str]:
     return ["airflow", "tasks", "run", "adapter_dag", task_id, "manual__1", "--local", "--subdir", "DAGS"]
 
 
-def queue_command(executor: Airflow2Executor, ti: TI, cmd: list[str]) -> None:
+def queue_command(executor: RecordingExecutor, ti: TI, cmd: list[str]) -> None:
     # Airflow 2's hand-over; mypy reads Airflow 3, where it does not exist.
     getattr(executor, "queue_command")(ti, cmd, priority=1, queue="default")  # noqa: B009
 
 
-def queue(executor: Airflow2Executor, task_id: str, executor_config: Any = None) -> TI:
+def queue(executor: RecordingExecutor, task_id: str, executor_config: Any = None) -> TI:
     ti = TI(key(task_id), executor_config)
     queue_command(executor, ti, command(task_id))
     return ti
 
 
 @pytest.fixture
-def executor(request: pytest.FixtureRequest) -> Iterator[Airflow2Executor]:
+def executor(request: pytest.FixtureRequest) -> Iterator[RecordingExecutor]:
     marker = request.node.get_closest_marker("parallelism")
-    executor = Airflow2Executor(parallelism=marker.args[0] if marker else 4)
+    executor = RecordingExecutor(parallelism=marker.args[0] if marker else 4)
     executor.start()
     yield executor
     executor.end()
@@ -78,7 +69,7 @@ def started(gate: Path) -> list[int]:
     return [int(p.name.split(".")[-2]) for p in gate.parent.glob(f"{gate.name}.*.started")]
 
 
-def test_commands_run_and_each_gets_one_final_state(executor: Airflow2Executor) -> None:
+def test_commands_run_and_each_gets_one_final_state(executor: RecordingExecutor) -> None:
     for name in ("ok", "crash", "killed"):
         queue(executor, name)
     scheduler = Scheduler(executor)
@@ -95,7 +86,7 @@ def test_commands_run_and_each_gets_one_final_state(executor: Airflow2Executor) 
 
 
 @pytest.mark.parallelism(2)
-def test_parallelism_bounds_what_runs(executor: Airflow2Executor, tmp_path: Path) -> None:
+def test_parallelism_bounds_what_runs(executor: RecordingExecutor, tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     gate.touch()
     # Four tasks behind one gate: distinct keys (run ids), same behaviour.
@@ -116,7 +107,7 @@ def test_parallelism_bounds_what_runs(executor: Airflow2Executor, tmp_path: Path
 
 
 @pytest.mark.parallelism(0)
-def test_parallelism_zero_means_unlimited(executor: Airflow2Executor, tmp_path: Path) -> None:
+def test_parallelism_zero_means_unlimited(executor: RecordingExecutor, tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     gate.touch()
     many = 12
@@ -131,7 +122,7 @@ def test_parallelism_zero_means_unlimited(executor: Airflow2Executor, tmp_path: 
     assert {s for s, _ in scheduler.events.values()} == {TaskInstanceState.SUCCESS}
 
 
-def test_bad_input_fails_unlaunched_and_says_why(executor: Airflow2Executor) -> None:
+def test_bad_input_fails_unlaunched_and_says_why(executor: RecordingExecutor) -> None:
     wrong = TI(key("not_a_task_run"))
     queue_command(executor, wrong, ["airflow", "dags", "list"])
     queue(executor, "bad_timeout", executor_config={"async_local_executor": {"task_timeout": "soon"}})
@@ -148,14 +139,14 @@ def test_bad_input_fails_unlaunched_and_says_why(executor: Airflow2Executor) -> 
     assert executor.running == set()
 
 
-def test_execute_async_called_directly_runs_the_command(executor: Airflow2Executor) -> None:
+def test_execute_async_called_directly_runs_the_command(executor: RecordingExecutor) -> None:
     executor.execute_async(key=key("ok"), command=command("ok"))
     scheduler = Scheduler(executor)
     scheduler.run_until(lambda: key("ok") in scheduler.events)
     assert scheduler.events[key("ok")] == (TaskInstanceState.SUCCESS, None)
 
 
-def _held(executor: Airflow2Executor, gate: Path, scheduler: Scheduler) -> tuple[TI, int]:
+def _held(executor: RecordingExecutor, gate: Path, scheduler: Scheduler) -> tuple[TI, int]:
     gate.touch()
     ti = queue(executor, f"hold:{gate}")
     scheduler.run_until(lambda: len(started(gate)) == 1)
@@ -163,7 +154,7 @@ def _held(executor: Airflow2Executor, gate: Path, scheduler: Scheduler) -> tuple
     return ti, pid
 
 
-def test_revoke_task_stops_the_process_without_an_event(executor: Airflow2Executor, tmp_path: Path) -> None:
+def test_revoke_task_stops_the_process_without_an_event(executor: RecordingExecutor, tmp_path: Path) -> None:
     scheduler = Scheduler(executor)
     ti, pid = _held(executor, tmp_path / "gate", scheduler)
     executor.revoke_task(ti=ti)  # type: ignore[arg-type]
@@ -179,7 +170,7 @@ def test_revoke_task_stops_the_process_without_an_event(executor: Airflow2Execut
     assert waiting.key not in executor.queued_tasks
 
 
-def test_cleanup_stuck_queued_tasks_stops_and_fails_them(executor: Airflow2Executor, tmp_path: Path) -> None:
+def test_cleanup_stuck_queued_tasks_stops_and_fails_them(executor: RecordingExecutor, tmp_path: Path) -> None:
     scheduler = Scheduler(executor)
     ti, pid = _held(executor, tmp_path / "gate", scheduler)
     readable = executor.cleanup_stuck_queued_tasks([ti])  # type: ignore[list-item]
@@ -192,7 +183,7 @@ def test_cleanup_stuck_queued_tasks_stops_and_fails_them(executor: Airflow2Execu
     assert executor.running == set()
 
 
-def test_nothing_is_left_running_after_end(executor: Airflow2Executor, tmp_path: Path) -> None:
+def test_nothing_is_left_running_after_end(executor: RecordingExecutor, tmp_path: Path) -> None:
     scheduler = Scheduler(executor)
     _, pid = _held(executor, tmp_path / "gate", scheduler)
     executor.terminate()

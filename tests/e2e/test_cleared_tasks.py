@@ -34,7 +34,7 @@ TASKS = SWITCH_TASKS
 LOOKUP = """
 import json, sys
 from airflow.models.taskinstancekey import TaskInstanceKey
-from async_local_executor.adapter.compat import restarting_task_instances
+from async_local_executor.adapter.metadata_db import restarting_task_instances
 run_id, count = sys.argv[1], int(sys.argv[2])
 keys = [TaskInstanceKey("switch", "hold", run_id, 1, i) for i in range(count)]
 keys.append(TaskInstanceKey("switch", "hold", "no-such-run", 1, 0))

@@ -113,8 +113,6 @@ def test_every_module_belongs_to_a_layer() -> None:
         "__init__.py",
         "executor.py",
         "example_dags/demo_dag.py",
-        "child.py",
-        "child_cli.py",
     }
 
 

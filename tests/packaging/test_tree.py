@@ -1,4 +1,4 @@
-"""The shape of the source tree: old import paths that still lead somewhere."""
+"""The class paths users configure lead to the executor."""
 
 from __future__ import annotations
 
@@ -13,24 +13,9 @@ import pytest
     [
         ("async_local_executor", "AsyncLocalExecutor"),
         ("async_local_executor.executor", "AsyncLocalExecutor"),
-        ("async_local_executor.child", "forked_main"),
-        ("async_local_executor.child_cli", "forked_main"),
     ],
 )
-def test_class_and_target_paths_users_and_old_processes_name_still_resolve(module: str, name: str) -> None:
+def test_the_class_paths_users_configure_resolve(module: str, name: str) -> None:
     code = f"import {module} as m; from async_local_executor.adapter.executor import AsyncLocalExecutor; print(m.{name}.__module__)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().startswith("async_local_executor.adapter.")
-
-
-def test_old_python_m_entry_points_still_start() -> None:
-    # The workload entry reads its workload from stdin: an empty one is refused by the new module's code.
-    child = subprocess.run(
-        [sys.executable, "-m", "async_local_executor.child"],
-        input="",
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert child.returncode == 2
-    assert "invalid workload on stdin" in child.stderr

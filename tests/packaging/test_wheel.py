@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "src" / "async_local_executor"
 # Paths configurations, running schedulers and old journals may name (see the modules' docstrings).
-OLD_PATHS = ("executor.py", "child.py", "child_cli.py")
+OLD_PATHS = ("executor.py",)
 
 
 @pytest.fixture(scope="module")

@@ -1,30 +1,12 @@
 """Hand the scheduler at most one exit of a cleared task instance per loop.
 
-A task instance cleared while it runs becomes ``restarting``; the api-server then tells its supervisor
-to stop, the workload exits, and the scheduler handles that exit in ``process_executor_events`` with
-``ti.set_state(None)``. On Airflow 3 that call runs without the scheduler's session, so it commits and
-closes the session the whole batch of events is being read through. Two things follow when many cleared
-task instances end together (every task of a large run cleared at once):
-
-- the batch's row locks go with the first commit, a clear waiting on them (a second clear of the same
-  run) gives every task instance a new id, and the next ``set_state`` in the batch updates a row that
-  no longer exists: ``StaleDataError`` (or ``IntegrityError``), and the scheduler exits;
-- each of those exits costs the scheduler a serialized-DAG lookup and a commit: 256 of them in one
-  batch kept its loop away from its heartbeat for 30 s and more.
-
-With one such exit per batch, both go away: the only ``set_state`` of the batch is on a row the batch
-has locked, and the loop stays short. Every other event passes at once; the held ones follow, one per
-scheduler loop (a loop takes well under a second while the scheduler has events to process).
-
-The same read decides the fate of a workload whose task instance is *gone* (the api-server refused its
-start or finish with 404: the task instance was cleared and has a new id). If the task instance is
-``restarting``, the workload's end is what lets it run again, so the exit goes to the scheduler. If it is
-not (a clear that read a stale row wrote only a new id onto a task instance the scheduler had already
-queued again for the same try), any event for the key fails it: Airflow takes an event for a queued task
-instance of the same try as "killed externally". So no event is sent (the one accepted workload that
-gets no final event: it would go to a task instance it is not for), and the task instance, queued under
-an id no workload has, is handed to ``on_unreachable``: the executor puts it back to ``scheduled`` as
-the scheduler itself would after ``[scheduler] task_queued_timeout``, without the wait.
+Rule: every event of a batch passes at once but these. Of the success events of task instances that
+are ``restarting`` now, the first goes with the batch and each other waits for a following loop. The
+exit of a workload whose task instance is gone (:data:`TI_GONE`) goes only if that task instance is
+``restarting``; otherwise no event is sent (any event would fail the task instance queued under that
+key) and its key goes to ``on_unreachable``. Which task instances are restarting comes from one lookup
+per batch that needs it; a lookup that raises lets the batch through as Airflow would get it. Why:
+docs/design.md, "Exits of cleared task instances, one per scheduler loop".
 """
 
 from __future__ import annotations

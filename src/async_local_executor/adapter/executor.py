@@ -1,56 +1,68 @@
-"""The Airflow adapter: workloads in, events out. Everything else lives in the Airflow-free core.
+"""The Airflow adapter's one executor class: workloads in, events out.
 
-The class is layered: :mod:`~async_local_executor.adapter.executor_base` (state, and what both Airflow
-majors do with a workload), :mod:`~async_local_executor.adapter.airflow2` (Airflow 2's commands),
-:mod:`~async_local_executor.adapter.airflow3` (Airflow 3's workloads; both check what a task carries
-with :mod:`~async_local_executor.adapter.validation`),
-:mod:`~async_local_executor.adapter.prefetching` (how much it takes ahead) and
-:mod:`~async_local_executor.adapter.health` (the verdict and SIGUSR2's dump). Starting builds the core
-with :mod:`~async_local_executor.core.wiring` from what :mod:`~async_local_executor.adapter.startup`
-reads, after :mod:`~async_local_executor.ops.recovery` has cleaned up after a crashed predecessor;
-:mod:`~async_local_executor.adapter.metrics` sends the metrics.
+:class:`AsyncLocalExecutor` is the only class Airflow loads. It owns what it keeps per workload
+(:mod:`~async_local_executor.adapter.submissions`), and composes the rest: what differs between Airflow
+majors in taking a workload in and telling its task (:mod:`~async_local_executor.adapter.handover`),
+the prefetch (:mod:`~async_local_executor.adapter.slots`), the health verdict and SIGUSR2's dump
+(:mod:`~async_local_executor.adapter.diagnostics`), the pacing of cleared task instances' exits
+(:mod:`~async_local_executor.adapter.cleared_exits`) and the metrics. Starting builds the core with
+:mod:`~async_local_executor.core.wiring` from what :mod:`~async_local_executor.adapter.startup` reads,
+after :mod:`~async_local_executor.ops.recovery` has cleaned up after a crashed predecessor.
+
+Rule: the scheduler's thread only appends to in-process structures and reads what the loop thread
+published; it never writes to a pipe a worker must drain, and never waits on a child. Every hook
+Airflow 2 or 3 calls is a method here, each major's beside the other.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import itertools
 import logging
 import os
 import sys
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from airflow.configuration import conf as airflow_conf
+from airflow.executors.base_executor import BaseExecutor
 from airflow.models.taskinstancekey import TaskInstanceKey
 from airflow.utils.state import TaskInstanceState
 
-from async_local_executor.adapter import child, child_cli, child_entry, startup
-from async_local_executor.adapter.airflow2 import Airflow2Commands
-from async_local_executor.adapter.airflow3 import Airflow3Workloads
-from async_local_executor.adapter.cleared_exits import ClearedExitGate
-from async_local_executor.adapter.compat import (
-    AIRFLOW_V3,
+from async_local_executor.adapter import handover, startup
+from async_local_executor.adapter.cleared_exits import TI_GONE, ClearedExitGate
+from async_local_executor.adapter.compat import AIRFLOW_V3, client_timeout, execution_api_url, executor_conf
+from async_local_executor.adapter.config import SECTION, SHUTDOWN_MARGIN, ContainmentKind, ExecutorConfig
+from async_local_executor.adapter.diagnostics import Diagnostics, status_meta
+from async_local_executor.adapter.handover import Handed
+from async_local_executor.adapter.metadata_db import (
     ExecutorScope,
-    client_timeout,
-    execution_api_url,
-    executor_conf,
     requeue_unreachable,
     restarting_task_instances,
 )
-from async_local_executor.adapter.config import SHUTDOWN_MARGIN, ContainmentKind, ExecutorConfig
-from async_local_executor.adapter.health import ExecutorHealth
 from async_local_executor.adapter.metrics import Metrics
-from async_local_executor.adapter.prefetching import Prefetching
-from async_local_executor.adapter.submissions import Started, Ticket, describe
+from async_local_executor.adapter.output_relay import OutputRelay
+from async_local_executor.adapter.slots import Prefetch
+from async_local_executor.adapter.submissions import Mailbox, Started, Submission, Ticket, describe
+from async_local_executor.adapter.validation import KNOWN_KEYS, Checked, shown
+from async_local_executor.adapter.workload import entry
+from async_local_executor.core.cgroups import Containment
+from async_local_executor.core.clock import SYSTEM, Clock
 from async_local_executor.core.errors import RuntimeNotRunning
-from async_local_executor.core.health import Report
-from async_local_executor.core.outcome import Outcome
+from async_local_executor.core.health import Health, Report
+from async_local_executor.core.launchers.base import LaunchRequest
+from async_local_executor.core.outcome import Outcome, OutcomeKind
+from async_local_executor.core.prefetch import PrefetchBudget
+from async_local_executor.core.runtime import Runtime
 from async_local_executor.core.wiring import wire
 from async_local_executor.ops import journal, recovery, state_dir, status
 from async_local_executor.ops.instance_cgroups import open_containment
 
 if TYPE_CHECKING:
     from airflow.cli.cli_config import GroupCommand
-    from airflow.executors.workloads.types import WorkloadKey
+    from airflow.executors.workloads import ExecutorWorkload
+    from airflow.executors.workloads.types import WorkloadKey, WorkloadState
     from airflow.models.taskinstance import TaskInstance
 
 log = logging.getLogger(__name__)
@@ -79,12 +91,30 @@ def _may_be_cleared_exit(key: object, event: Any) -> bool:
     return isinstance(key, TaskInstanceKey) and event[0] == TaskInstanceState.SUCCESS
 
 
-class AsyncLocalExecutor(Airflow2Commands, Airflow3Workloads, Prefetching, ExecutorHealth):
+_EXIT_REASONS = {
+    entry.EXIT_CRASHED: "workload process crashed (its traceback is in the scheduler log)",
+    entry.EXIT_BAD_INPUT: "workload process could not read its workload (see the scheduler log)",
+    entry.EXIT_ORPHANED: "workload process found the executor gone before it started",
+}
+_IGNORED_KEYS_WARNED = 100
+
+
+def _ti_gone(key: object, outcome: Outcome) -> bool:
+    return (
+        isinstance(key, TaskInstanceKey)
+        and outcome.kind is OutcomeKind.EXITED
+        and outcome.returncode == entry.EXIT_TI_GONE
+    )
+
+
+class AsyncLocalExecutor(BaseExecutor):
     """Runs each workload as its own process, supervised by an event loop on a dedicated thread.
 
-    The scheduler's thread only appends to in-process structures: it never writes to a pipe a worker
-    must drain, and never waits on a child.
+    :attr clock: the time the executor and everything it builds reads; a test overrides it in a
+        subclass to drive time by hand
     """
+
+    clock: Clock = SYSTEM
 
     is_local: bool = True
     serve_logs: bool = True
@@ -94,7 +124,29 @@ class AsyncLocalExecutor(Airflow2Commands, Airflow3Workloads, Prefetching, Execu
     team_name: str | None = None  # Airflow 3 sets it per instance; Airflow 2 has no teams
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # The api-server builds executors too, only to read logs: nothing here may start a thread.
         super().__init__(*args, **kwargs)
+        self._runtime: Runtime | None = None
+        self._stopped = False  # end() or terminate() has finished
+        self._mailbox = Mailbox(self.clock)
+        self._output = OutputRelay(describe, clock=self.clock)
+        self._submissions: dict[WorkloadKey, Submission] = {}
+        self._serials = itertools.count()
+        self._config = ExecutorConfig()
+        self._server = ""
+        self._argv: tuple[str, ...] = ()
+        self._learn_dir = ""  # where task processes record what they import (preload = auto)
+        self._title_prefix = ""
+        self._prefetch = Prefetch(
+            PrefetchBudget(parallelism=self.parallelism, maximum=0, queued_timeout=0.0), self.clock
+        )
+        self._diagnostics = Diagnostics(self.clock)
+        self._task_log_folder = ""
+        self._journal: journal.LaunchJournal | None = None
+        self._status: status.StatusWriter | None = None
+        self._containment: Containment | None = None
+        self._metrics = Metrics()
+        self._ignored_keys: set[str] = set()  # unknown executor_config keys already warned about
         self._cleared_exits = ClearedExitGate(
             restarting_task_instances, is_candidate=_may_be_cleared_exit, on_unreachable=self._requeue
         )
@@ -136,7 +188,14 @@ class AsyncLocalExecutor(Airflow2Commands, Airflow3Workloads, Prefetching, Execu
         client_env = timeout.env if timeout is not None else {}
         self._status = writer = status.StatusWriter(
             status.status_path(launches.directory, launches.instance),
-            self._status_meta(launches.instance),
+            status_meta(
+                launches.instance,
+                team=self.team_name,
+                executor=type(self).__name__,
+                parallelism=self.parallelism,
+                launcher=config.launcher.value,
+                containment=containment,
+            ),
             # Descendants the status walk sees (workloads without a cgroup) are journalled for a reclaim.
             on_seen=launches.seen,
         )
@@ -155,15 +214,15 @@ class AsyncLocalExecutor(Airflow2Commands, Airflow3Workloads, Prefetching, Execu
             clock=self.clock,
             containment=containment,
         )
-        self._budget, self._thresholds = wired.budget, wired.thresholds
-        self._prefetch_logged = self._budget.maximum
+        self._prefetch = Prefetch(wired.budget, self.clock)
+        self._diagnostics.thresholds = wired.thresholds
         self._runtime = wired.runtime
         self._runtime.start()
         self.log.info(
             "AsyncLocalExecutor started: parallelism=%d, prefetch=%d, queue limits=%s, memory floor=%g MB, "
             "launcher=%s, event loop=%s",
             self.parallelism,
-            self._budget.maximum,
+            wired.budget.maximum,
             ",".join(f"{q}:{n}" for q, n in config.queue_limits) or "none",
             config.min_available_memory_mb,
             config.launcher.value,
@@ -172,18 +231,183 @@ class AsyncLocalExecutor(Airflow2Commands, Airflow3Workloads, Prefetching, Execu
 
     def _child_argv(self) -> tuple[str, ...]:
         """The command that runs one workload; it reads the workload (or Airflow 2 command) from stdin."""
-        entry = child.__name__ if AIRFLOW_V3 else child_cli.__name__
-        flags = child_entry.argv_flags(
-            os.getpid(),
-            self._config.workload_cpu_priority,
-            self._learn_dir,
-            sys.path[0] if sys.path else None,
-        )
-        return (sys.executable, "-m", entry, *flags)
+        path0 = sys.path[0] if sys.path else None
+        return handover.entry_argv(os.getpid(), self._config.workload_cpu_priority, self._learn_dir, path0)
 
     def _fork_target(self) -> str:
         """What a fork-server child runs: ``module:function`` taking ``(argv, stdin_bytes)``."""
-        return f"{child.__name__ if AIRFLOW_V3 else child_cli.__name__}:forked_main"
+        return handover.fork_target()
+
+    # Taking workloads in: Airflow 3's hook, then Airflow 2's (each major calls only its own).
+
+    def _process_workloads(self, workload_items: Sequence[ExecutorWorkload]) -> None:
+        """Airflow 3's hand-over: workload objects (tasks, callbacks, connection tests), in one batch."""
+        if self._runtime is None:  # before any leaves its queue, so none is lost
+            raise RuntimeError("AsyncLocalExecutor.start() was not called")
+        requests = []
+        for workload in workload_items:
+            # Each queue is typed by its own key kind; the key's kind already says which one holds it.
+            key: Any = workload.key
+            handover.dequeue(key, self.queued_tasks, self.queued_callbacks, self.queued_connection_tests)
+            # Stock 3.3 never fills `running`, so parallelism limits nothing there; we do, so open_slots
+            # is the truth and the scheduler stops handing us work once every slot is taken.
+            self.running.add(key)
+            label, log_path = describe(key), getattr(workload, "log_path", None)
+            with self._last_resort(key, label, workload.failure_state, log_path):
+                handed = handover.from_workload(
+                    workload,
+                    label,
+                    log_path,
+                    default_timeout=self._config.task_timeout,
+                    server=self._server,
+                    prefix=self._title_prefix,
+                )
+                if (request := self._launch_request(handed)) is not None:
+                    requests.append(request)
+        self._submit(requests)
+
+    def _process_tasks(self, task_tuples: Sequence[tuple[Any, list[str], str | None, Any]]) -> None:
+        """Airflow 2's hand-over: its ``trigger_tasks`` passes ``airflow tasks run`` commands in batches."""
+        requests = []
+        for key, command, queue, executor_config in task_tuples:
+            self.queued_tasks.pop(key, None)
+            if (request := self._command_request(key, command, queue, executor_config)) is not None:
+                requests.append(request)
+        self._submit(requests)
+
+    def execute_async(
+        self, key: Any, command: list[str], queue: str | None = None, executor_config: Any = None
+    ) -> None:
+        """Airflow 2's hand-over of one task; _process_tasks batches them, this serves direct callers."""
+        if (request := self._command_request(key, command, queue, executor_config)) is not None:
+            self._submit([request])
+
+    def _command_request(
+        self, key: Any, command: list[str], queue: str | None, executor_config: Any
+    ) -> LaunchRequest | None:
+        self.running.add(key)
+        label = describe(key)
+        with self._last_resort(key, label, TaskInstanceState.FAILED):
+            handed = handover.from_command(
+                key,
+                label,
+                command,
+                queue,
+                executor_config,
+                default_timeout=self._config.task_timeout,
+                prefix=self._title_prefix,
+            )
+            return self._launch_request(handed)
+        return None  # the last resort failed it
+
+    def cleanup_stuck_queued_tasks(self, tis: list[TaskInstance]) -> list[str]:
+        """The deprecated hook for tasks stuck in queued, for Airflow 2 schedulers without revoke_task.
+
+        Each is revoked (stopped if it started, forgotten either way) and failed for the scheduler
+        to retry or fail, as the deprecated contract says; returns a line per task for its warning.
+        """
+        readable = []
+        for ti in tis:
+            self.revoke_task(ti=ti)
+            self.fail(ti.key, info="stuck in queued")
+            readable.append(repr(ti))
+        return readable
+
+    def _launch_request(self, handed: Handed) -> LaunchRequest | None:
+        """Accept a handed-over workload and say how it launches; None when it is invalid (it is then
+        failed, unlaunched, with why)."""
+        checked = self._checked(handed)
+        if checked is None:
+            return None
+        ticket = Ticket(handed.key, next(self._serials))
+        self._submissions[handed.key] = Submission(
+            ticket,
+            handed.running,
+            handed.success,
+            handed.failure,
+            handed.label,
+            handed.log_path,
+            self.clock.time(),
+        )
+        return LaunchRequest(
+            key=ticket,
+            argv=self._argv,
+            stdin=checked.payload,
+            label=handed.label,
+            timeout=checked.timeout,
+            group=checked.group,
+            limits=checked.limits,
+            source=checked.source,
+        )
+
+    def _checked(self, handed: Handed) -> Checked | None:
+        """What the task launches with when its values are valid; else None, and the task failed,
+        unlaunched, with the reason."""
+        checked = handed.checked
+        if isinstance(checked, str):
+            self._not_launched(handed.key, handed.label, handed.failure, checked, handed.log_path)
+            return None
+        for name in checked.ignored:
+            # Once each, as every task of a DAG may carry it; and only so many, as keys a DAG generates
+            # would otherwise grow this set for as long as the scheduler runs.
+            if name not in self._ignored_keys and len(self._ignored_keys) < _IGNORED_KEYS_WARNED:
+                self._ignored_keys.add(name)
+                log.warning(
+                    'executor_config["%s"] has %s (on %s and maybe others), which this version does not '
+                    "know: ignored (known: %s)",
+                    SECTION,
+                    name,
+                    handed.label,
+                    ", ".join(KNOWN_KEYS),
+                )
+        return checked
+
+    def _submit(self, requests: list[LaunchRequest]) -> None:
+        if self._runtime is None:
+            raise RuntimeError("AsyncLocalExecutor.start() was not called")
+        if requests:
+            self._runtime.submit(requests)
+
+    @contextlib.contextmanager
+    def _last_resort(
+        self, key: WorkloadKey, label: str, failure: WorkloadState, log_path: str | None = None
+    ) -> Iterator[None]:
+        """Fail this one workload, unlaunched, when taking it in raises.
+
+        A bug of ours, or a value nothing foresaw, must cost one task, not the scheduler: an exception out
+        of heartbeat() stops it, and the parent-death chain takes every running task with it.
+        """
+        try:
+            yield
+        except Exception as exc:
+            log.error("internal error taking in workload %s; failing it", label, exc_info=exc)
+            self._submissions.pop(key, None)  # accepted but never submitted: no event will come for it
+            if key not in self.running:  # it already has its final event
+                return
+            reason = f"internal error: {shown(exc)}"
+            try:
+                self._not_launched(key, label, failure, reason, log_path)
+            except Exception as again:  # noqa: BLE001 - the event still goes out, without the task log
+                log.error("cannot report workload %s as not launched: %s", label, shown(again))
+                self.change_state(key, failure, info=f"not launched: {reason}")
+
+    # Slots, as the scheduler sees them: the prefetch on top of Airflow's count.
+
+    @property
+    def slots_available(self) -> int:
+        return int(super().slots_available) + self._prefetch.allowed()
+
+    # The scheduler itself queues no more than [core] parallelism minus what every executor holds
+    # (slots_occupied). Prefetched workloads wait for one of our slots and hold none of parallelism's,
+    # so up to the prefetch they are not counted; counted, the prefetch could never fill.
+    @property
+    def slots_occupied(self) -> int:
+        return max(0, int(super().slots_occupied) - self._prefetch.allowed())
+
+    def trigger_tasks(self, open_slots: int) -> None:
+        super().trigger_tasks(open_slots + self._prefetch.allowed())
+
+    # Events back to the scheduler.
 
     def sync(self) -> None:
         runtime = self._runtime
@@ -204,30 +428,120 @@ class AsyncLocalExecutor(Airflow2Commands, Airflow3Workloads, Prefetching, Execu
             except Exception as exc:  # noqa: BLE001 - one workload's event, not the scheduler's loop
                 self._reporting_failed(ticket, not isinstance(event, Started), exc)
         if ended:
-            self._log_prefetch_change()
+            self._prefetch.log_change()
 
     def _report(self, ticket: Ticket, event: Started | Outcome) -> bool:
         """Tell Airflow of one event; True when a workload ended."""
         key = cast("WorkloadKey", ticket.key)
         # Revoked ones too: until their process ends, they hold a slot like any other.
-        ended = self._note_for_prefetch(ticket, event)
+        ended = self._prefetch.note(ticket, event)
         tail = [] if isinstance(event, Started) else self._output.pop(ticket)
-        states = self._states.get(key)
-        if states is None or states.ticket != ticket:
+        submission = self._submissions.get(key)
+        if submission is None or submission.ticket != ticket:
             # A revoked submission: the scheduler already decided this try's fate, and Airflow's
             # revoke_task contract forbids an executor event for it.
             if not isinstance(event, Started):
                 log.info("revoked workload %s ended: %s", describe(ticket), event.reason or "exit 0")
             return ended
         if isinstance(event, Started):
-            self._metrics.launch_latency(event.at - states.accepted)
-            if states.running is not None:
-                self.change_state(key, states.running, remove_running=False)
+            self._metrics.launch_latency(event.at - submission.accepted)
+            if submission.running is not None:
+                self.change_state(key, submission.running, remove_running=False)
             return ended
-        self._finish(key, states, event, tail)
-        del self._states[key]  # after its final event: until then, a failure here still gives one
+        self._finish(key, submission, event, tail)
+        del self._submissions[key]  # after its final event: until then, a failure here still gives one
         self._metrics.final_event(event)
         return ended
+
+    def _finish(
+        self, key: WorkloadKey, submission: Submission, outcome: Outcome, tail: Sequence[str]
+    ) -> None:
+        cleanup = outcome.cleanup
+        if cleanup is not None and cleanup.oom_kills:
+            # The task's own log is where its author looks; the kernel's kill leaves no line there.
+            self._tell(
+                key, f"The executor saw this task's process killed: {outcome.reason}", submission.log_path
+            )
+        if outcome.ok:
+            info = None
+            if outcome.reason:  # the task process was OOM-killed, its supervisor exited cleanly
+                log.error("workload %s: %s", submission.label, outcome.reason)
+                info = outcome.reason
+            elif cleanup is not None and cleanup.killed:
+                info = f"{cleanup.killed} process(es) the task left running were killed"
+                log.info("workload %s ended; %s", submission.label, info)
+            self.change_state(key, submission.success, info=info)
+            return
+        if _ti_gone(key, outcome):
+            # Its task instance was cleared (it has a new id) while this workload started or ran. The
+            # scheduler applies an event to whichever task instance holds the key now: a failure would
+            # fail the cleared one, which waits in RESTARTING for the end of this try; an ended workload
+            # is what lets it run again, as for a running task a clear stops. get_event_buffer() drops
+            # the event if the task instance is not restarting (see cleared_exits).
+            log.info("workload %s: %s; reported as ended, not failed", submission.label, TI_GONE)
+            self.change_state(key, submission.success, info=TI_GONE)
+            return
+        reason = outcome.reason
+        if outcome.kind is OutcomeKind.EXITED:
+            reason = _EXIT_REASONS.get(outcome.returncode or 0, reason)
+        if outcome.kind in (OutcomeKind.LAUNCH_FAILED, OutcomeKind.NOT_STARTED):
+            self._not_launched(key, submission.label, submission.failure, reason, submission.log_path)
+            return
+        if tail:
+            log.error(
+                "workload %s failed: %s; its last %d output lines:\n\t%s",
+                submission.label,
+                reason,
+                len(tail),
+                "\n\t".join(tail),
+            )
+        else:
+            log.error("workload %s failed: %s", submission.label, reason)
+        self.change_state(key, submission.failure, info=reason)
+
+    def _not_launched(
+        self, key: WorkloadKey, label: str, failure: WorkloadState, why: str, log_path: str | None
+    ) -> None:
+        # It never ran, so nothing else will say why: the task's log, Airflow's audit log and one
+        # scheduler line do, and the task is failed as never launched, not as having run.
+        reason = f"not launched: {why}"
+        if isinstance(key, TaskInstanceKey):
+            if AIRFLOW_V3:
+                self.log_task_event(event="executor launch failed", extra=reason, ti_key=key)
+            self._tell(
+                key, f"The executor could not run this task: {reason}", log_path, "executor launch failed"
+            )
+        self.log.error("workload %s failed: %s", label, reason)
+        self.change_state(key, failure, info=reason)
+
+    def _tell(self, key: WorkloadKey, message: str, log_path: str | None, audit: str = "") -> None:
+        """Append ``message`` to the task's own log (and Airflow 2's audit log as ``audit``), off this thread."""
+        if (
+            not isinstance(key, TaskInstanceKey)
+            or not self._task_log_folder
+            or not (log_path or not AIRFLOW_V3)
+        ):
+            return
+        write = functools.partial(
+            handover.tell_the_task, self._task_log_folder, log_path, key, message, audit
+        )
+        runtime = self._runtime
+        if runtime is not None and runtime.alive:
+            runtime.run_blocking(write)  # file I/O: never on the scheduler's thread
+        else:
+            write()  # shutting down: end() already waits, and nothing else needs the thread
+
+    def _reporting_failed(self, ticket: Ticket, final: bool, exc: Exception) -> None:
+        """Last resort for an event whose handling raised in sync(): a final event that was not given is,
+        as a failure; a start is only logged (the workload runs on, and its end will come)."""
+        log.error("internal error reporting workload %s", describe(ticket), exc_info=exc)
+        key = cast("WorkloadKey", ticket.key)
+        submission = self._submissions.get(key)
+        if not final or submission is None or submission.ticket != ticket:
+            return  # a start, a revoked submission, or one whose final event was given
+        del self._submissions[key]
+        if key in self.running:
+            self.change_state(key, submission.failure, info=f"internal error: {shown(exc)}")
 
     def get_event_buffer(self, dag_ids: Any = None) -> dict[WorkloadKey, Any]:
         events: dict[WorkloadKey, Any] = super().get_event_buffer(dag_ids)
@@ -243,7 +557,7 @@ class AsyncLocalExecutor(Airflow2Commands, Airflow3Workloads, Prefetching, Execu
         executor a workload for the key since, nothing would run it before [scheduler] task_queued_timeout.
         """
         runtime, job_id = self._runtime, self.job_id
-        orphans = [key for key in keys if key not in self._states and key not in self.queued_tasks]
+        orphans = [key for key in keys if key not in self._submissions and key not in self.queued_tasks]
         if not orphans or runtime is None or job_id is None:
             return
         try:
@@ -257,12 +571,25 @@ class AsyncLocalExecutor(Airflow2Commands, Airflow3Workloads, Prefetching, Execu
         """Every health report, on the loop thread: must not block."""
         self._metrics.report(report)
 
+    # What the executor says about itself.
+
+    def get_health(self) -> Health:
+        """Healthy, unhealthy (with reasons) or unknown; never waits, safe from any thread."""
+        return self._diagnostics.health(self._runtime, stopped=self._stopped, containment=self._containment)
+
+    def debug_dump(self) -> None:
+        """SIGUSR2 to the scheduler: Airflow's queues, then this executor's health and workloads."""
+        super().debug_dump()  # type: ignore[no-untyped-call]
+        self._diagnostics.dump(self.get_health(), self._runtime)
+
     @staticmethod
     def get_cli_commands() -> list[GroupCommand]:
         """``airflow async-local-executor status`` (Airflow also finds it through the provider info)."""
         from async_local_executor.adapter.provider import get_cli_commands
 
         return get_cli_commands()
+
+    # Stopping: one workload, or all of them.
 
     def revoke_task(self, *, ti: TaskInstance) -> None:
         """Forget ``ti``'s workload and stop its process if it has one; no event, as Airflow requires.
@@ -273,15 +600,15 @@ class AsyncLocalExecutor(Airflow2Commands, Airflow3Workloads, Prefetching, Execu
         if self.queued_tasks.pop(key, None) is not None:
             self.log.info("revoked %s before it reached the executor's loop", describe(key))
             return
-        states = self._states.pop(key, None)
+        submission = self._submissions.pop(key, None)
         self.running.discard(key)
-        if states is None or self._runtime is None:
+        if submission is None or self._runtime is None:
             return
-        self.log.info("revoking %s: stopping it if it started", states.label)
+        self.log.info("revoking %s: stopping it if it started", submission.label)
         try:
-            self._runtime.stop(states.ticket, "revoked by the scheduler")
+            self._runtime.stop(submission.ticket, "revoked by the scheduler")
         except RuntimeNotRunning:
-            self.log.exception("cannot stop revoked workload %s", states.label)
+            self.log.exception("cannot stop revoked workload %s", submission.label)
 
     def end(self) -> None:
         self._shutdown(wait=self._config.shutdown_timeout)

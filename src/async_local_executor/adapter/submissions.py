@@ -38,7 +38,10 @@ class Ticket:
 
 
 @dataclass(frozen=True)
-class States:
+class Submission:
+    """What the executor keeps of one accepted workload until its final event: its submission and the
+    states Airflow is told as it starts, succeeds or fails."""
+
     ticket: Ticket
     running: WorkloadState | None
     success: WorkloadState

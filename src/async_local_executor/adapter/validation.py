@@ -22,8 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from async_local_executor.adapter import child, child_cli, dag_files
+from async_local_executor.adapter import dag_files
 from async_local_executor.adapter.config import SECTION, limits_from
+from async_local_executor.adapter.workload import airflow2 as airflow2_entry
+from async_local_executor.adapter.workload import airflow3 as airflow3_entry
 from async_local_executor.core.cgroups import Limits
 
 LIMIT_KEYS = ("task_memory_limit", "task_cpu_limit", "task_pids_limit")
@@ -166,7 +168,7 @@ def airflow3(
         group = _queue(getattr(ti, "queue", None)) if is_task else ""
         try:
             title = f"{prefix} {workload.display_name}"
-            payload = child.encode_payload(workload.model_dump_json(), server, title)
+            payload = airflow3_entry.encode_payload(workload.model_dump_json(), server, title)
         except Exception as exc:  # noqa: BLE001 - whatever cannot be written cannot reach its process
             raise _Rejected(f"cannot write the workload for its process: {shown(exc)}") from None
         source = dag_files.airflow3(workload) if is_task else None
@@ -184,12 +186,12 @@ def airflow2(
         if not isinstance(command, list) or not all(isinstance(part, str) for part in command):
             raise _Rejected(f"not an `airflow tasks run` command (a list of strings): {shown(command)}")
         try:
-            child_cli.tasks_run_command(command)
+            airflow2_entry.tasks_run_command(command)
         except ValueError:
             raise _Rejected(f"not an `airflow tasks run` command: {shown(command)}") from None
         timeout, ignored = _task_options(executor_config, default_timeout)
         limits = _task_limits(executor_config)
-        payload = child_cli.encode_payload(command, title)
+        payload = airflow2_entry.encode_payload(command, title)
         return Checked(timeout, _queue(queue), payload, ignored, limits, dag_files.airflow2(command))
 
     return _checked(build)

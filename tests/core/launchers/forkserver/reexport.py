@@ -1,5 +1,6 @@
 """A fork-server target defined in another module, with a preload of its own (as the workload entry
-points are: methods of a skeleton in ``child_entry``, named as ``adapter.child:forked_main``)."""
+points are: methods of a skeleton in ``adapter.workload.entry``, named as
+``adapter.workload.airflow3:forked_main``)."""
 
 from __future__ import annotations
 

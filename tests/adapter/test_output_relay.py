@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from async_local_executor.adapter.child_output import TAIL_LINES
+from async_local_executor.adapter.output_relay import TAIL_LINES
 from tests.adapter import workloads
 from tests.adapter.driver import RecordingExecutor, Scheduler
 

@@ -1,4 +1,4 @@
-"""Entry point inside each Airflow 2 workload process: ``python -m async_local_executor.adapter.child_cli``.
+"""Entry point inside each Airflow 2 workload process: ``python -m async_local_executor.adapter.workload.airflow2``.
 
 Airflow 2 hands an executor the command ``airflow tasks run <dag> <task> <run> --local ...``. This
 runs that command in the process itself, as stock 2.x's LocalExecutor does in a forked worker: in a
@@ -13,7 +13,7 @@ import contextlib
 import json
 import sys
 
-from async_local_executor.adapter.child_entry import (
+from async_local_executor.adapter.workload.entry import (
     EXIT_BAD_INPUT,
     EXIT_CRASHED,
     EXIT_OK,
@@ -141,7 +141,7 @@ def _run(read: tuple[list[str], str]) -> int:
 
 
 # Named literally: run with `python -m`, this module's __name__ is "__main__".
-_ENTRY = Entry("async_local_executor.adapter.child_cli", "command", _read, _run)
+_ENTRY = Entry("async_local_executor.adapter.workload.airflow2", "command", _read, _run)
 main = _ENTRY.main
 forked_main = _ENTRY.forked_main
 run_payload = _ENTRY.run_payload

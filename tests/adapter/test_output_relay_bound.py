@@ -8,13 +8,13 @@ from collections.abc import Hashable
 import anyio
 import pytest
 
-from async_local_executor.adapter.child_output import (
+from async_local_executor.adapter.output_relay import (
     DROP_NOTICE_INTERVAL,
     RELAY_BURST,
     RELAY_LINE_CHARS,
     RELAY_RATE,
     TAIL_LINES,
-    ChildOutput,
+    OutputRelay,
 )
 from async_local_executor.core.launchers.base import LaunchRequest
 from async_local_executor.core.launchers.subprocess import SubprocessLauncher
@@ -48,7 +48,7 @@ async def test_a_child_printing_100k_lines_relays_one_burst_counts_the_rest_and_
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.DEBUG, logger=LOGGER)
-    output = ChildOutput(describe, clock=FakeClock())  # time stands still: no refill
+    output = OutputRelay(describe, clock=FakeClock())  # time stands still: no refill
     recorder = Recorder()
     supervisor = Supervisor(SubprocessLauncher(output=output), recorder, limit=None)
     async with anyio.create_task_group() as tg:
@@ -75,7 +75,7 @@ def test_the_budget_refills_with_the_clock_and_drops_are_said_once_an_interval(
 ) -> None:
     caplog.set_level(logging.DEBUG, logger=LOGGER)
     clock = FakeClock()
-    output = ChildOutput(describe, clock=clock, rate=10.0, burst=5)
+    output = OutputRelay(describe, clock=clock, rate=10.0, burst=5)
     for i in range(8):
         output("k", f"a{i}")
     assert len(relayed(caplog)) == 5
@@ -95,7 +95,7 @@ def test_the_budget_refills_with_the_clock_and_drops_are_said_once_an_interval(
 
 def test_nothing_is_counted_as_dropped_while_debug_is_off(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger=LOGGER)
-    output = ChildOutput(describe, clock=FakeClock(), burst=1)
+    output = OutputRelay(describe, clock=FakeClock(), burst=1)
     for i in range(50):
         output("k", f"line {i}")
     assert output.pop("k") == [f"line {i}" for i in range(50 - TAIL_LINES, 50)]
@@ -104,7 +104,7 @@ def test_nothing_is_counted_as_dropped_while_debug_is_off(caplog: pytest.LogCapt
 
 def test_a_long_line_is_cut_where_it_is_relayed(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger=LOGGER)
-    output = ChildOutput(describe, clock=FakeClock())
+    output = OutputRelay(describe, clock=FakeClock())
     output("k", "x" * (RELAY_LINE_CHARS + 500))
     [line] = relayed(caplog)
     assert line == f"[task k] {'x' * RELAY_LINE_CHARS} [500 more characters cut]"

@@ -9,7 +9,7 @@ import attrs
 import pytest
 from pydantic import JsonValue, TypeAdapter
 
-from async_local_executor.adapter import shared_factories
+from async_local_executor.adapter.workload import shared_factories
 
 BUILT: list[str] = []  # what the factories below built, in order
 

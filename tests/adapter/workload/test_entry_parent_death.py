@@ -21,7 +21,7 @@ from tests.core.helpers import GUARD
 
 WORKLOAD = """
 import os, signal, sys
-from async_local_executor.adapter.child_entry import Entry
+from async_local_executor.adapter.workload.entry import Entry
 
 task = {"pid": 0}
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from async_local_executor.adapter import child, child_cli, child_entry
+from async_local_executor.adapter.workload import airflow2, airflow3, entry
 from async_local_executor.core import lifeline
 
 
@@ -21,7 +21,7 @@ def steps(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return done
 
 
-def entry(steps: list[str], run: object = 0) -> child_entry.Entry[str]:
+def skeleton(steps: list[str], run: object = 0) -> entry.Entry[str]:
     def read(raw: bytes) -> str:
         steps.append(f"read {raw.decode()}")
         if raw == b"bad":
@@ -35,18 +35,18 @@ def entry(steps: list[str], run: object = 0) -> child_entry.Entry[str]:
         assert isinstance(run, int)
         return run
 
-    return child_entry.Entry("tests.entry", "thing", read, execute)
+    return entry.Entry("tests.entry", "thing", read, execute)
 
 
 def test_a_payload_is_read_then_tied_then_run_and_its_code_returned(steps: list[str]) -> None:
-    assert entry(steps, run=7).run_payload(b"job") == 7
+    assert skeleton(steps, run=7).run_payload(b"job") == 7
     assert steps == ["read job", "tie", "run job"]
 
 
 def test_an_unreadable_payload_is_bad_input_said_on_stderr_and_never_run(
     steps: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert entry(steps).run_payload(b"bad") == child_entry.EXIT_BAD_INPUT
+    assert skeleton(steps).run_payload(b"bad") == entry.EXIT_BAD_INPUT
     assert steps == ["read bad"]
     assert capsys.readouterr().err == "tests.entry: invalid thing on stdin: no such payload\n"
 
@@ -54,18 +54,18 @@ def test_an_unreadable_payload_is_bad_input_said_on_stderr_and_never_run(
 def test_a_run_that_raises_is_a_crash_with_its_traceback(
     steps: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert entry(steps, run=RuntimeError("boom")).run_payload(b"job") == child_entry.EXIT_CRASHED
+    assert skeleton(steps, run=RuntimeError("boom")).run_payload(b"job") == entry.EXIT_CRASHED
     assert "RuntimeError: boom" in capsys.readouterr().err
 
 
 def test_forked_main_runs_the_payload_handed_over_in_memory(steps: list[str]) -> None:
-    code = entry(steps, run=5).forked_main(["--cpu-priority", "normal"], b"in memory")
+    code = skeleton(steps, run=5).forked_main(["--cpu-priority", "normal"], b"in memory")
     assert (code, steps) == (5, ["read in memory", "tie", "run in memory"])
 
 
 def test_both_entry_points_use_the_lifelines_exit_code_for_an_orphan() -> None:
-    assert child.EXIT_ORPHANED == child_cli.EXIT_ORPHANED == lifeline.EXIT_ORPHANED
-    assert (child.EXIT_OK, child.EXIT_CRASHED, child.EXIT_BAD_INPUT) == (0, 1, 2)
+    assert airflow3.EXIT_ORPHANED == airflow2.EXIT_ORPHANED == lifeline.EXIT_ORPHANED
+    assert (airflow3.EXIT_OK, airflow3.EXIT_CRASHED, airflow3.EXIT_BAD_INPUT) == (0, 1, 2)
 
 
 @pytest.mark.parametrize(
@@ -79,29 +79,31 @@ def test_both_entry_points_use_the_lifelines_exit_code_for_an_orphan() -> None:
 )
 def test_only_an_airflow_tasks_run_command_is_accepted(command: object) -> None:
     with pytest.raises(ValueError, match=r"^not an `airflow tasks run` command: "):
-        child_cli.tasks_run_command(command)
+        airflow2.tasks_run_command(command)
 
 
 def test_an_airflow_tasks_run_command_is_returned_as_it_is() -> None:
     command = ["airflow", "tasks", "run", "dag", "task", "run", "--local"]
-    assert child_cli.tasks_run_command(command) is command
+    assert airflow2.tasks_run_command(command) is command
 
 
 def test_the_airflow_2_entry_refuses_any_other_command_as_bad_input(
     steps: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    payload = child_cli.encode_payload(["airflow", "dags", "list"], "title")
-    assert child_cli.run_payload(payload) == child_cli.EXIT_BAD_INPUT
+    payload = airflow2.encode_payload(["airflow", "dags", "list"], "title")
+    assert airflow2.run_payload(payload) == airflow2.EXIT_BAD_INPUT
     assert steps == []  # refused before anything was tied or run
     err = capsys.readouterr().err
-    assert err.startswith("async_local_executor.adapter.child_cli: invalid command on stdin: not an `airflow")
+    assert err.startswith(
+        "async_local_executor.adapter.workload.airflow2: invalid command on stdin: not an `airflow"
+    )
 
 
 FREEZE_PROBE = """
 import gc, json, os
-from async_local_executor.adapter import child_entry
+from async_local_executor.adapter.workload import entry
 
-child_entry.freeze_before_first_fork()
+entry.freeze_before_first_fork()
 held = [[i] for i in range(1000)]
 assert gc.get_freeze_count() == 0
 
@@ -146,14 +148,14 @@ def test_a_fresh_workload_interpreter_takes_the_scheduler_s_first_path_entry(tmp
     # `python -m` puts the working directory first on sys.path; a module there would shadow a library.
     (tmp_path / "json.py").write_text("raise SystemExit('the working directory shadowed json')\n")
     code = (
-        "import sys; from async_local_executor.adapter import child_entry; "
-        "args = child_entry.parse(sys.argv[1:]); child_entry.prepare(args); print(sys.path[0]); "
+        "import sys; from async_local_executor.adapter.workload import entry; "
+        "args = entry.parse(sys.argv[1:]); entry.prepare(args); print(sys.path[0]); "
         "sys.modules.pop('json', None); import json; print(json.__name__)"
     )
-    flags = child_entry.argv_flags(0, "normal", path0="/the/scheduler/first")
+    flags = entry.argv_flags(0, "normal", path0="/the/scheduler/first")
     done = subprocess.run(
         [sys.executable, "-c", code, *flags], cwd=tmp_path, capture_output=True, text=True, check=True
     )
     assert done.stdout.split() == ["/the/scheduler/first", "json"]
-    assert child_entry.parse(flags).path0 == "/the/scheduler/first"
-    assert child_entry.parse(child_entry.argv_flags(0, "normal")).path0 is None
+    assert entry.parse(flags).path0 == "/the/scheduler/first"
+    assert entry.parse(entry.argv_flags(0, "normal")).path0 is None

@@ -1,21 +1,17 @@
 """Validators the task SDK builds afresh in every task process, built once in the fork server instead.
 
-Airflow 3's task process compiles pydantic validators that are the same in every task:
+Airflow 3's task process compiles pydantic validators that are the same in every task: its
+``CommsDecoder`` (the task's end of the supervisor's socket) builds two ``TypeAdapter`` objects over the
+whole ``ToTask`` message union in attrs field factories, and the task runner builds a
+``TypeAdapter(JsonValue)`` for each template field it sends back rendered. Built in a forked process,
+they write to the pages of every model it shares with the helper (docs/design.md, "What a task touches
+is what it costs").
 
-- its ``CommsDecoder`` (the task's end of the supervisor's socket) builds two ``TypeAdapter`` objects
-  over the whole ``ToTask`` message union, in attrs field factories;
-- the task runner builds a ``TypeAdapter(JsonValue)`` for each template field it sends back rendered.
-
-In a process forked from the fork server, building them walks (and so writes to) pages of every model
-it shares with the helper: measured on a held task of a DAG importing pandas, the task process's private
-memory went from 23.0 MB to 19.3 MB with both shared (and a fork of a preloaded process spent about
-20 ms of CPU building them).
-
-A built validator is immutable, so one serves every task: the fork server calls the functions below
-before it forks, and each task process inherits the objects copy-on-write. What is memoized is the task
-SDK's own factory or constructor, so the objects are those the task SDK would build; a version of attrs,
-pydantic or the task SDK that does not look as expected is left as it is, and so is one where building
-them fails: sharing is an optimisation, and its failure must not cost the fork server.
+Rule: a built validator is immutable, so one serves every task: the fork server calls the functions
+below before it forks, and each task process inherits the objects copy-on-write. What is memoized is
+the task SDK's own factory or constructor, so the objects are those the task SDK would build. A version
+of attrs, pydantic or the task SDK that does not look as expected is left as it is, and so is one where
+building them fails: sharing is an optimisation, and its failure must not cost the fork server.
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
 """What the scheduler log gets of a workload process's own output: its last lines, when it failed.
 
-At parallelism 256 the task supervisors write tens of thousands of lines a minute; relayed one by one
-through the scheduler's logging, they cost the loop thread (and, through the GIL, the scheduler's own
-thread) seconds of CPU and delayed everything else. The task's own log already holds what its task
-wrote, so each workload keeps a bounded tail here, logged once with a failure.
-
-Lines are also relayed at DEBUG for whoever turns that on for ``async_local_executor.child``, and the
-fork server's own output (low volume, and the only place a preload problem shows) at INFO; both are
-bounded per workload, since a single chatty task would otherwise flood the scheduler log and lag the
-loop. Each workload gets a token bucket: ``RELAY_RATE`` lines a second on average, bursts of up to
-``RELAY_BURST`` (a task's start-up chatter fits in one burst; a task printing in a loop does not), each
-line cut at ``RELAY_LINE_CHARS``. Lines beyond the bucket are counted, not relayed, and the count is
-logged at most once every ``DROP_NOTICE_INTERVAL`` seconds per workload, and once more when it ends.
-The failure tail is kept from every line, relayed or not: it always holds the true last lines.
+Rule: nothing is relayed line by line at INFO. Each workload keeps a bounded tail (``TAIL_LINES``, each
+cut at ``TAIL_LINE_CHARS``), logged once with its failure; the tail is kept from every line, relayed or
+not, so it always holds the true last lines. Lines are also relayed at DEBUG on the logger
+``async_local_executor.child`` (the name operators turn on), and the fork server's own output at INFO,
+both through a token bucket per workload (``RELAY_RATE`` lines a second, bursts of ``RELAY_BURST``, each
+line cut at ``RELAY_LINE_CHARS``); lines beyond it are counted, and the count logged at most once every
+``DROP_NOTICE_INTERVAL`` seconds per workload and once when it ends. Why: docs/design.md, "A tail per
+workload, not every line at INFO".
 """
 
 from __future__ import annotations
@@ -46,7 +41,7 @@ class _Stream:
     dropping_since: float = 0.0  # monotonic time of the first of them
 
 
-class ChildOutput:
+class OutputRelay:
     """The output sink for every workload: called on the loop thread; ``pop`` from any thread.
 
     :param describe: a workload key's name in log lines

@@ -9,9 +9,9 @@ import sys
 
 PRELOAD_PROBE = """
 import json, sys
-from async_local_executor.adapter import child_cli
+from async_local_executor.adapter.workload import airflow2
 from airflow.models.taskinstance import TaskInstance
-child_cli.preload()
+airflow2.preload()
 print(json.dumps({
     "unconfigured": sorted(m.class_.__name__ for m in TaskInstance.registry.mappers if not m.configured),
     "parser": "airflow.cli.cli_parser" in sys.modules,

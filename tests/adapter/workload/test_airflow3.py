@@ -1,4 +1,4 @@
-"""The real child entry point, on the paths that need no api-server."""
+"""The Airflow 3 workload entry point, on the paths that need no api-server."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import os
 import subprocess
 import sys
 
-from async_local_executor.adapter import child
+from async_local_executor.adapter.workload import airflow3
 
 
 def run_child(stdin: bytes, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "async_local_executor.adapter.child", *args],
+        [sys.executable, "-m", "async_local_executor.adapter.workload.airflow3", *args],
         input=stdin.decode(),
         capture_output=True,
         text=True,
@@ -23,26 +23,26 @@ def run_child(stdin: bytes, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_bad_json_exits_with_bad_input_and_says_why() -> None:
     result = run_child(b"{not json", "--parent-pid", str(os.getpid()))
-    assert result.returncode == child.EXIT_BAD_INPUT
+    assert result.returncode == airflow3.EXIT_BAD_INPUT
     assert "invalid workload on stdin" in result.stderr
 
 
 def test_unknown_workload_type_is_bad_input() -> None:
     payload = json.dumps({"server": "http://127.0.0.1:1/execution/", "workload": {"type": "Nope"}})
     result = run_child(payload.encode(), "--parent-pid", str(os.getpid()))
-    assert result.returncode == child.EXIT_BAD_INPUT
+    assert result.returncode == airflow3.EXIT_BAD_INPUT
 
 
 def test_a_child_whose_parent_is_gone_exits_at_once() -> None:
     result = run_child(b"", "--parent-pid", "1")
-    assert result.returncode == child.EXIT_ORPHANED
+    assert result.returncode == airflow3.EXIT_ORPHANED
 
 
 def test_payload_round_trips_the_workload() -> None:
     from tests.adapter import workloads
 
     workload = workloads.task("ok")
-    data = json.loads(child.encode_payload(workload.model_dump_json(), "http://srv/execution/", "title"))
+    data = json.loads(airflow3.encode_payload(workload.model_dump_json(), "http://srv/execution/", "title"))
     assert data["server"] == "http://srv/execution/"
     assert data["workload"]["token"] == workloads.TOKEN
     assert data["workload"]["ti"]["task_id"] == "ok"
@@ -50,9 +50,9 @@ def test_payload_round_trips_the_workload() -> None:
 
 PRELOAD_PROBE = """
 import json, sys
-from async_local_executor.adapter import child
+from async_local_executor.adapter.workload import airflow3
 before = set(sys.modules)
-child.preload()
+airflow3.preload()
 from airflow.sdk.api import client
 from airflow.utils import net
 import socket
@@ -65,8 +65,8 @@ print(json.dumps({
     "json_adapter": task_runner.TypeAdapter(JsonValue) is task_runner.TypeAdapter(JsonValue),
     "tls": client.Client._get_ssl_context_cached.cache_info().currsize,
     "hostname": net.getfqdn.cache_info().currsize,
-    "validator": child._workload_adapter.cache_info().currsize,
-    "logging": child._configure_logging.cache_info().currsize,
+    "validator": airflow3._workload_adapter.cache_info().currsize,
+    "logging": airflow3._configure_logging.cache_info().currsize,
     "imported": sorted(m for m in ("encodings.idna", "jinja2.ext", "setproctitle",
         "airflow.sdk.definitions.decorators.task_group") if m in sys.modules and m not in before),
 }))
@@ -106,8 +106,8 @@ def _server_error(status: int, body: object) -> Exception:
 def test_only_the_execution_apis_not_found_means_the_task_instance_is_gone() -> None:
     # Real errors as Airflow's task SDK client builds them from a response.
     gone = _server_error(404, {"detail": {"reason": "not_found", "message": "Task Instance not found"}})
-    assert child.ti_gone(gone)
+    assert airflow3.ti_gone(gone)
     # A wrong server URL answers 404 with a plain detail: a misconfiguration, never taken for a clear.
-    assert not child.ti_gone(_server_error(404, {"detail": "Not Found"}))
-    assert not child.ti_gone(_server_error(409, {"detail": {"reason": "invalid_state", "message": "no"}}))
-    assert not child.ti_gone(ValueError("not found"))
+    assert not airflow3.ti_gone(_server_error(404, {"detail": "Not Found"}))
+    assert not airflow3.ti_gone(_server_error(409, {"detail": {"reason": "invalid_state", "message": "no"}}))
+    assert not airflow3.ti_gone(ValueError("not found"))

@@ -1,4 +1,4 @@
-"""Entry point inside each workload process: ``python -m async_local_executor.adapter.child``.
+"""Entry point inside each Airflow 3 workload process: ``python -m async_local_executor.adapter.workload.airflow3``.
 
 The workload arrives as JSON on stdin, never in argv or the environment, because it carries the task's
 identity token and ``/proc/<pid>/cmdline`` is readable by every local user.
@@ -12,8 +12,8 @@ import json
 import sys
 from typing import Any
 
-from async_local_executor.adapter import shared_factories
-from async_local_executor.adapter.child_entry import (
+from async_local_executor.adapter.workload import shared_factories
+from async_local_executor.adapter.workload.entry import (
     EXIT_BAD_INPUT,
     EXIT_CRASHED,
     EXIT_OK,
@@ -46,8 +46,8 @@ def encode_payload(workload_json: str, server: str, proctitle: str) -> bytes:
 def preload() -> None:
     """Import everything a workload run needs; a fork server calls this once, before it forks.
 
-    Whatever a child would import after the fork it pays for in every task (about 0.1 s of CPU for the
-    DAG-parsing path alone), and its pages stop being shared; so this covers the supervisor, the task
+    Whatever a child would import after the fork it pays for in every task, and its pages stop being
+    shared (docs/design.md, "What is always preloaded"); so this covers the supervisor, the task
     runner and what the task process needs to parse a DAG file.
     """
     import importlib
@@ -174,7 +174,7 @@ def ti_gone(exc: BaseException) -> bool:
 
 
 # Named literally: run with `python -m`, this module's __name__ is "__main__".
-_ENTRY = Entry("async_local_executor.adapter.child", "workload", _read, _run)
+_ENTRY = Entry("async_local_executor.adapter.workload.airflow3", "workload", _read, _run)
 main = _ENTRY.main
 forked_main = _ENTRY.forked_main
 run_payload = _ENTRY.run_payload

@@ -287,7 +287,7 @@ def test_sigusr2_dump_logs_health_and_running_workloads(
     scheduler = Scheduler(executor)
     scheduler.run_until(lambda: holding(gate) == 1)
     scheduler.run_until(lambda: executor._runtime.report.state.running != ())  # type: ignore[union-attr]
-    caplog.set_level(logging.INFO, logger="async_local_executor.adapter.health")
+    caplog.set_level(logging.INFO, logger="async_local_executor.adapter.diagnostics")
     executor.debug_dump()
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert "async_local_executor health: healthy" in text
