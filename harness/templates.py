@@ -6,8 +6,9 @@ templates it records). A template is therefore made once per kind of home: the s
 Python (so its Airflow), its database kind (a SQLite file, or a PostgreSQL database, copied with
 ``CREATE DATABASE ... TEMPLATE``) and the values those options have in its environment. The
 ``airflow.cfg`` Airflow generates on that first command holds its defaults with the home's path in
-them, and two secrets that the sandbox's environment overrides: the template's file, with its home's
-path replaced by the new one's, is the file the new home would have got.
+them: the template's file, with its home's path replaced by the new one's, is the file the new home
+would have got, but for the secrets Airflow draws at random for it (the sandbox's environment sets its
+own for those Airflow uses; the rest, such as Airflow 2's internal API key, no sandbox uses).
 
 Rule: a copied home holds what ``airflow db migrate`` would have left there; a database given by URL
 (made by the caller, perhaps for more than Airflow) is migrated in place as before. Templates live

@@ -1,10 +1,9 @@
 """A sandbox's home copied from a template holds what ``airflow db migrate`` would have left in it.
 
 Two homes of one kind, one copied (harness/templates.py), one migrated by a real ``airflow db migrate``:
-the same tables, columns and rows, and the same airflow.cfg but for the secrets Airflow draws at random
-(which the sandbox's environment overrides). The option ``db migrate`` writes into the database (the
-default pool's size) is given a value of its own, after a home with the default: a template of another
-kind must not be the one copied. Both Airflow majors use the comparison (tests/airflow2 collects it).
+the same tables, columns and rows, and the same airflow.cfg but for the secrets Airflow draws at random.
+The option ``db migrate`` writes into the database (the default pool's size) is given a value of its own,
+after a home with the default: a template of another kind must not be the one copied. Both Airflow majors use the comparison (tests/airflow2 collects it).
 """
 
 from __future__ import annotations
@@ -18,8 +17,8 @@ from harness.sandbox import AirflowSandbox
 
 pytestmark = pytest.mark.e2e
 
-# Lines of the generated airflow.cfg that Airflow fills with fresh random values.
-RANDOM_OPTIONS = ("secret_key", "jwt_secret")
+# Lines of the generated airflow.cfg that Airflow fills with fresh random values (the last: Airflow 2's).
+RANDOM_OPTIONS = ("secret_key", "jwt_secret", "internal_api_secret_key")
 POOL = {"AIRFLOW__CORE__DEFAULT_POOL_TASK_SLOT_COUNT": "77"}
 
 
