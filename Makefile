@@ -22,13 +22,16 @@ BENCH_ARGS ?=
 	clean bench bench-full bench-smoke bench-airflow2
 
 # A virtualenv from a lock file. $(1): the virtualenv; $(2): the lock file; $(3): the extras.
+# Everything the lock file pins goes in first, which several virtualenvs can do at once (make test builds
+# the Airflow 2 ones while the Airflow 3 suite runs); then the package itself, one build at a time: the
+# build leaves src/*.egg-info beside the package, on sys.path through the editable install, where Airflow
+# would find the package's entry points twice ("Plugin 'async_local_executor' already registered").
 define make_venv
 	$(PYTHON) -m venv $(1)
 	$(1)/bin/pip install --quiet --upgrade pip
-	$(1)/bin/pip install --quiet --constraint $(2) --editable $(3)
-	# The build leaves src/*.egg-info beside the package, on sys.path through the editable install: Airflow
-	# would then find the package's entry points twice ("Plugin 'async_local_executor' already registered").
-	rm -rf src/*.egg-info
+	$(1)/bin/pip install --quiet --requirement $(2)
+	mkdir -p build
+	flock build/.install.lock sh -c "$(1)/bin/pip install --quiet --constraint $(2) --editable $(3) && rm -rf src/*.egg-info"
 	touch $@
 endef
 
@@ -56,11 +59,18 @@ $(CHROMIUM):
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
 
-# Everything: the suite on Airflow 3.3, then the Airflow 2 tests (end to end on PostgreSQL) on 2.11 and 2.10.
-test: test-airflow3 test-airflow2 test-airflow210
+# Everything: the suite on Airflow 3.3 and the Airflow 2 tests (end to end on PostgreSQL) on 2.11 and
+# 2.10, side by side: separate virtualenvs, homes and databases, and most of an end-to-end test's time is
+# spent waiting on a real Airflow. Each suite's output comes whole when it ends.
+test:
+	$(MAKE) --no-print-directory --jobs=3 --output-sync=target test-airflow3 test-airflow2 test-airflow210
+
+# XDIST: pytest-xdist's workers for the Airflow 3.3 suite ("0": none). A module's tests stay on one worker
+# (--dist=loadscope), so a module-scoped Airflow starts once.
+XDIST ?= 3
 
 test-airflow3: install install-browser
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest --numprocesses=$(XDIST) --dist=loadscope $(PYTEST_ARGS)
 
 # The executor page's screenshots in docs/images, from the browser test on a real Airflow.
 screenshots: install install-browser
@@ -73,8 +83,10 @@ test-airflow2: install-airflow2
 test-airflow210: install-airflow210
 	$(BIN210)/python -m pytest tests/airflow2 $(PYTEST_ARGS)
 
+# The quick loop: the supervisor, its launchers and the operations layer, with real child processes and
+# no Airflow deployment (tests/core, tests/ops).
 test-core: install
-	$(BIN)/python -m pytest tests/core tests/adapter $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests/core tests/ops $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check src harness tests benchmarks
