@@ -18,6 +18,7 @@ BENCH_VARIANTS ?= stock,ours
 BENCH_ARGS ?=
 
 .PHONY: install install-airflow2 install-airflow210 install-browser test test-airflow3 test-airflow2 test-airflow210 \
+	test-airflow2-both \
 	test-core lint demo docs screenshots lock lock-airflow2 lock-airflow210 \
 	clean bench bench-full bench-smoke bench-airflow2
 
@@ -59,15 +60,21 @@ $(CHROMIUM):
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
 
-# Everything: the suite on Airflow 3.3 and the Airflow 2 tests (end to end on PostgreSQL) on 2.11 and
-# 2.10, side by side: separate virtualenvs, homes and databases, and most of an end-to-end test's time is
-# spent waiting on a real Airflow. Each suite's output comes whole when it ends.
+# Everything: the suite on Airflow 3.3, and beside it the Airflow 2 tests (end to end on PostgreSQL) on
+# 2.11 then 2.10, whose virtualenvs are built meanwhile: separate virtualenvs, homes and databases, and
+# much of an end-to-end test's time is spent waiting on a real Airflow. More at once than that, on 2
+# cores, only stretches each real Airflow's steps towards their guards. Each suite's output comes whole
+# when it ends.
 test:
-	$(MAKE) --no-print-directory --jobs=3 --output-sync=target test-airflow3 test-airflow2 test-airflow210
+	$(MAKE) --no-print-directory --jobs=2 --output-sync=target test-airflow3 test-airflow2-both
+
+test-airflow2-both:
+	$(MAKE) --no-print-directory test-airflow2
+	$(MAKE) --no-print-directory test-airflow210
 
 # XDIST: pytest-xdist's workers for the Airflow 3.3 suite ("0": none). A module's tests stay on one worker
 # (--dist=loadscope), so a module-scoped Airflow starts once.
-XDIST ?= 3
+XDIST ?= 2
 
 test-airflow3: install install-browser
 	$(BIN)/python -m pytest --numprocesses=$(XDIST) --dist=loadscope $(PYTEST_ARGS)
