@@ -18,17 +18,21 @@ BENCH_VARIANTS ?= stock,ours
 BENCH_ARGS ?=
 
 .PHONY: install install-airflow2 install-airflow210 install-browser test test-airflow3 test-airflow2 test-airflow210 \
+	test-airflow2-both \
 	test-core lint demo docs screenshots lock lock-airflow2 lock-airflow210 \
 	clean bench bench-full bench-smoke bench-airflow2
 
 # A virtualenv from a lock file. $(1): the virtualenv; $(2): the lock file; $(3): the extras.
+# Everything the lock file pins goes in first, which several virtualenvs can do at once (make test builds
+# the Airflow 2 ones while the Airflow 3 suite runs); then the package itself, one build at a time: the
+# build leaves src/*.egg-info beside the package, on sys.path through the editable install, where Airflow
+# would find the package's entry points twice ("Plugin 'async_local_executor' already registered").
 define make_venv
 	$(PYTHON) -m venv $(1)
 	$(1)/bin/pip install --quiet --upgrade pip
-	$(1)/bin/pip install --quiet --constraint $(2) --editable $(3)
-	# The build leaves src/*.egg-info beside the package, on sys.path through the editable install: Airflow
-	# would then find the package's entry points twice ("Plugin 'async_local_executor' already registered").
-	rm -rf src/*.egg-info
+	$(1)/bin/pip install --quiet --requirement $(2)
+	mkdir -p build
+	flock build/.install.lock sh -c "$(1)/bin/pip install --quiet --constraint $(2) --editable $(3) && rm -rf src/*.egg-info"
 	touch $@
 endef
 
@@ -56,11 +60,24 @@ $(CHROMIUM):
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
 
-# Everything: the suite on Airflow 3.3, then the Airflow 2 tests (end to end on PostgreSQL) on 2.11 and 2.10.
-test: test-airflow3 test-airflow2 test-airflow210
+# Everything: the suite on Airflow 3.3, and beside it the Airflow 2 tests (end to end on PostgreSQL) on
+# 2.11 then 2.10, whose virtualenvs are built meanwhile: separate virtualenvs, homes and databases, and
+# much of an end-to-end test's time is spent waiting on a real Airflow. More at once than that, on 2
+# cores, only stretches each real Airflow's steps towards their guards. Each suite's output comes whole
+# when it ends.
+test:
+	$(MAKE) --no-print-directory --jobs=2 --output-sync=target test-airflow3 test-airflow2-both
+
+test-airflow2-both:
+	$(MAKE) --no-print-directory test-airflow2
+	$(MAKE) --no-print-directory test-airflow210
+
+# XDIST: pytest-xdist's workers for the Airflow 3.3 suite ("0": none). A module's tests stay on one worker
+# (--dist=loadscope), so a module-scoped Airflow starts once.
+XDIST ?= 2
 
 test-airflow3: install install-browser
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest --numprocesses=$(XDIST) --dist=loadscope $(PYTEST_ARGS)
 
 # The executor page's screenshots in docs/images, from the browser test on a real Airflow.
 screenshots: install install-browser
@@ -73,8 +90,10 @@ test-airflow2: install-airflow2
 test-airflow210: install-airflow210
 	$(BIN210)/python -m pytest tests/airflow2 $(PYTEST_ARGS)
 
+# The quick loop: the supervisor, its launchers and the operations layer, with real child processes and
+# no Airflow deployment (tests/core, tests/ops).
 test-core: install
-	$(BIN)/python -m pytest tests/core tests/adapter $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests/core tests/ops $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check src harness tests benchmarks

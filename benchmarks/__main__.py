@@ -13,7 +13,7 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from benchmarks import harness, report
+from benchmarks import report, runner
 from benchmarks.deployment import BASELINE, Variant, parse_variant
 from benchmarks.scenarios.base import Case
 from benchmarks.summary import summarize
@@ -43,7 +43,7 @@ KEY_FIGURES = {
 NOTES_BEGIN, NOTES_END = "<!-- observations -->", "<!-- /observations -->"
 
 
-class LiveDisplay(harness.Listener):
+class LiveDisplay(runner.Listener):
     """A progress bar over all runs and a table that grows by one row per finished run."""
 
     def __init__(self, console: Console, total: int) -> None:
@@ -89,11 +89,11 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m benchmarks",
         description="AsyncLocalExecutor against the stock LocalExecutor on a real Airflow, side by side.",
     )
-    p.add_argument("--profile", choices=harness.PROFILES, default="quick")
+    p.add_argument("--profile", choices=runner.PROFILES, default="quick")
     p.add_argument(
         "--scenarios",
-        default=",".join(harness.SCENARIOS),
-        help="comma list of: " + ", ".join(harness.SCENARIOS),
+        default=",".join(runner.SCENARIOS),
+        help="comma list of: " + ", ".join(runner.SCENARIOS),
     )
     p.add_argument(
         "--variants",
@@ -158,21 +158,19 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(stderr=True)
     out: Path = args.out or Path("build/bench") / f"{args.profile}.jsonl"
     if args.report_only:
-        records = harness.latest_session(harness.load_records(out))
+        records = runner.latest_session(runner.load_records(out))
         if not records:
             raise SystemExit(f"no records in {out}")
     else:
         variants = _variants(args.variants)
-        cases = harness.select_cases(
-            args.profile, [s.strip() for s in args.scenarios.split(",") if s.strip()]
-        )
+        cases = runner.select_cases(args.profile, [s.strip() for s in args.scenarios.split(",") if s.strip()])
         if wanted := {c.strip() for c in args.cases.split(",") if c.strip()}:
             unknown = wanted - {case.name for case in cases}
             if unknown:
                 raise SystemExit(f"no such case(s) in this profile: {', '.join(sorted(unknown))}")
             cases = [case for case in cases if case.name in wanted]
-        repeat = args.repeat or harness.DEFAULT_REPEAT[args.profile]
-        plan = harness.Plan(args.profile, cases, variants, repeat, args.database or None, args.airflow_cfg)
+        repeat = args.repeat or runner.DEFAULT_REPEAT[args.profile]
+        plan = runner.Plan(args.profile, cases, variants, repeat, args.database or None, args.airflow_cfg)
         if installed_airflow_major() < 3 and any(plan.database_for(c).startswith("sqlite") for c in cases):
             raise SystemExit("Airflow 2 refuses SQLite for parallel executors: use --database postgres")
         display = LiveDisplay(console, len(plan.runs()))
@@ -183,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         for case in cases:
             console.print(f"  {case.scenario}/{case.name}: database [b]{plan.database_for(case)}[/b]")
         with display.live:
-            records = harness.run_plan(plan, out, display, keep_home=args.keep_homes)
+            records = runner.run_plan(plan, out, display, keep_home=args.keep_homes)
     summary = summarize(records, BASELINE)
     # Wide enough for the ratio columns when the output is a file or a CI log.
     Console(width=None if sys.stdout.isatty() else 160).print(report.rich_table(summary))
@@ -200,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             args.markdown,
             records,
             summary,
-            command=records[0].get("command") or harness.python_command(),
+            command=records[0].get("command") or runner.python_command(),
             charts_rel=charts_rel,
             observations=_keep_observations(args.markdown),
         )

@@ -1,8 +1,8 @@
 """A throwaway Airflow's setup and teardown: configuration, home, database, processes, health.
 
 :class:`SandboxLifecycle` holds the parts (:mod:`harness.environment`, :mod:`harness.postgres`,
-:mod:`harness.processes`, :mod:`harness.rest`, :mod:`harness.metadata`) and brings the deployment up
-and down; :class:`harness.sandbox.AirflowSandbox` builds on it what a test does with the deployment.
+:mod:`harness.templates`, :mod:`harness.processes`, :mod:`harness.rest`, :mod:`harness.metadata`) and
+brings the deployment up and down; :class:`harness.sandbox.AirflowSandbox` builds on it what a test does with the deployment.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 
-from harness import cgroups, waits
+from harness import cgroups, templates, waits
 from harness.environment import (
     AIRFLOW_CFG_KINDS,
     DEFAULT_DAGS_FOLDER,
@@ -35,6 +35,7 @@ from harness.environment import (
     write_passwords,
 )
 from harness.metadata import MetadataDB
+from harness.postgres import PostgresDatabase
 from harness.processes import Processes
 from harness.rest import RestClient
 from harness.waits import SandboxError
@@ -82,6 +83,10 @@ class SandboxLifecycle:
     :param airflow_cfg: ``"generated"`` (the default): Airflow writes the home's ``airflow.cfg`` on
         its first command, every option with its default, as on a deployment's first start;
         ``"empty"``: an empty file, so options the environment does not set are unset.
+    :param template: copy the metadata database and ``airflow.cfg`` from a home migrated once per
+        process for this kind of home (:mod:`harness.templates`), which is what ``airflow db migrate``
+        would leave; False runs ``airflow db migrate`` in this home. A database given by URL is always
+        migrated.
     :param progress: called with one line per startup/shutdown step; default prints to stderr.
     """
 
@@ -105,6 +110,7 @@ class SandboxLifecycle:
         execution_api_timeout: float | None = None,
         airflow_cfg: str = "generated",
         users: Mapping[str, str] | None = None,
+        template: bool = True,
         progress: Progress | None = _log,
     ) -> None:
         if parallelism < 1:
@@ -127,6 +133,7 @@ class SandboxLifecycle:
         self.startup_timeout = startup_timeout
         self.stop_timeout = stop_timeout
         self.keep_home = keep_home
+        self.template = template
         self._progress = progress
         self._owns_home = home is None
         self.home = (
@@ -172,6 +179,15 @@ class SandboxLifecycle:
     def env(self) -> dict[str, str]:
         """A copy of the full environment given to every Airflow process of this sandbox."""
         return dict(self._env)
+
+    @property
+    def postgres(self) -> PostgresDatabase | None:
+        """The PostgreSQL database this sandbox creates at start and drops at stop, if it has one."""
+        return self._postgres
+
+    @property
+    def owns_postgres(self) -> bool:
+        return self._postgres is not None
 
     @property
     def airflow_cfg_path(self) -> Path:
@@ -247,16 +263,7 @@ class SandboxLifecycle:
         self._started = True
         try:
             self._say(f"home {self.home}, executor {self.executor}, api {self.api_url}")
-            prepare_home(self._layout, self._env, self.callback_dir, self.airflow_cfg)
-            if self.passwords:
-                write_passwords(self._env, self.passwords)
-            if self._postgres is not None:
-                with self._step(f"creating postgresql database {self._postgres.name}"):
-                    self._postgres.create()
-            with self._step("airflow db migrate"):
-                self._processes.migrate(self.startup_timeout * 2)
-            if not self.airflow_cfg_path.is_file():
-                raise SandboxError(f"airflow db migrate wrote no {self.airflow_cfg_path}")
+            self.prepare()
             for name in (*self.process_names, *self.extra_processes):
                 with self._step(f"starting {name}"):
                     self._processes.spawn(name)
@@ -265,6 +272,24 @@ class SandboxLifecycle:
         except BaseException:
             self.stop(keep_home=True)
             raise
+
+    def prepare(self) -> None:
+        """The home and its metadata database as ``airflow db migrate`` leaves them; :meth:`start` begins here."""
+        prepare_home(self._layout, self._env, self.callback_dir, self.airflow_cfg)
+        if self.passwords:
+            write_passwords(self._env, self.passwords)
+        if self.template and templates.key_of(self) is not None:
+            # The first home of its kind in this process migrates the template: one `airflow db migrate`.
+            with self._step("copying a migrated database and airflow.cfg from this kind of home's template"):
+                templates.template_for(self).copy_into(self.home, self._postgres)
+        else:
+            if self._postgres is not None:
+                with self._step(f"creating postgresql database {self._postgres.name}"):
+                    self._postgres.create()
+            with self._step("airflow db migrate"):
+                self._processes.migrate(self.startup_timeout * 2)
+        if not self.airflow_cfg_path.is_file():
+            raise SandboxError(f"airflow db migrate wrote no {self.airflow_cfg_path}")
 
     def stop(self, *, keep_home: bool | None = None) -> None:
         """Stop every process (SIGTERM, bounded wait, SIGKILL), drop the database, clean up.

@@ -1,4 +1,5 @@
-"""A throwaway PostgreSQL database for a sandbox: uniquely named, created, then dropped with its contents.
+"""A throwaway PostgreSQL database for a sandbox: uniquely named, created (empty, or as a copy of a
+template), then dropped with its contents.
 
 By default the server on 127.0.0.1:5432, as user ``postgres`` with no password in the URL (libpq's
 own sources, such as ``PGPASSWORD`` or ``~/.pgpass``, still apply); CREATE and DROP DATABASE go
@@ -43,6 +44,7 @@ class PostgresDatabase:
         self.admin_databases = tuple(admin_databases)
         self.name = f"{prefix}_{uuid.uuid4().hex[:12]}"
         self._created = False
+        self._template = False
 
     @property
     def url(self) -> str:
@@ -76,16 +78,32 @@ class PostgresDatabase:
             return
         raise SandboxError(f"cannot connect to postgresql admin database: {'; '.join(errors)}")
 
-    def create(self) -> str:
+    def create(self, template: str | None = None) -> str:
+        """Create the database: empty, or a copy of the database named ``template``."""
+        copy = "" if template is None else f' TEMPLATE "{template}"'
         with self._admin_connection() as conn:
-            conn.execute(sa.text(f'CREATE DATABASE "{self.name}"'))
+            conn.execute(sa.text(f'CREATE DATABASE "{self.name}"{copy}'))
         self._created = True
         return self.url
+
+    def make_template(self) -> None:
+        """Let other databases be created as copies of this one, and nobody connect to it any more.
+
+        A copy needs its template to have no connection; autovacuum does not connect to a database
+        that allows none.
+        """
+        with self._admin_connection() as conn:
+            conn.execute(
+                sa.text(f'ALTER DATABASE "{self.name}" WITH IS_TEMPLATE true ALLOW_CONNECTIONS false')
+            )
+        self._template = True
 
     def drop(self) -> None:
         if not self._created:
             return
         with self._admin_connection() as conn:
+            if self._template:
+                conn.execute(sa.text(f'ALTER DATABASE "{self.name}" WITH IS_TEMPLATE false'))
             # A connection left over by a killed process would make DROP DATABASE fail.
             conn.execute(
                 sa.text(

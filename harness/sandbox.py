@@ -1,7 +1,8 @@
 """Throwaway, real Airflow 3.3 deployment for demos, end-to-end tests and benchmarks.
 
-``AirflowSandbox`` writes a fresh ``AIRFLOW_HOME``, migrates a fresh metadata database (SQLite
-file or a newly created PostgreSQL database), starts ``api-server``, ``scheduler`` and
+``AirflowSandbox`` writes a fresh ``AIRFLOW_HOME``, gives it a fresh, migrated metadata database
+(SQLite file or a newly created PostgreSQL database, copied from one migrated once per process, see
+:mod:`harness.templates`), starts ``api-server``, ``scheduler`` and
 ``dag-processor`` as separate process groups and offers helpers to trigger a DAG and inspect the
 outcome. All Airflow configuration goes through environment variables of the child processes;
 nothing is read from, or written to, the caller's own Airflow configuration.
@@ -14,8 +15,8 @@ Typical use::
         assert sb.wait_for_run("async_local_executor_demo", run_id, timeout=180) == "success"
 
 This module is the harness's public surface; the parts live in :mod:`harness.lifecycle` (setup and
-teardown), :mod:`harness.environment`, :mod:`harness.postgres`, :mod:`harness.processes`,
-:mod:`harness.rest`, :mod:`harness.metadata` and :mod:`harness.waits`.
+teardown), :mod:`harness.environment`, :mod:`harness.postgres`, :mod:`harness.templates`,
+:mod:`harness.processes`, :mod:`harness.rest`, :mod:`harness.metadata` and :mod:`harness.waits`.
 """
 
 from __future__ import annotations

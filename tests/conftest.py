@@ -14,6 +14,13 @@ AIRFLOW_MAJOR = int(version("apache-airflow").split(".", 1)[0])
 collect_ignore = ["airflow2"] if AIRFLOW_MAJOR >= 3 else ["adapter", "e2e", "bench", "packaging"]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Tests that start a real Airflow first: they take minutes where others take seconds, so with
+    # pytest-xdist's workers (make test) they start early and no worker is left with one at the end.
+    # The sort is stable: a module's tests keep their order, and its module-scoped Airflow runs once.
+    items.sort(key=lambda item: item.get_closest_marker("e2e") is None)
+
+
 def pytest_asyncio_loop_factories(
     config: pytest.Config, item: pytest.Item
 ) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:

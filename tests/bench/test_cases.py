@@ -13,8 +13,8 @@ import pytest
 from benchmarks import deployment as deployment_module
 from benchmarks import report
 from benchmarks.deployment import KNOWN_VARIANTS
-from benchmarks.harness import PROFILES, Plan, default_database, select_cases
 from benchmarks.report import markdown_table
+from benchmarks.runner import PROFILES, Plan, default_database, select_cases
 from benchmarks.scenarios import burst, imports, ordinary, starvation
 from benchmarks.summary import summarize, words
 from harness.environment import HomeLayout, prepare_home

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from benchmarks.harness import select_cases
 from benchmarks.metrics import METRICS
+from benchmarks.runner import select_cases
 
 # Seven scenarios (eight cases) x two variants of a real Airflow each, one after the other: about 7
 # minutes on 2 cores.

@@ -6,7 +6,7 @@ import os
 import signal
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -14,10 +14,19 @@ from typing import Any
 import psutil
 
 from async_local_executor.ops.status_read import read_all
-from harness.demo import EXECUTOR
 from harness.sandbox import AirflowSandbox
 
 GUARD = 600.0
+DAGS = Path(__file__).with_name("dags")
+# Where the tasks of dags/ (switch.py, escapers.py) leave their marks and wait for their gate.
+TEST_DIR_ENVS = ("ALE_SWITCH_DIR", "ALE_ESCAPERS_DIR")
+SWITCH_TASKS = 4  # the switch DAG's mapped tasks (dags/switch.py)
+# A restarted scheduler resets a dead one's task instances within seconds, not minutes.
+QUICK_ORPHANS = {
+    "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "10",
+    "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "5",
+    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",
+}
 
 
 def poll(what: str, done: Callable[[], bool], guard: float = GUARD) -> None:
@@ -65,33 +74,6 @@ def stopped_outside_a_transaction(sandbox: AirflowSandbox, pid: int) -> Iterator
         yield
     finally:
         os.kill(pid, signal.SIGCONT)
-
-
-SWITCH_TASKS = 4  # the switch DAG's mapped tasks (dags/switch.py)
-
-
-@contextmanager
-def switch_sandbox(
-    folder: Path,
-    *,
-    parallelism: int = SWITCH_TASKS,
-    users: Mapping[str, str] | None = None,
-    **config: str,
-) -> Iterator[AirflowSandbox]:
-    """A real Airflow on SQLite with the switch DAG, whose tasks mark ``folder`` and wait for its gate.
-
-    :param users: who may log in (name -> role), each with a password in ``sandbox.passwords``;
-        without them, every request is an admin's
-    """
-    sandbox = AirflowSandbox(
-        executor=EXECUTOR,
-        dags_folder=Path(__file__).with_name("dags"),
-        parallelism=parallelism,
-        extra_config={"ALE_SWITCH_DIR": str(folder), **config},
-        users=users,
-    )
-    with sandbox:
-        yield sandbox
 
 
 def open_the_gate(

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,6 @@ from tests.e2e.helpers import (
     open_the_gate,
     poll,
     stopped_outside_a_transaction,
-    switch_sandbox,
 )
 
 pytestmark = pytest.mark.e2e
@@ -40,12 +38,6 @@ keys = [TaskInstanceKey("switch", "hold", run_id, 1, i) for i in range(count)]
 keys.append(TaskInstanceKey("switch", "hold", "no-such-run", 1, 0))
 print(json.dumps(sorted(key.map_index for key in restarting_task_instances(keys))))
 """
-
-
-@pytest.fixture
-def sandbox(tmp_path: Path) -> Iterator[AirflowSandbox]:
-    with switch_sandbox(tmp_path) as sb:
-        yield sb
 
 
 def _states(sandbox: AirflowSandbox, run_id: str) -> list[str | None]:

@@ -24,18 +24,20 @@ from __future__ import annotations
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
 from harness.sandbox import AirflowSandbox
-from tests.e2e.helpers import open_the_gate, poll, switch_sandbox
+from tests.e2e.helpers import open_the_gate, poll
 
 QUEUED_WAITING = ["queued", "queued", "running", "running"]
 
-pytestmark = pytest.mark.e2e
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.sandbox(parallelism=2, config={"AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "16"}),
+]
 
 # Airflow's task SDK client starting a task instance, as a workload's supervisor does first.
 START = """
@@ -52,12 +54,6 @@ client = Client(base_url=execution_api_url(conf), token=token)
 client.task_instances.start(uuid.UUID(ti_id), os.getpid(), datetime.now(tz=timezone.utc))
 print("started")
 """
-
-
-@pytest.fixture
-def sandbox(tmp_path: Path) -> Iterator[AirflowSandbox]:
-    with switch_sandbox(tmp_path, parallelism=2, AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG="16") as sb:
-        yield sb
 
 
 Row = tuple[int, str, str | None, int]

@@ -13,40 +13,21 @@ Nothing is mocked: a real Airflow on SQLite, the default fork-server launcher, r
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from harness import cgroups
-from harness.demo import EXECUTOR
 from harness.sandbox import AirflowSandbox
 from tests.core.helpers import alive
-from tests.e2e.helpers import poll
+from tests.e2e.helpers import QUICK_ORPHANS, poll
 
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(not cgroups.usable(), reason="this host does not let the sandbox make cgroups"),
+    pytest.mark.sandbox(config=QUICK_ORPHANS),
 ]
-
-DAGS = Path(__file__).with_name("dags")
 ORPHAN_DEADLINE = 10.0
-
-
-def _sandbox(folder: Path, hold: bool) -> AirflowSandbox:
-    return AirflowSandbox(
-        executor=EXECUTOR,
-        dags_folder=DAGS,
-        parallelism=4,
-        extra_config={
-            "ALE_ESCAPERS_DIR": str(folder),
-            "ALE_ESCAPERS_HOLD": "1" if hold else "0",
-            # Notice the dead scheduler and its orphaned tasks in seconds, not minutes.
-            "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "10",
-            "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "5",
-            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",
-        },
-    )
 
 
 def _sleepers(folder: Path, try_number: int) -> dict[str, int]:
@@ -57,12 +38,6 @@ def _sleepers(folder: Path, try_number: int) -> dict[str, int]:
         if task in ("detach", "shell") and tried == str(try_number):
             found[task] = int(pid)
     return found
-
-
-@pytest.fixture
-def sandbox(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[AirflowSandbox]:
-    with _sandbox(tmp_path, hold=bool(getattr(request, "param", False))) as sb:
-        yield sb
 
 
 def test_what_a_task_leaves_behind_ends_with_it(sandbox: AirflowSandbox, tmp_path: Path) -> None:
@@ -86,7 +61,7 @@ def _scheduler_log(sandbox: AirflowSandbox) -> str:
     return sandbox.process_logs["scheduler"].read_text(errors="replace")
 
 
-@pytest.mark.parametrize("sandbox", [True], indirect=True)
+@pytest.mark.sandbox(config={"ALE_ESCAPERS_HOLD": "1"})
 def test_a_restarted_scheduler_kills_what_tasks_left_before_it_launches(
     sandbox: AirflowSandbox, tmp_path: Path
 ) -> None:

@@ -12,38 +12,24 @@ Nothing is mocked: a real Airflow on SQLite, the default fork-server launcher, r
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from harness.demo import EXECUTOR
 from harness.sandbox import AirflowSandbox
-from tests.e2e.helpers import poll
+from tests.e2e.helpers import QUICK_ORPHANS, poll
 from tests.e2e.test_containment import kill_and_restart, run_to_the_sleepers
 
-pytestmark = pytest.mark.e2e
-
-DAGS = Path(__file__).with_name("dags")
-
-
-@pytest.fixture
-def sandbox(tmp_path: Path) -> Iterator[AirflowSandbox]:
-    sb = AirflowSandbox(
-        executor=EXECUTOR,
-        dags_folder=DAGS,
-        parallelism=4,
-        extra_config={
-            "ALE_ESCAPERS_DIR": str(tmp_path),
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.sandbox(
+        config={
             "ALE_ESCAPERS_HOLD": "1",
             "AIRFLOW__ASYNC_LOCAL_EXECUTOR__CONTAINMENT": "off",
-            "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "10",
-            "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "5",
-            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",
-        },
-    )
-    with sb:
-        yield sb
+            **QUICK_ORPHANS,
+        }
+    ),
+]
 
 
 def _journalled(sandbox: AirflowSandbox) -> set[int]:

@@ -8,7 +8,6 @@ SQLite, the default fork-server launcher, real task processes held at a gate the
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -16,18 +15,15 @@ import pytest
 
 from harness.sandbox import AirflowSandbox
 from tests.core.helpers import alive
-from tests.e2e.helpers import SWITCH_TASKS, cmdline, open_the_gate, poll, switch_sandbox
+from tests.e2e.helpers import SWITCH_TASKS, cmdline, open_the_gate, poll
 
-pytestmark = pytest.mark.e2e
+pytestmark = [
+    pytest.mark.e2e,
+    # An explicit idle: the default (auto) keeps 4 tasks at the scheduler's priority.
+    pytest.mark.sandbox(config={"AIRFLOW__ASYNC_LOCAL_EXECUTOR__WORKLOAD_CPU_PRIORITY": "idle"}),
+]
 
 TASKS = SWITCH_TASKS
-
-
-@pytest.fixture
-def sandbox(tmp_path: Path) -> Iterator[AirflowSandbox]:
-    # An explicit idle: the default (auto) keeps 4 tasks at the scheduler's priority.
-    with switch_sandbox(tmp_path, AIRFLOW__ASYNC_LOCAL_EXECUTOR__WORKLOAD_CPU_PRIORITY="idle") as sb:
-        yield sb
 
 
 def _helpers(scheduler: psutil.Process) -> list[int]:

@@ -13,17 +13,16 @@ from __future__ import annotations
 import re
 import signal
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from harness.demo import EXECUTOR
 from harness.sandbox import AirflowSandbox
+from tests.e2e.helpers import DAGS
 
 pytestmark = pytest.mark.e2e
 
-DAGS = Path(__file__).with_name("dags")
 DAG_ID, TASK_ID, TASKS = "observe", "look", 4  # dags/observe.py
 OPERATORS_CHOICE = 17.0
 STOP_GUARD = 120.0

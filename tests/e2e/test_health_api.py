@@ -15,7 +15,6 @@ import os
 import signal
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,18 +22,11 @@ import psutil
 import pytest
 
 from harness.sandbox import AirflowSandbox
-from tests.e2e.helpers import SWITCH_TASKS, cmdline, open_the_gate, poll, switch_sandbox
-
-pytestmark = pytest.mark.e2e
+from tests.e2e.helpers import SWITCH_TASKS, cmdline, open_the_gate, poll
 
 USERS = {"admin": "admin", "viewer": "viewer"}
+pytestmark = [pytest.mark.e2e, pytest.mark.sandbox(users=USERS)]
 INSTANCE_KEYS = {"hostname", "instance", "verdict", "reasons", "reason_codes", "updated_at", "age_s"}
-
-
-@pytest.fixture
-def sandbox(tmp_path: Path) -> Iterator[AirflowSandbox]:
-    with switch_sandbox(tmp_path, users=USERS) as sb:
-        yield sb
 
 
 def get(sandbox: AirflowSandbox, path: str, token: str | None = None) -> tuple[int, Any]:

@@ -11,16 +11,15 @@ docs/images), else beside the test's other files.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import FloatRect, expect, sync_playwright
 
 from harness.sandbox import AirflowSandbox
-from tests.e2e.helpers import SWITCH_TASKS, open_the_gate, poll, switch_sandbox
+from tests.e2e.helpers import SWITCH_TASKS, open_the_gate, poll
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.sandbox(users={"admin": "admin"})]
 
 CHROMIUM = Path("/usr/bin/chromium")
 # As root, without a display or a network: no sandbox, no GPU, and none of the background requests
@@ -36,12 +35,6 @@ CHROMIUM_ARGS = [
 ]
 HOME_TOP: FloatRect = {"x": 0, "y": 0, "width": 1400, "height": 440}
 GUARD_MS = 60_000  # a guard on each wait for the page, never a pause
-
-
-@pytest.fixture
-def sandbox(tmp_path: Path) -> Iterator[AirflowSandbox]:
-    with switch_sandbox(tmp_path, users={"admin": "admin"}) as sb:
-        yield sb
 
 
 def test_the_executor_page_shows_the_verdict_and_the_running_tasks(

@@ -18,7 +18,7 @@ import redis
 
 from async_local_executor.ops.journal import INSTANCE_ENV
 from harness.demo import EXECUTOR
-from harness.sandbox import AirflowSandbox, PostgresDatabase
+from harness.sandbox import AirflowSandbox
 from tests.e2e.helpers import poll
 
 pytestmark = pytest.mark.e2e
@@ -42,31 +42,34 @@ RUN_GUARD = 300.0
 
 @pytest.fixture
 def sandbox() -> Iterator[AirflowSandbox]:
+    """The conftest's sandbox, less simple: Celery's settings name the sandbox's own database."""
     redis.Redis.from_url(BROKER).flushdb()
-    # Created here, not by the sandbox: Celery's result backend must name the same database up front.
-    with PostgresDatabase() as db:
-        queue = f"hybrid-{db.name}"
-        sb = AirflowSandbox(
-            executor=f"{EXECUTOR},CeleryExecutor",
-            database=db.url,
-            dags_folder=DAGS,
-            parallelism=4,
-            extra_config={
-                "AIRFLOW__CELERY__BROKER_URL": BROKER,
-                # Celery's database backend: "db+" and a SQLAlchemy URL; it creates its own tables there.
-                "AIRFLOW__CELERY__RESULT_BACKEND": f"db+{db.url}",
-                "AIRFLOW__CELERY__WORKER_CONCURRENCY": "2",
-                # Tasks go to, and the worker listens on, this queue only: no other worker takes them.
-                "AIRFLOW__OPERATORS__DEFAULT_QUEUE": queue,
-            },
-            extra_processes={
-                # The scheduler's log server already holds [logging] worker_log_server_port; the worker
-                # writes task logs into the same folder, so the api-server reads them without it.
-                WORKER: ("celery", "worker", "--skip-serve-logs", "--without-mingle", "--without-gossip"),
-            },
-        )
-        with sb:
-            yield sb
+    sb = AirflowSandbox(
+        executor=f"{EXECUTOR},CeleryExecutor",
+        database="postgres",
+        dags_folder=DAGS,
+        parallelism=4,
+        extra_config={
+            "AIRFLOW__CELERY__BROKER_URL": BROKER,
+            "AIRFLOW__CELERY__WORKER_CONCURRENCY": "2",
+        },
+        extra_processes={
+            # The scheduler's log server already holds [logging] worker_log_server_port; the worker
+            # writes task logs into the same folder, so the api-server reads them without it.
+            WORKER: ("celery", "worker", "--skip-serve-logs", "--without-mingle", "--without-gossip"),
+        },
+    )
+    assert sb.postgres is not None
+    sb.reconfigure(
+        {
+            # Celery's database backend: "db+" and a SQLAlchemy URL; it creates its own tables there.
+            "AIRFLOW__CELERY__RESULT_BACKEND": f"db+{sb.sql_alchemy_conn}",
+            # Tasks go to, and the worker listens on, this queue only: no other worker takes them.
+            "AIRFLOW__OPERATORS__DEFAULT_QUEUE": f"hybrid-{sb.postgres.name}",
+        }
+    )
+    with sb:
+        yield sb
 
 
 def test_tasks_run_on_the_executor_they_are_routed_to_and_hand_work_across(sandbox: AirflowSandbox) -> None:

@@ -7,21 +7,17 @@ and two more are queued, waiting for a slot inside the executor rather than in t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from harness.sandbox import AirflowSandbox
-from tests.e2e.helpers import poll, switch_sandbox
+from tests.e2e.helpers import poll
 
-pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def sandbox(tmp_path: Path) -> Iterator[AirflowSandbox]:
-    with switch_sandbox(tmp_path, parallelism=2, AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG="16") as sb:
-        yield sb
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.sandbox(parallelism=2, config={"AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "16"}),
+]
 
 
 def test_prefetched_tasks_are_queued_behind_full_slots_and_never_run_beyond_them(

@@ -9,28 +9,27 @@ code returns. Nothing is mocked: SQLite, the default fork-server launcher, real 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from harness.demo import EXECUTOR
 from harness.sandbox import AirflowSandbox
 from tests.e2e.helpers import LEARNED_DAG_ID, poll, preloaded, refused, write_learned_dag
 
-pytestmark = pytest.mark.e2e
+pytestmark = [
+    pytest.mark.e2e,
+    # What the task imports is learned after the DAG file's imports: the second fork server may follow
+    # the first after 5 s here (60 s by default).
+    pytest.mark.sandbox(config={"AIRFLOW__ASYNC_LOCAL_EXECUTOR__PRELOAD_INTERVAL": "5"}),
+]
 
 
 @pytest.fixture
-def sandbox(tmp_path: Path) -> Iterator[AirflowSandbox]:
+def sandbox_dags(tmp_path: Path) -> Path:
     dags = tmp_path / "dags"
     dags.mkdir()
     write_learned_dag(dags, 1)
-    # What the task imports is learned after the DAG file's imports: the second fork server may follow
-    # the first after 5 s here (60 s by default).
-    config = {"AIRFLOW__ASYNC_LOCAL_EXECUTOR__PRELOAD_INTERVAL": "5"}
-    with AirflowSandbox(executor=EXECUTOR, dags_folder=dags, parallelism=4, extra_config=config) as sb:
-        yield sb
+    return dags
 
 
 def run_once(sandbox: AirflowSandbox) -> object:

@@ -10,40 +10,19 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import psutil
 import pytest
 
-from harness.demo import EXECUTOR
 from harness.sandbox import AirflowSandbox
 from tests.core.helpers import alive
-from tests.e2e.helpers import cmdline, poll
+from tests.e2e.helpers import QUICK_ORPHANS, cmdline, poll
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.sandbox(config=QUICK_ORPHANS)]
 
-DAGS = Path(__file__).with_name("dags")
 # The issue this guards against: upstream #23520, a task that outlives a killed scheduler and runs
 # beside its own retry after the restart.
 ORPHAN_DEADLINE = 10.0
-
-
-@pytest.fixture
-def sandbox() -> Iterator[AirflowSandbox]:
-    sb = AirflowSandbox(
-        executor=EXECUTOR,
-        dags_folder=DAGS,
-        parallelism=4,
-        extra_config={
-            # Notice the dead scheduler and its orphaned tasks in seconds, not minutes.
-            "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "10",
-            "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "5",
-            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",
-        },
-    )
-    with sb:
-        yield sb
 
 
 def test_no_task_process_outlives_a_killed_scheduler_and_a_restart_finishes(sandbox: AirflowSandbox) -> None:

@@ -12,40 +12,28 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 
-from harness.demo import EXECUTOR
 from harness.sandbox import AirflowSandbox
 from tests.core.helpers import alive
 from tests.e2e.helpers import cmdline, poll
 
-pytestmark = pytest.mark.e2e
-
-DAGS = Path(__file__).with_name("dags")
 SHUTDOWN_TIMEOUT = 2
 GRACE = 2
-# Only a hang trips it: the shutdown itself takes SHUTDOWN_TIMEOUT + GRACE, the rest is the scheduler's.
-EXIT_GUARD = 120.0
-
-
-@pytest.fixture
-def sandbox() -> Iterator[AirflowSandbox]:
-    sb = AirflowSandbox(
-        executor=EXECUTOR,
-        dags_folder=DAGS,
-        parallelism=4,
-        extra_config={
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.sandbox(
+        config={
             "AIRFLOW__ASYNC_LOCAL_EXECUTOR__SHUTDOWN_TIMEOUT": str(SHUTDOWN_TIMEOUT),
             "AIRFLOW__ASYNC_LOCAL_EXECUTOR__TERMINATION_GRACE_PERIOD": str(GRACE),
-        },
-    )
-    with sb:
-        yield sb
+        }
+    ),
+]
+# Only a hang trips it: the shutdown itself takes SHUTDOWN_TIMEOUT + GRACE, the rest is the scheduler's.
+EXIT_GUARD = 120.0
 
 
 def _descendants(pid: int) -> list[int]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -23,31 +22,23 @@ from harness.sandbox import AirflowSandbox
 from tests.core.helpers import alive
 from tests.e2e.helpers import poll
 
-pytestmark = pytest.mark.e2e
-
-DAGS = Path(__file__).with_name("dags")
 # The restarted scheduler resets a dead scheduler's tasks once that one has missed heartbeats for
 # this long, checking this often (defaults 30 s and 300 s; shorter here to keep the test short).
 HEALTH_CHECK_THRESHOLD = 10
 ORPHAN_CHECK_INTERVAL = 5
-
-
-@pytest.fixture
-def sandbox(tmp_path: Path) -> Iterator[AirflowSandbox]:
-    sb = AirflowSandbox(
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.sandbox(
         executor="LocalExecutor",
         database="postgres",
-        dags_folder=DAGS,
         parallelism=2,
-        extra_config={
-            "ALE_SWITCH_DIR": str(tmp_path),
+        config={
             "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "16",
             "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": str(HEALTH_CHECK_THRESHOLD),
             "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": str(ORPHAN_CHECK_INTERVAL),
         },
-    )
-    with sb:
-        yield sb
+    ),
+]
 
 
 def test_switching_from_local_executor_leaves_nothing_stuck(sandbox: AirflowSandbox, tmp_path: Path) -> None:
