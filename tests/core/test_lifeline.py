@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
-import select
 import signal
 import subprocess
 import sys
@@ -13,6 +11,7 @@ import psutil
 import pytest
 
 from tests.core.helpers import GUARD
+from tests.processes import exits
 
 # The owner ties its direct children, forks one into its own process group (as the task SDK does with
 # the task process), has that child fork a grandchild, then is killed outright.
@@ -43,27 +42,13 @@ def _dead(pid: int) -> bool:
         return True
 
 
-def _exits(pid: int, guard: float) -> bool:
-    """Whether ``pid`` exits within ``guard`` seconds; not our child, so waited on through a pidfd, which
-    the kernel makes readable when the process exits."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return True  # exited and already reaped by its new parent
-    try:
-        readable, _, _ = select.select([fd], [], [], guard)
-        return bool(readable)
-    finally:
-        os.close(fd)
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
 def test_a_direct_child_dies_with_its_owner_and_later_forks_are_left_alone() -> None:
     proc = subprocess.Popen([sys.executable, "-c", SCRIPT], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     child, grandchild = (int(x) for x in proc.stdout.readline().split())
     assert proc.wait(GUARD) == -signal.SIGKILL
-    assert _exits(child, GUARD), "the tied child outlived its owner"
+    assert exits(child, GUARD), "the tied child outlived its owner"
     # The grandchild was forked by the child, not by the owner: not tied, still running.
     try:
         assert not _dead(grandchild)

@@ -8,8 +8,6 @@ answers SIGTERM by passing it on to the task and waiting. Then the scheduler is 
 from __future__ import annotations
 
 import contextlib
-import os
-import select
 import signal
 import subprocess
 import sys
@@ -18,6 +16,7 @@ import psutil
 import pytest
 
 from tests.core.helpers import GUARD
+from tests.processes import exits
 
 WORKLOAD = """
 import os, signal, sys
@@ -60,19 +59,6 @@ def launcher() -> str:
     return "subprocess"
 
 
-def _exits(pid: int, guard: float) -> bool:
-    """Whether ``pid`` exits within ``guard`` seconds; not our child, so waited on through a pidfd."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return True  # exited and already reaped by its new parent
-    try:
-        readable, _, _ = select.select([fd], [], [], guard)
-        return bool(readable)
-    finally:
-        os.close(fd)
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
 def test_a_workload_and_its_sigterm_ignoring_task_die_with_a_killed_scheduler() -> None:
     scheduler = subprocess.Popen(
@@ -83,8 +69,8 @@ def test_a_workload_and_its_sigterm_ignoring_task_die_with_a_killed_scheduler() 
     try:
         scheduler.kill()
         assert scheduler.wait(GUARD) == -signal.SIGKILL
-        assert _exits(workload, GUARD), "the workload process outlived the scheduler"
-        assert _exits(task, GUARD), "the task process outlived the scheduler"
+        assert exits(workload, GUARD), "the workload process outlived the scheduler"
+        assert exits(task, GUARD), "the task process outlived the scheduler"
     finally:
         for pid in (workload, task):
             with contextlib.suppress(psutil.NoSuchProcess):
