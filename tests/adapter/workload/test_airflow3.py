@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from async_local_executor.adapter.workload import airflow3
+from async_local_executor.adapter.workload import airflow3, entry
 
 
 def run_child(stdin: bytes, *args: str) -> subprocess.CompletedProcess[str]:
@@ -23,19 +23,19 @@ def run_child(stdin: bytes, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_bad_json_exits_with_bad_input_and_says_why() -> None:
     result = run_child(b"{not json", "--parent-pid", str(os.getpid()))
-    assert result.returncode == airflow3.EXIT_BAD_INPUT
+    assert result.returncode == entry.EXIT_BAD_INPUT
     assert "invalid workload on stdin" in result.stderr
 
 
 def test_unknown_workload_type_is_bad_input() -> None:
     payload = json.dumps({"server": "http://127.0.0.1:1/execution/", "workload": {"type": "Nope"}})
     result = run_child(payload.encode(), "--parent-pid", str(os.getpid()))
-    assert result.returncode == airflow3.EXIT_BAD_INPUT
+    assert result.returncode == entry.EXIT_BAD_INPUT
 
 
 def test_a_child_whose_parent_is_gone_exits_at_once() -> None:
     result = run_child(b"", "--parent-pid", "1")
-    assert result.returncode == airflow3.EXIT_ORPHANED
+    assert result.returncode == entry.EXIT_ORPHANED
 
 
 def test_payload_round_trips_the_workload() -> None:

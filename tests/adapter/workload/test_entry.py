@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from async_local_executor.adapter.workload import airflow2, airflow3, entry
+from async_local_executor.adapter.workload import airflow2, entry
 from async_local_executor.core import lifeline
 
 
@@ -64,8 +64,8 @@ def test_forked_main_runs_the_payload_handed_over_in_memory(steps: list[str]) ->
 
 
 def test_both_entry_points_use_the_lifelines_exit_code_for_an_orphan() -> None:
-    assert airflow3.EXIT_ORPHANED == airflow2.EXIT_ORPHANED == lifeline.EXIT_ORPHANED
-    assert (airflow3.EXIT_OK, airflow3.EXIT_CRASHED, airflow3.EXIT_BAD_INPUT) == (0, 1, 2)
+    assert entry.EXIT_ORPHANED == lifeline.EXIT_ORPHANED
+    assert (entry.EXIT_OK, entry.EXIT_CRASHED, entry.EXIT_BAD_INPUT) == (0, 1, 2)
 
 
 @pytest.mark.parametrize(
@@ -91,7 +91,7 @@ def test_the_airflow_2_entry_refuses_any_other_command_as_bad_input(
     steps: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     payload = airflow2.encode_payload(["airflow", "dags", "list"], "title")
-    assert airflow2.run_payload(payload) == airflow2.EXIT_BAD_INPUT
+    assert airflow2.run_payload(payload) == entry.EXIT_BAD_INPUT
     assert steps == []  # refused before anything was tied or run
     err = capsys.readouterr().err
     assert err.startswith(

@@ -13,19 +13,9 @@ import contextlib
 import json
 import sys
 
-from async_local_executor.adapter.workload.entry import (
-    EXIT_BAD_INPUT,
-    EXIT_CRASHED,
-    EXIT_OK,
-    EXIT_ORPHANED,
-    Entry,
-)
+from async_local_executor.adapter.workload.entry import EXIT_CRASHED, EXIT_OK, Entry
 
 __all__ = [
-    "EXIT_BAD_INPUT",
-    "EXIT_CRASHED",
-    "EXIT_OK",
-    "EXIT_ORPHANED",
     "encode_payload",
     "forked_main",
     "main",

@@ -13,21 +13,9 @@ import sys
 from typing import Any
 
 from async_local_executor.adapter.workload import shared_factories
-from async_local_executor.adapter.workload.entry import (
-    EXIT_BAD_INPUT,
-    EXIT_CRASHED,
-    EXIT_OK,
-    EXIT_ORPHANED,
-    EXIT_TI_GONE,
-    Entry,
-)
+from async_local_executor.adapter.workload.entry import EXIT_OK, EXIT_TI_GONE, Entry
 
 __all__ = [
-    "EXIT_BAD_INPUT",
-    "EXIT_CRASHED",
-    "EXIT_OK",
-    "EXIT_ORPHANED",
-    "EXIT_TI_GONE",
     "encode_payload",
     "forked_main",
     "main",

@@ -128,6 +128,26 @@ class Launcher(Protocol):
         ...
 
 
+class Wrapper:
+    """A launcher that adds to another's launches (a cgroup, a CPU share): it is entered, left and
+    reported as the launcher it wraps, and implements :meth:`launch` itself."""
+
+    def __init__(self, inner: Launcher) -> None:
+        self._inner = inner
+
+    async def __aenter__(self) -> Self:
+        await self._inner.__aenter__()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        return await self._inner.__aexit__(exc_type, exc, tb)
+
+    def report(self) -> LauncherReport:
+        return self._inner.report()
+
+
 async def prepare(request: LaunchRequest, pid: int) -> None:
     """Run ``request``'s :attr:`~LaunchRequest.before_start` for process ``pid``, if it has one.
 

@@ -14,11 +14,9 @@ import dataclasses
 import itertools
 import logging
 import signal
-from types import TracebackType
 
 import anyio
 import anyio.to_thread
-from typing_extensions import Self
 
 from async_local_executor.core.cgroups import (
     Containment,
@@ -27,7 +25,7 @@ from async_local_executor.core.cgroups import (
     WorkloadCgroup,
 )
 from async_local_executor.core.errors import LaunchError
-from async_local_executor.core.launchers.base import Child, Launcher, LauncherReport, LaunchRequest
+from async_local_executor.core.launchers.base import Child, Launcher, LaunchRequest, Wrapper
 from async_local_executor.core.outcome import Cleanup
 
 log = logging.getLogger(__name__)
@@ -38,7 +36,7 @@ log = logging.getLogger(__name__)
 SETTLE_GUARD = 5.0
 
 
-class ContainedLauncher:
+class ContainedLauncher(Wrapper):
     """Launches through ``inner``, each workload in a new cgroup of ``containment``.
 
     :param inner: the launch path that starts the process
@@ -55,23 +53,11 @@ class ContainedLauncher:
         limits: Limits = Limits(),  # noqa: B008 - frozen
         kill_leftovers: bool = True,
     ) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._containment = containment
         self._limits = limits
         self._kill_leftovers = kill_leftovers
         self._names = itertools.count(1)
-
-    async def __aenter__(self) -> Self:
-        await self._inner.__aenter__()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> bool | None:
-        return await self._inner.__aexit__(exc_type, exc, tb)
-
-    def report(self) -> LauncherReport:
-        return self._inner.report()
 
     async def launch(self, request: LaunchRequest) -> Child:
         limits = self._limits.merged(request.limits)

@@ -21,16 +21,14 @@ import logging
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from types import TracebackType
 
 import anyio
 import anyio.to_thread
 import psutil
-from typing_extensions import Self
 
 from async_local_executor.core import cpu_priority
 from async_local_executor.core.cgroups import WorkloadCgroup
-from async_local_executor.core.launchers.base import Child, Launcher, LauncherReport, LaunchRequest
+from async_local_executor.core.launchers.base import Child, Launcher, LaunchRequest, Wrapper
 from async_local_executor.core.outcome import Cleanup
 
 log = logging.getLogger(__name__)
@@ -94,7 +92,7 @@ class _Lowered:
     """True: the cgroup's weight was lowered; False: the process class of its members (or tree)."""
 
 
-class CrowdLauncher:
+class CrowdLauncher(Wrapper):
     """Launches through ``inner``, lowering the CPU share of a start made in a crowd until the crowd ends.
 
     :param inner: the launch path (a contained launcher, for :attr:`How.CGROUP`)
@@ -103,24 +101,12 @@ class CrowdLauncher:
     """
 
     def __init__(self, inner: Launcher, choice: Choice, *, crowd: int) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._how = choice.how
         self.threshold = crowd
         self._running = 0
         self._lowered: dict[int, _Lowered] = {}
         self._serials = 0
-
-    async def __aenter__(self) -> Self:
-        await self._inner.__aenter__()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> bool | None:
-        return await self._inner.__aexit__(exc_type, exc, tb)
-
-    def report(self) -> LauncherReport:
-        return self._inner.report()
 
     @property
     def lowered(self) -> int:
