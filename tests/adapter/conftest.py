@@ -10,6 +10,7 @@ os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -60,3 +61,11 @@ def start_executor() -> Iterator[StartExecutor]:
     yield start
     for executor in reversed(started):
         executor.end()
+
+
+@pytest.fixture
+def gate(tmp_path: Path) -> Path:
+    """A file a ``hold:<gate>`` workload waits on while it exists: the test removes it to let them end."""
+    path = tmp_path / "gate"
+    path.touch()
+    return path

@@ -159,10 +159,8 @@ def test_a_blocked_loop_is_reported_while_blocked_and_after(
 
 
 def test_status_cli_shows_a_running_workload_and_the_file_goes_with_the_executor(
-    executor: RecordingExecutor, state_dir: Path, tmp_path: Path
+    executor: RecordingExecutor, state_dir: Path, gate: Path
 ) -> None:
-    gate = tmp_path / "gate"
-    gate.touch()
     held = workloads.task(f"hold:{gate}")
     queue(executor, held)
     scheduler = Scheduler(executor)
@@ -279,10 +277,8 @@ def test_the_airflow_cli_command_runs_the_same_status(
 
 
 def test_sigusr2_dump_logs_health_and_running_workloads(
-    executor: RecordingExecutor, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    executor: RecordingExecutor, caplog: pytest.LogCaptureFixture, gate: Path
 ) -> None:
-    gate = tmp_path / "gate"
-    gate.touch()
     queue(executor, workloads.task(f"hold:{gate}"))
     scheduler = Scheduler(executor)
     scheduler.run_until(lambda: holding(gate) == 1)

@@ -116,10 +116,8 @@ def test_callbacks_and_connection_tests_report_running_first(executor: Recording
 
 
 def test_parallelism_is_enforced_and_heartbeat_never_waits_for_children(
-    start_executor: StartExecutor, tmp_path: Path
+    start_executor: StartExecutor, gate: Path
 ) -> None:
-    gate = tmp_path / "gate"
-    gate.touch()
     ex = start_executor(parallelism=2)  # prefetch_multiplier defaults to 1: 2 more accepted
     items = [workloads.task(f"hold:{gate}", map_index=i) for i in range(500)]
     queue(ex, *items)
@@ -144,12 +142,10 @@ def test_parallelism_is_enforced_and_heartbeat_never_waits_for_children(
 # nothing about dispatch; the plain path's dispatch is covered by the 500-workload test above.
 @pytest.mark.parametrize("launcher", ["forkserver"], indirect=True)
 def test_5000_queued_at_parallelism_256_heartbeat_keeps_returning(
-    start_executor: StartExecutor, tmp_path: Path, launcher: str
+    start_executor: StartExecutor, launcher: str, gate: Path
 ) -> None:
     # The stock executor's burst deadlock (a full pipe between scheduler and workers) at its largest.
     # Returning is the assertion; how fast it returns is the dispatch benchmark's figure.
-    gate = tmp_path / "gate"
-    gate.touch()
     ex = start_executor(parallelism=256)
     items = [workloads.task(f"hold:{gate}", map_index=i) for i in range(5000)]
     queue(ex, *items)
@@ -170,11 +166,9 @@ def test_5000_queued_at_parallelism_256_heartbeat_keeps_returning(
 
 
 def test_the_schedulers_own_cap_leaves_room_for_the_prefetch(
-    start_executor: StartExecutor, tmp_path: Path
+    start_executor: StartExecutor, gate: Path
 ) -> None:
     # The scheduler queues at most [core] parallelism minus every executor's slots_occupied.
-    gate = tmp_path / "gate"
-    gate.touch()
     ex = start_executor(parallelism=2)  # prefetch_multiplier 1: two more may wait here
     queue(ex, *[workloads.task(f"hold:{gate}", map_index=i) for i in range(2)])
     scheduler = Scheduler(ex)
@@ -190,11 +184,9 @@ def test_the_schedulers_own_cap_leaves_room_for_the_prefetch(
 
 
 def test_without_prefetch_the_executor_accepts_only_free_slots(
-    start_executor: StartExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    start_executor: StartExecutor, monkeypatch: pytest.MonkeyPatch, gate: Path
 ) -> None:
     monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__PREFETCH_MULTIPLIER", "0")
-    gate = tmp_path / "gate"
-    gate.touch()
     ex = start_executor(parallelism=2)
     queue(ex, *[workloads.task(f"hold:{gate}", map_index=i) for i in range(5)])
     scheduler = Scheduler(ex)
@@ -206,12 +198,10 @@ def test_without_prefetch_the_executor_accepts_only_free_slots(
 
 
 def test_prefetch_shrinks_once_tasks_run_longer_than_half_the_queued_timeout(
-    start_executor: StartExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    start_executor: StartExecutor, monkeypatch: pytest.MonkeyPatch, gate: Path
 ) -> None:
     # The scheduler revokes a task queued longer than this; a prefetched task counts as queued.
     monkeypatch.setenv("AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT", "1")
-    gate = tmp_path / "gate"
-    gate.touch()
     ex = start_executor(parallelism=2)
     items = [workloads.task(f"hold:{gate}", map_index=i) for i in range(2)]
     queue(ex, *items)
@@ -227,9 +217,7 @@ def test_prefetch_shrinks_once_tasks_run_longer_than_half_the_queued_timeout(
     assert ex.slots_available == 2  # they took about that long: no prefetch while that holds
 
 
-def test_token_never_in_argv_or_environment(tmp_path: Path, executor: RecordingExecutor) -> None:
-    gate = tmp_path / "gate"
-    gate.touch()
+def test_token_never_in_argv_or_environment(executor: RecordingExecutor, gate: Path) -> None:
     held = workloads.task(f"hold:{gate}")
     queue(executor, held)
     scheduler = Scheduler(executor)
@@ -277,11 +265,9 @@ def test_launch_failure_fails_the_workload_and_the_executor_carries_on(
 
 
 def test_end_waits_up_to_its_bound_then_terminates_and_joins(
-    start_executor: StartExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    start_executor: StartExecutor, monkeypatch: pytest.MonkeyPatch, gate: Path
 ) -> None:
     monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__SHUTDOWN_TIMEOUT", "0")
-    gate = tmp_path / "gate"
-    gate.touch()
     ex = start_executor(parallelism=1)
     running, waiting = workloads.task(f"hold:{gate}"), workloads.task(f"hold:{gate}", map_index=1)
     queue(ex, running, waiting)
@@ -297,9 +283,7 @@ def test_end_waits_up_to_its_bound_then_terminates_and_joins(
     assert _child_pids() == []
 
 
-def test_terminate_does_not_wait(start_executor: StartExecutor, tmp_path: Path) -> None:
-    gate = tmp_path / "gate"
-    gate.touch()
+def test_terminate_does_not_wait(start_executor: StartExecutor, gate: Path) -> None:
     ex = start_executor(parallelism=2)
     held = workloads.task(f"hold:{gate}")
     queue(ex, held)
@@ -397,11 +381,9 @@ def test_revoke_before_the_loop_saw_it_drops_it_without_an_event(executor: Recor
 
 
 def test_revoke_of_a_waiting_or_running_workload_stops_it_and_reports_nothing(
-    start_executor: StartExecutor, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    start_executor: StartExecutor, caplog: pytest.LogCaptureFixture, gate: Path
 ) -> None:
     caplog.set_level(logging.INFO)
-    gate = tmp_path / "gate"
-    gate.touch()
     ex = start_executor(parallelism=1)  # prefetch 1: one runs, one waits inside the executor
     running, waiting = workloads.task(f"hold:{gate}"), workloads.task(f"hold:{gate}", map_index=1)
     queue(ex, running, waiting)
@@ -423,11 +405,9 @@ def test_revoke_of_a_waiting_or_running_workload_stops_it_and_reports_nothing(
 
 
 def test_a_key_queued_again_after_revoke_gets_its_own_outcome(
-    start_executor: StartExecutor, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    start_executor: StartExecutor, caplog: pytest.LogCaptureFixture, gate: Path
 ) -> None:
     caplog.set_level(logging.INFO)
-    gate = tmp_path / "gate"
-    gate.touch()
     ex = start_executor(parallelism=2)
     first = workloads.task(f"hold:{gate}")
     queue(ex, first)
@@ -476,10 +456,8 @@ def test_a_dead_loop_thread_stops_the_scheduler_loudly(
 
 
 def test_task_timeout_from_executor_config_fails_the_task_with_the_reason(
-    tmp_path: Path, executor: RecordingExecutor
+    executor: RecordingExecutor, gate: Path
 ) -> None:
-    gate = tmp_path / "gate"
-    gate.touch()
     slow = workloads.task(f"hold:{gate}", executor_config={"async_local_executor": {"task_timeout": 0.5}})
     bad = workloads.task("ok", executor_config={"async_local_executor": {"task_timeout": "soon"}})
     fine = workloads.task("ok", map_index=1)
@@ -497,11 +475,9 @@ def test_task_timeout_from_executor_config_fails_the_task_with_the_reason(
 
 
 def test_queue_limits_apply_to_each_task_queue(
-    start_executor: StartExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    start_executor: StartExecutor, monkeypatch: pytest.MonkeyPatch, gate: Path
 ) -> None:
     monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__QUEUE_LIMITS", "reports:1")
-    gate = tmp_path / "gate"
-    gate.touch()
     ex = start_executor(parallelism=4)
     reports = [workloads.task(f"hold:{gate}", map_index=i, queue="reports") for i in range(3)]
     others = [workloads.task(f"hold:{gate}", map_index=10 + i) for i in range(2)]
@@ -518,12 +494,10 @@ def test_queue_limits_apply_to_each_task_queue(
 
 
 def test_running_launches_are_journaled_and_marked_and_a_clean_end_removes_the_journal(
-    start_executor: StartExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    start_executor: StartExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gate: Path
 ) -> None:
     state = tmp_path / "state"
     monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__STATE_DIR", str(state))
-    gate = tmp_path / "gate"
-    gate.touch()
     ex = start_executor(parallelism=2)
     held = workloads.task(f"hold:{gate}")
     queue(ex, held)
