@@ -63,7 +63,13 @@ def _launched(sandbox: Airflow2Sandbox) -> list[int]:
         for p in scheduler.children()
         if any(mark in " ".join(cmdline(p.pid)) for mark in ("async_local_executor", "AsyncLocalExecutor"))
     ]
-    return [p.pid for child in ours for p in [child, *child.children(recursive=True)]]
+    launched: list[int] = []
+    for child in ours:
+        try:
+            launched += [child.pid, *(p.pid for p in child.children(recursive=True))]
+        except psutil.NoSuchProcess:
+            continue  # ended while it was listed (a fork server being replaced): it leaves nothing
+    return launched
 
 
 def test_sigterm_stops_the_scheduler_within_its_bound_leaving_nothing(make: Make) -> None:
