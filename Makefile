@@ -77,7 +77,7 @@ test-airflow2-both:
 XDIST ?= 2
 
 test-airflow3: install install-browser
-	$(BIN)/python -m pytest --numprocesses=$(XDIST) --dist=loadscope $(PYTEST_ARGS)
+	$(BIN)/python -m pytest --numprocesses=$(XDIST) --dist=loadscope --durations=25 $(PYTEST_ARGS)
 
 # The executor page's screenshots in docs/images, from the browser test on a real Airflow.
 screenshots: install install-browser
@@ -85,10 +85,10 @@ screenshots: install install-browser
 
 # tests/core is Airflow-free and already ran above; tests/airflow2 is what differs.
 test-airflow2: install-airflow2
-	$(BIN2)/python -m pytest tests/airflow2 $(PYTEST_ARGS)
+	$(BIN2)/python -m pytest tests/airflow2 --durations=10 $(PYTEST_ARGS)
 
 test-airflow210: install-airflow210
-	$(BIN210)/python -m pytest tests/airflow2 $(PYTEST_ARGS)
+	$(BIN210)/python -m pytest tests/airflow2 --durations=10 $(PYTEST_ARGS)
 
 # The quick loop: the supervisor, its launchers and the operations layer, with real child processes and
 # no Airflow deployment (tests/core, tests/ops).

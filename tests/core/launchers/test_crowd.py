@@ -171,7 +171,7 @@ finally:
 
 
 def _as_nobody(nice_limit: int | None, *caps: str) -> list[str]:
-    src = Path(crowd.__file__).resolve().parents[2]
+    src = Path(crowd.__file__).resolve().parents[3]
     limit = ["prlimit", f"--nice={nice_limit}:{nice_limit}", "--"] if nice_limit is not None else []
     keep = ",".join(f"+{cap}" for cap in caps) or "-all"
     done = subprocess.run(

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tests.core.helpers import GUARD
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 def test_out_of_descriptors_while_the_helper_is_replaced_costs_no_more_than_that_launch() -> None:
