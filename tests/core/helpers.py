@@ -118,6 +118,11 @@ class FakeClock:
         with self._lock:
             return len(self._sleepers)
 
+    def remaining(self) -> list[float]:
+        """How far each parked sleeper or timeout is from its deadline, soonest first."""
+        with self._lock:
+            return sorted(deadline - self._now for deadline, _, _ in self._sleepers)
+
     def advance(self, seconds: float) -> None:
         with self._lock:
             self._now += seconds
