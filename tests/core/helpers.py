@@ -34,6 +34,12 @@ def py(code: str) -> list[str]:
     return [sys.executable, "-c", code]
 
 
+def payload_py(code: str) -> list[str]:
+    """``code`` run after reading its stdin (its payload), as the real workload entry does: what it ran
+    before that would run outside its cgroup on the plain launch path."""
+    return py("import sys\nsys.stdin.read()\n" + code)
+
+
 class Recorder:
     """Listener and output sink in one; lets a test wait for a specific event instead of sleeping."""
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ from async_local_executor.core.outcome import OutcomeKind
 from tests.core import cgroup_helpers
 from tests.core.cgroup_helpers import MiB, Scratch, gone
 from tests.core.helpers import Recorder
-from tests.core.helpers import py as plain_py
+from tests.core.helpers import payload_py as py
 from tests.core.test_supervisor import TARGET, make_launcher, serving, until_dead
 
 pytestmark = [
@@ -46,23 +45,6 @@ os.waitpid(first, 0)
 cgroup2 = [line for line in open("/proc/self/cgroup").read().splitlines() if line.startswith("0::")]
 print("cgroup", cgroup2[0][3:], flush=True)
 """
-
-
-def py(code: str) -> list[str]:
-    # As the real workload entry does, it reads its stdin (its payload) before it runs anything: what it
-    # does before that would run outside its cgroup on the plain launch path.
-    return plain_py("import sys\nsys.stdin.read()\n" + code)
-
-
-@pytest.fixture(params=["subprocess", "forkserver"])
-def kind(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-def box() -> Iterator[Scratch]:
-    with cgroup_helpers.scratch() as made:
-        yield made
 
 
 def _said(recorder: Recorder, word: str) -> list[str]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,7 @@ from async_local_executor.core.supervisor import Supervisor
 from tests.core import cgroup_helpers
 from tests.core.cgroup_helpers import Scratch
 from tests.core.helpers import Recorder
-from tests.core.helpers import py as plain_py
+from tests.core.helpers import payload_py as py
 from tests.core.test_supervisor import make_launcher, serving
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux only")]
@@ -39,22 +38,6 @@ CROWDED = (
     "print('crowded', os.getpid(), child.pid, flush=True)\n"
     "try:\n    time.sleep(600)\nfinally:\n    child.kill()\n"
 )
-
-
-def py(code: str) -> list[str]:
-    # It reads its payload before it runs anything, as the real workload entry does.
-    return plain_py("import sys\nsys.stdin.read()\n" + code)
-
-
-@pytest.fixture(params=["subprocess", "forkserver"])
-def kind(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-def box() -> Iterator[Scratch]:
-    with cgroup_helpers.scratch() as made:
-        yield made
 
 
 def _pids(recorder: Recorder, word: str) -> list[int]:
