@@ -19,7 +19,7 @@ import pytest
 from benchmarks.metrics import METRICS
 from benchmarks.runner import select_cases
 
-# Seven scenarios (eight cases) x two variants of a real Airflow each, one after the other: about 7
+# Seven scenarios (a case each) x two variants of a real Airflow each, one after the other: about 7
 # minutes on 2 cores.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 

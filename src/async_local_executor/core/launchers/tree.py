@@ -41,6 +41,10 @@ def descendant_groups(pid: int, start: int | None = None) -> set[int]:
         proc = psutil.Process(pid)
         if start is not None and start_ticks(pid) != start:
             return set()
+        # A zombie's children were reparented when it exited, so none is found from it; and the walk
+        # reads every process's stat, which once per exit made an exit storm quadratic on the loop.
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return set()
         descendants = proc.children(recursive=True)
     except psutil.Error:
         return set()
