@@ -44,11 +44,6 @@ pytestmark = pytest.mark.asyncio
 TARGET = "tests.core.launchers.forkserver.targets:python_c"
 
 
-@pytest.fixture(params=["subprocess", "forkserver"])
-def kind(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
 def make_launcher(kind: str, recorder: Recorder) -> Launcher:
     if kind == "forkserver":
         return ForkServerLauncher(target=TARGET, output=recorder.output)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -151,14 +150,10 @@ def observe_all(kind: type[AirflowSandbox], folders: pytest.TempPathFactory) -> 
     Side by side they take less time, but under load the stock executor's own tasks then fail (its task
     processes time out on the api-server), and a fingerprint must compare runs that succeeded.
     """
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        running = {
-            name: pool.submit(
-                observe, kind, executor, config, folders.mktemp(name), learns=name == "defaults"
-            )
-            for name, (executor, config) in VARIANTS.items()
-        }
-        return {name: future.result() for name, future in running.items()}
+    return {
+        name: observe(kind, executor, config, folders.mktemp(name), learns=name == "defaults")
+        for name, (executor, config) in VARIANTS.items()
+    }
 
 
 @pytest.mark.parametrize("variant", VARIANT_NAMES)

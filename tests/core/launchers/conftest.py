@@ -1,4 +1,4 @@
-"""Fixtures of the contained launch paths' tests: which launch path, and a scratch cgroup for it."""
+"""Fixtures of the contained launch paths' tests: a scratch cgroup (the launch path is tests/core's ``kind``)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,6 @@ import pytest
 
 from tests.core import cgroup_helpers
 from tests.core.cgroup_helpers import Scratch
-
-
-@pytest.fixture(params=["subprocess", "forkserver"])
-def kind(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 @pytest.fixture
