@@ -21,3 +21,7 @@ class InvalidTransition(AsyncLocalExecutorError):
 
 class RuntimeNotRunning(AsyncLocalExecutorError):
     """The event-loop thread is not running, so no workload can be accepted."""
+
+
+class Released(AsyncLocalExecutorError):
+    """The child was handed over alive: it runs on, no longer supervised here, and has no exit status for us."""
