@@ -17,7 +17,7 @@ import anyio
 from typing_extensions import Self
 
 from async_local_executor.core.cgroups.group import WorkloadCgroup
-from async_local_executor.core.errors import ChildLost
+from async_local_executor.core.errors import ChildLost, Released
 from async_local_executor.core.launchers.base import LauncherReport, LaunchRequest
 from async_local_executor.core.outcome import Cleanup
 from tests.core.helpers import GUARD
@@ -47,6 +47,9 @@ class FakeChild:
         self.cleanup: Cleanup | None = None
         self.cleanup_after_exit: Cleanup | None = None  # what ``cleanup`` becomes once it is awaited
         self.stuck = False  # no signal ends it, SIGKILL included (a process in D state, say)
+        self.releasable = True  # False: as a child of a launch path that cannot let a process go
+        self.released = False
+        self._let_go = anyio.Event()
 
     @property
     def pid(self) -> int:
@@ -76,9 +79,25 @@ class FakeChild:
         if sig not in self._ignores and not self.stuck:
             self.exit(-sig)
 
+    def release(self) -> None:
+        self.released = True
+        self._let_go.set()
+        self._changed()
+
     async def wait(self) -> int:
         self.waits += 1
-        await self._exited.wait()
+        if not self.released:
+            async with anyio.create_task_group() as tg:
+
+                async def let_go() -> None:
+                    await self._let_go.wait()
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(let_go)
+                await self._exited.wait()
+                tg.cancel_scope.cancel()
+        if self.released:
+            raise Released(f"fake {self._pid} handed over")
         self.cleanup = self.cleanup_after_exit
         if isinstance(self._status, ChildLost):
             raise self._status

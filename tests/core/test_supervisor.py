@@ -798,3 +798,134 @@ async def test_an_output_sink_that_raises_loses_lines_not_the_workload(
     [said] = [r for r in caplog.records if r.name == "async_local_executor.core.launchers.output"]
     assert said.exc_info is not None
     assert str(said.exc_info[1]) == "sink bug"
+
+
+# Handing running workloads over at a stop, and adopting them in a successor (fake launcher).
+
+
+async def test_release_hands_running_workloads_over_alive_with_no_event_and_drops_the_rest() -> None:
+    launcher = FakeLauncher()
+    recorder = Recorder()
+    clock = FakeClock()
+    supervisor = Supervisor(launcher, recorder, limit=2, clock=clock)
+    async with anyio.create_task_group() as tg:
+        await tg.start(supervisor.serve)
+        supervisor.submit(request("a", timeout=100))
+        supervisor.submit(request("b"))
+        supervisor.submit(request("waiting"))
+        await launcher.until(lambda: len(launcher.children) == 2)
+        clock.advance(40)
+        with anyio.fail_after(GUARD):
+            handovers = await supervisor.release(grace=0)
+        supervisor.submit(request("late"))
+    by_key = {h.key: h for h in handovers}
+    assert set(by_key) == {"a", "b"}
+    assert by_key["a"].pid == launcher.children["a"].pid
+    assert by_key["a"].timeout == pytest.approx(60)  # what was left of its limit
+    assert by_key["b"].timeout is None
+    for key in ("a", "b"):
+        child = launcher.children[key]
+        assert child.released and child.running and child.signals == []
+    assert {o.key: o.kind for o in recorder.outcomes} == {
+        "waiting": OutcomeKind.NOT_STARTED,
+        "late": OutcomeKind.NOT_STARTED,
+    }
+    assert supervisor.in_flight == 0
+
+
+async def test_release_stops_what_it_may_not_hand_over_and_what_is_being_stopped() -> None:
+    launcher = FakeLauncher()
+    recorder = Recorder()
+    supervisor = Supervisor(launcher, recorder, limit=None, clock=FakeClock())
+    async with anyio.create_task_group() as tg:
+        await tg.start(supervisor.serve)
+        for key in ("task", "callback", "fixed", "revoked"):
+            supervisor.submit(request(key))
+        await launcher.until(lambda: len(launcher.children) == 4)
+        launcher.children["fixed"].releasable = False
+        supervisor.stop("revoked", "revoked by the scheduler")
+        with anyio.fail_after(GUARD):
+            handovers = await supervisor.release(grace=0, which=lambda key: key != "callback")
+    assert [h.key for h in handovers] == ["task"]
+    kinds = {o.key: o.kind for o in recorder.outcomes}
+    assert kinds == {
+        "callback": OutcomeKind.TERMINATED,
+        "fixed": OutcomeKind.TERMINATED,
+        "revoked": OutcomeKind.TERMINATED,
+    }
+    assert launcher.children["task"].signals == []
+
+
+async def test_a_workload_still_launching_when_release_begins_is_handed_over_once_it_runs() -> None:
+    launcher = FakeLauncher()
+    recorder = Recorder()
+    supervisor = Supervisor(launcher, recorder, limit=None, clock=FakeClock())
+    go = launcher.hold("slow-start")
+    async with anyio.create_task_group() as tg:
+        await tg.start(supervisor.serve)
+        supervisor.submit(request("slow-start"))
+        await launcher.until(lambda: bool(launcher.requests))
+        result: list[Any] = []
+
+        async def release() -> None:
+            result.extend(await supervisor.release(grace=GUARD))
+
+        tg.start_soon(release)
+        await anyio.wait_all_tasks_blocked()
+        go.set()
+    assert [h.key for h in result] == ["slow-start"]
+    assert launcher.children["slow-start"].released
+    assert recorder.outcomes == []
+
+
+async def test_an_adopted_workload_holds_a_slot_times_out_and_reports_its_end_once() -> None:
+    adopted_launcher = FakeLauncher()  # stands for the processes a predecessor launched
+    async with faked(limit=1) as (supervisor, launcher, recorder, clock):
+        predecessor = await adopted_launcher.launch(request("adopted"))
+        supervisor.adopt(request("adopted", timeout=5), lambda: predecessor, launched=12.5, cgroup_dir=None)
+        supervisor.submit(request("new"))
+        await recorder.until(lambda: recorder.pids)
+        await anyio.wait_all_tasks_blocked()
+        assert launcher.requests == []  # the adopted one holds the only slot
+        state = supervisor.state()
+        assert [(w.pid, w.launched) for w in state.running] == [(predecessor.pid, 12.5)]
+        clock.advance(5)
+        await recorder.until(lambda: recorder.outcomes)
+        assert predecessor.signals == [signal.SIGTERM]
+        await launcher.until(lambda: "new" in launcher.children)
+        launcher.children["new"].exit(0)
+        await recorder.until(lambda: len(recorder.outcomes) == 2)
+    adopted = recorder.outcome("adopted")
+    assert (adopted.kind, adopted.reason) == (
+        OutcomeKind.TERMINATED,
+        "timed out after 5s: terminated (killed by SIGTERM)",
+    )
+    assert list(recorder.pids) == ["adopted", "new"]
+
+
+async def test_an_adopted_process_that_is_gone_ends_as_a_failed_launch() -> None:
+    def gone() -> Any:
+        raise LaunchError("process 42 no longer runs as the workload that was handed over")
+
+    async with faked() as (supervisor, _, recorder, _clock):
+        supervisor.adopt(request("vanished"), gone, launched=1.0, cgroup_dir=None)
+        await recorder.until(lambda: recorder.outcomes)
+    outcome = recorder.outcome("vanished")
+    assert outcome.kind is OutcomeKind.LAUNCH_FAILED
+    assert "no longer runs" in outcome.reason
+
+
+async def test_an_adopted_workload_is_handed_over_again_with_its_cgroup_at_the_next_stop() -> None:
+    adopted_launcher = FakeLauncher()
+    launcher = FakeLauncher()
+    recorder = Recorder()
+    supervisor = Supervisor(launcher, recorder, limit=None, clock=FakeClock())
+    async with anyio.create_task_group() as tg:
+        await tg.start(supervisor.serve)
+        child = await adopted_launcher.launch(request("again"))
+        supervisor.adopt(request("again"), lambda: child, launched=3.0, cgroup_dir="/cg/1-t2-ab/w1")
+        await recorder.until(lambda: recorder.pids)
+        with anyio.fail_after(GUARD):
+            handovers = await supervisor.release(grace=0)
+    assert [(h.key, h.cgroup, h.launched) for h in handovers] == [("again", "/cg/1-t2-ab/w1", 3.0)]
+    assert child.released and recorder.outcomes == []

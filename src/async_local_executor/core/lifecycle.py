@@ -1,7 +1,8 @@
 """The life of one workload as a plain state machine: no I/O, no event loop.
 
 The supervisor only carries out what this table allows, so "exactly one final event" is a property of
-the table (``FINISHED`` has no way out) rather than of careful bookkeeping spread over coroutines.
+the table (``FINISHED`` and ``RELEASED`` have no way out, and only ``FINISHED`` posts an event) rather
+than of careful bookkeeping spread over coroutines.
 :func:`transition` is the only way a phase changes: :class:`Lifecycle` offers no setter.
 """
 
@@ -18,6 +19,10 @@ class Phase(enum.Enum):
     RUNNING = "running"
     TERMINATING = "terminating"  # we signalled it and are waiting for it to exit
     FINISHED = "finished"  # the final outcome has been posted
+    RELEASED = "released"  # handed over alive to a successor: its final event is the successor's to give
+
+
+_ENDED = (Phase.FINISHED, Phase.RELEASED)
 
 
 class Step(enum.Enum):
@@ -28,6 +33,7 @@ class Step(enum.Enum):
     TERMINATE = "terminate"
     EXIT = "exit"
     ABANDON = "abandon"  # supervising it failed (a bug): it finishes with an internal error
+    RELEASE = "release"  # let go alive at a handover: no final event from this supervisor
 
 
 TRANSITIONS: dict[tuple[Phase, Step], Phase] = {
@@ -38,8 +44,11 @@ TRANSITIONS: dict[tuple[Phase, Step], Phase] = {
     (Phase.RUNNING, Step.TERMINATE): Phase.TERMINATING,
     (Phase.RUNNING, Step.EXIT): Phase.FINISHED,
     (Phase.TERMINATING, Step.EXIT): Phase.FINISHED,
-    # A bug may strike in any phase; the workload must still get its one final event.
-    **{(phase, Step.ABANDON): Phase.FINISHED for phase in Phase if phase is not Phase.FINISHED},
+    # Only a running workload is handed over; one being stopped is stopped to its end.
+    (Phase.RUNNING, Step.RELEASE): Phase.RELEASED,
+    # A bug may strike in any phase; the workload must still get its one final event (from us, unless
+    # it was handed over: then from whoever adopts it).
+    **{(phase, Step.ABANDON): Phase.FINISHED for phase in Phase if phase not in _ENDED},
 }
 
 
@@ -76,4 +85,5 @@ class Lifecycle:
 
     @property
     def finished(self) -> bool:
-        return self._phase is Phase.FINISHED
+        """Whether this supervisor is done with it: its final event posted, or handed over alive."""
+        return self._phase in _ENDED

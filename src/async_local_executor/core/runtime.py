@@ -30,9 +30,9 @@ import anyio.to_thread
 
 from async_local_executor.core.errors import RuntimeNotRunning
 from async_local_executor.core.health import Probe, Report
-from async_local_executor.core.launchers.base import LaunchRequest
+from async_local_executor.core.launchers.base import Child, LaunchRequest
 from async_local_executor.core.lifeline import prctl
-from async_local_executor.core.supervisor import Supervisor
+from async_local_executor.core.supervisor import Handover, Supervisor, every
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +166,12 @@ class Runtime:
 
         self._post(submit_all)
 
+    def adopt(
+        self, request: LaunchRequest, take: Callable[[], Child], launched: float, cgroup_dir: str | None
+    ) -> None:
+        """Hand the loop a running process to supervise (see :meth:`Supervisor.adopt`); returns at once."""
+        self._post(lambda supervisor, _: supervisor.adopt(request, take, launched, cgroup_dir))
+
     def stop(self, key: Hashable, reason: str) -> None:
         """Ask the loop to stop the workload(s) with ``key``; returns at once."""
         self._post(lambda supervisor, _: supervisor.stop(key, reason))
@@ -207,6 +213,36 @@ class Runtime:
         except concurrent.futures.TimeoutError:
             log.error("event loop did not finish shutting down within %.1fs", timeout)
         thread.join(max(0.0, deadline - time.monotonic()))
+
+    def release(
+        self, grace: float, timeout: float, which: Callable[[Hashable], bool] = every
+    ) -> list[Handover]:
+        """Let every running workload go alive (see :meth:`Supervisor.release`) and join the loop thread.
+
+        Blocks the calling thread: for ``end()`` only.
+
+        :param grace: how long workloads that cannot be let go (being stopped, or launched where a
+            process cannot be let go) get to end before they are stopped
+        :param timeout: give up after this long; what was let go by then is returned
+        :param which: the keys of the workloads that may be let go; the others are stopped
+        """
+        thread = self._thread
+        if thread is None or not self.alive:
+            return []
+        done: concurrent.futures.Future[list[Handover]] = concurrent.futures.Future()
+
+        async def release(supervisor: Supervisor) -> None:
+            done.set_result(await supervisor.release(grace, which=which))
+
+        deadline = time.monotonic() + timeout
+        self._post(lambda supervisor, tg: tg.start_soon(release, supervisor))
+        try:
+            handovers = done.result(timeout)
+        except concurrent.futures.TimeoutError:
+            log.error("event loop did not finish handing workloads over within %.1fs", timeout)
+            handovers = []
+        thread.join(max(0.0, deadline - time.monotonic()))
+        return handovers
 
     def park_for_fork(self) -> None:
         """Before a fork by another thread: wait until the loop thread is parked holding no lock."""

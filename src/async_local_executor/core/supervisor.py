@@ -18,6 +18,7 @@ import itertools
 import logging
 import signal
 from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
 import anyio
@@ -25,7 +26,7 @@ import anyio.abc
 
 from async_local_executor.core.admission import Admission, host_available_memory
 from async_local_executor.core.clock import SYSTEM, Clock
-from async_local_executor.core.errors import LaunchError
+from async_local_executor.core.errors import LaunchError, Released
 from async_local_executor.core.launchers.base import Child, Launcher, LaunchRequest
 from async_local_executor.core.lifecycle import Phase, Step
 from async_local_executor.core.outcome import (
@@ -41,7 +42,7 @@ from async_local_executor.core.state import RunningWorkload, SupervisorState, Ta
 from async_local_executor.core.stopping import Deadline, TerminationPolicy, escalate
 from async_local_executor.core.workload import Workload
 
-__all__ = ["Listener", "Supervisor"]
+__all__ = ["Handover", "Listener", "Supervisor", "every"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,28 @@ class Listener(Protocol):
     def started(self, key: Hashable, pid: int) -> None: ...
 
     def finished(self, outcome: Outcome) -> None: ...
+
+
+def every(_: Hashable) -> bool:
+    """Every workload may be handed over."""
+    return True
+
+
+@dataclass(frozen=True)
+class Handover:
+    """A running workload let go alive by :meth:`Supervisor.release`, for a successor to adopt.
+
+    :param cgroup: its cgroup2 directory, when it is contained
+    :param launched: wall clock of its launch (or of its adoption's first launch)
+    :param timeout: what was left of its run-time limit, in seconds; None for none
+    """
+
+    key: Hashable
+    pid: int
+    label: str
+    cgroup: str | None
+    launched: float
+    timeout: float | None
 
 
 class Supervisor:
@@ -100,6 +123,8 @@ class Supervisor:
         self._workloads: dict[int, Workload] = {}
         self._serials = itertools.count()
         self._accepting = True
+        self._releasing: Callable[[Hashable], bool] | None = None  # which keys release() lets go
+        self._late_handovers: list[Handover] = []
         self._idle = anyio.Event()
         self._idle.set()
         self._closed = anyio.Event()
@@ -178,6 +203,91 @@ class Supervisor:
         await self._idle.wait()
         self._closed.set()
 
+    async def release(self, grace: float, *, which: Callable[[Hashable], bool] = every) -> list[Handover]:
+        """Stop accepting and let every running workload ``which`` accepts go alive, for a successor.
+
+        What has no process yet is dropped (its final event says so), as at a shutdown. A workload being
+        stopped (revoked, timed out), or whose launch path cannot let a process go, is stopped to its end
+        as at a shutdown, within ``grace`` seconds plus the termination policy's. Released workloads get
+        no final event from here: their end is their adopter's to report.
+        """
+        self._accepting = False
+        self._releasing = which
+        handovers: list[Handover] = []
+        for workload in list(self._workloads.values()):
+            if (handover := self._release_one(workload)) is not None:
+                handovers.append(handover)
+            elif workload.lifecycle.phase is not Phase.LAUNCHING:
+                self._stop(workload, "executor shut down")
+        # Those launching are released by _launch as soon as their process exists.
+        with self._clock.move_on_after(grace):
+            await self._idle.wait()
+        for workload in list(self._workloads.values()):
+            self._stop(workload, "executor shut down")
+        await self._idle.wait()
+        handovers += self._late_handovers
+        self._closed.set()
+        return handovers
+
+    def _release_one(self, workload: Workload) -> Handover | None:
+        child = workload.child
+        if (
+            self._releasing is None
+            or child is None
+            or workload.launched is None
+            or workload.lifecycle.phase is not Phase.RUNNING
+            or not child.releasable
+            or not self._releasing(workload.request.key)
+        ):
+            return None
+        workload.lifecycle.advance(Step.RELEASE)
+        if workload.deadline is not None:
+            workload.deadline.cancel()
+        child.release()
+        timeout = workload.request.timeout
+        if timeout is not None:
+            timeout = max(0.0, timeout - (self._clock.time() - (workload.armed or workload.launched)))
+        cgroup = child.cgroup
+        return Handover(
+            workload.request.key,
+            child.pid,
+            workload.label,
+            str(cgroup.path) if cgroup is not None else workload.cgroup_dir,
+            workload.launched,
+            timeout,
+        )
+
+    def adopt(
+        self, request: LaunchRequest, take: Callable[[], Child], launched: float, cgroup_dir: str | None
+    ) -> None:
+        """Supervise a running process another executor launched: ``take`` returns it as a child.
+
+        It holds a slot and a group slot like any workload (a successor started with a lower limit
+        than its predecessor's lets its own launches wait until enough adopted ones have ended), its
+        run-time limit is ``request.timeout`` from now, and its end is reported once, as any other's.
+        If ``take`` raises :class:`LaunchError` (the process is gone, or its pid is another's now),
+        the workload ends at once as a failed launch.
+
+        :param launched: wall clock of its original launch, for the status report
+        :param cgroup_dir: its cgroup2 directory, when it was contained (handed on if it is released again)
+        """
+        if self._tg is None:
+            raise RuntimeError("supervisor is not serving")
+        workload = Workload(
+            request, accepted=self._clock.time(), take=take, first_launched=launched, cgroup_dir=cgroup_dir
+        )
+        if not self._accepting:
+            workload.stop_reason = "executor is shutting down"
+            self._end(workload, None, Step.DROP)
+            return
+        serial = next(self._serials)
+        self._workloads[serial] = workload
+        if self._idle.is_set():
+            self._idle = anyio.Event()
+        self._tg.start_soon(
+            self._supervise, serial, workload, name=f"adopted workload {request.label or request.key}"
+        )
+
     async def _supervise(self, serial: int, workload: Workload) -> None:
         try:
             with workload.scope:
@@ -192,6 +302,10 @@ class Supervisor:
                         status = await reap(child)
                         workload.exited.set()
                         self._end(workload, status, Step.EXIT)
+        except Released:
+            # Handed over alive (release() moved it to RELEASED): nothing to report, nothing to kill.
+            if workload.lifecycle.phase is not Phase.RELEASED:
+                log.error("workload %s was let go without a handover; it runs on unsupervised", workload.label)
         except Exception as exc:
             # A bug of ours or the launcher's must still end in a final event, not in silence.
             log.exception("supervising workload %s failed", workload.label)
@@ -213,18 +327,24 @@ class Supervisor:
         """Start the process and arm its stop or its timeout; None if it could not be started."""
         request = workload.request
         try:
-            child = await self._launcher.launch(request)
+            child = workload.take() if workload.take is not None else await self._launcher.launch(request)
         except LaunchError as exc:
             self._end(workload, exc, Step.LAUNCH_FAILED)
             return None
         workload.child = child
-        workload.launched = now = self._clock.time()
-        self._tally.launched(now)
+        workload.launched = workload.armed = now = self._clock.time()
+        if workload.take is None:
+            self._tally.launched(now)
+        else:
+            workload.launched = workload.first_launched or now
         workload.lifecycle.advance(Step.LAUNCHED)
         self._listener.started(request.key, child.pid)
         if workload.stop_reason is not None:  # stopped while it was launching
             self._terminate(workload)
+        elif (handover := self._release_one(workload)) is not None:  # release() began while it launched
+            self._late_handovers.append(handover)
         elif request.timeout is not None:
+            # From now, for an adopted one too: its request carries what was left of its limit.
             assert self._tg is not None
             workload.deadline = Deadline(
                 request.timeout,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import anyio
@@ -25,6 +26,12 @@ class Workload:
     deadline: Deadline | None = None  # the timeout's timer, while one runs
     launched: float | None = None  # wall clock
     exit_awaited: bool = False  # its process is being awaited (or was): it must not be awaited twice
+    armed: float | None = None  # clock time its run-time limit counts from (its launch, or adoption)
+    # An adopted workload: how its running process is taken instead of launched, when that process was
+    # first launched (wall clock), and its cgroup2 directory if it was contained.
+    take: Callable[[], Child] | None = None
+    first_launched: float | None = None
+    cgroup_dir: str | None = None
 
     @property
     def label(self) -> str:
