@@ -248,6 +248,43 @@ def test_reclaim_kills_and_removes_only_dead_instances(box: Scratch) -> None:
         assert all(directory.is_dir() for directory in survivor._v1.values())
 
 
+@pytest.mark.parametrize("named_by", ["directory", "cgroup path", "a cgroup below it"])
+def test_reclaim_spares_the_cgroups_handed_over_and_their_instances_directories(
+    box: Scratch, named_by: str
+) -> None:
+    holding, other, own = box.open(box.name("dead")), box.open(box.name("dead")), box.open(box.name("own"))
+    held, busy = holding.create("held", low_cpu=True), holding.create("busy")
+    elsewhere = other.create("held")  # the same name in another dead instance: not spared
+    assert held is not None
+    assert busy is not None
+    assert elsewhere is not None
+    procs = {cgroup.path: box.start(SLEEPER, cgroup) for cgroup in (held, busy, elsewhere)}
+    assert all(read_line(proc) == "ready" for proc in procs.values())
+    spare = {
+        "directory": str(held.path),
+        "cgroup path": held.relative,
+        "a cgroup below it": f"{held.relative}/inner",
+    }[named_by]
+
+    reclaimed = own.reclaim(lambda instance: instance == own.instance, spare={spare})
+
+    assert sorted(reclaimed, key=lambda found: found.instance) == sorted(
+        [Reclaimed(holding.instance, "busy", 1), Reclaimed(other.instance, "held", 1)],
+        key=lambda found: found.instance,
+    )
+    assert procs[busy.path].wait(GUARD) == -signal.SIGKILL
+    assert procs[elsewhere.path].wait(GUARD) == -signal.SIGKILL
+    assert not gone(procs[held.path].pid)
+    assert held.members() == [procs[held.path].pid]
+    # The held workload keeps its directories in every hierarchy, and its instance's; the rest goes.
+    assert all(directory.is_dir() for directory in [held.path, *held.v1.values()])
+    assert not busy.path.exists()
+    assert not any(directory.exists() for directory in busy.v1.values())
+    assert other.path is not None
+    assert not other.path.exists()
+    assert not any(directory.exists() for directory in other._v1.values())
+
+
 def test_close_removes_what_is_empty_and_never_raises(box: Scratch) -> None:
     containment = box.open()
     assert containment.path is not None

@@ -6,17 +6,20 @@ decide when there is no journal to ask.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from uuid import uuid4
 
 import psutil
 import pytest
 
-from async_local_executor.core.cgroups import Limits, Mode
+from async_local_executor.core.cgroups import Limits, Mode, WorkloadCgroup
 from async_local_executor.core.proc_identity import start_ticks
 from async_local_executor.ops.instance_cgroups import (
     LimitsUnavailable,
@@ -26,7 +29,8 @@ from async_local_executor.ops.instance_cgroups import (
     owner_lives,
     status_of,
 )
-from async_local_executor.ops.journal_file import SUFFIX
+from async_local_executor.ops.journal_file import INSTANCE_ENV, SUFFIX
+from async_local_executor.ops.reclaim import reclaim
 from tests.core import cgroup_helpers
 from tests.core.cgroup_helpers import MiB, Scratch, gone, read_line
 from tests.core.clock_step import step_wall_clock
@@ -224,3 +228,85 @@ def test_a_live_instances_cgroups_are_reclaimed_only_once_its_journal_lock_is_fr
         assert not (box.directory / f"ale-{name}").exists()
     finally:
         second.close()
+
+
+def start_in(box: Scratch, cgroup: WorkloadCgroup, env: Mapping[str, str]) -> subprocess.Popen[str]:
+    """A workload process leading its own group, in ``cgroup`` before it runs; it says ``ready``."""
+    code = "import sys, time\nsys.stdin.readline()\nprint('ready', flush=True)\ntime.sleep(600)\n"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(env),
+        start_new_session=True,
+    )
+    box.processes.append(proc)
+    cgroup.join(proc.pid)
+    assert proc.stdin is not None
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    assert read_line(proc) == "ready"
+    return proc
+
+
+@cgroups
+def test_a_held_workloads_cgroup_is_spared_while_another_dead_instances_is_reclaimed(
+    box: Scratch, tmp_path: Path
+) -> None:
+    journal_id = uuid4().hex
+    holding = instance_name(journal_id, pid=_dead_pid())
+    holding_cgroups = box.open(holding)
+    held_cgroup = holding_cgroups.create("w1")
+    dead = instance_name(uuid4().hex, pid=_dead_pid())
+    left_cgroup = box.open(dead).create("w1")
+    assert held_cgroup is not None
+    assert left_cgroup is not None
+    marked = {**os.environ, INSTANCE_ENV: journal_id}
+    workload = start_in(box, held_cgroup, marked)
+    # Marked, and neither a descendant of the workload's nor in its group: only its cgroup holds it.
+    stray = start_in(box, held_cgroup, marked)
+    left = box.start("print('ready', flush=True)\nimport time\ntime.sleep(600)\n", left_cgroup)
+    assert read_line(left) == "ready"
+    start = start_ticks(workload.pid)
+    lines = [
+        {"instance": journal_id, "owner": "stopped", "pid": 1, "opened": 0},
+        {"+": workload.pid, "start_ticks": start, "key": "dag.held try 1", "handover_timeout": 300},
+        {
+            "handover": workload.pid,
+            "start_ticks": start,
+            "info": {},
+            "cgroup": str(held_cgroup.path),
+            "at": time.time(),
+            "boot": time.clock_gettime(time.CLOCK_BOOTTIME),
+            "timeout": 300,
+        },
+    ]
+    (tmp_path / f"{journal_id}{SUFFIX}").write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+    result = reclaim(tmp_path)
+
+    assert result.killed == []
+    [held] = result.held
+    assert (held.pid, held.cgroup) == (workload.pid, str(held_cgroup.path))
+    assert alive(stray.pid)
+    containment = open_containment(
+        "c0ffee",
+        enabled=True,
+        root=box.root,
+        limits=Limits(),
+        journals=tmp_path,
+        spare=frozenset({str(held_cgroup.path)}),
+    )
+    box.instances.append(containment.instance)
+    try:
+        left.wait(cgroup_helpers.EMPTY_GUARD)
+        assert gone(left.pid)
+        assert not (box.directory / f"ale-{dead}").exists()
+        assert alive(workload.pid)
+        assert alive(stray.pid)
+        assert sorted(held_cgroup.members()) == sorted([workload.pid, stray.pid])
+        assert holding_cgroups.path is not None
+        assert holding_cgroups.path.is_dir()
+    finally:
+        containment.close()

@@ -66,7 +66,7 @@ def test_a_reclaim_between_creating_and_locking_a_new_journal_leaves_it_whole(
     assert calls
     assert holder_alive(journal.path) is True
     journal.started(sleeper, "dag.task try 1")
-    assert reclaim_all(tmp_path) == []
+    assert reclaim_all(tmp_path).killed == []
     assert live_pids(journal.path) == {sleeper: "dag.task try 1"}
     assert [p.name for p in tmp_path.iterdir()] == [journal.path.name]
     journal.close()
@@ -118,7 +118,7 @@ def test_a_reader_asking_whether_a_dead_journals_writer_lives_does_not_keep_it_f
 
     monkeypatch.setattr(reclaim, "_pause", reader_lets_go)
 
-    assert [s.pid for s in reclaim_all(tmp_path)] == [sleeper]
+    assert [s.pid for s in reclaim_all(tmp_path).killed] == [sleeper]
     assert pauses == [None]
     assert not alive(sleeper)
     assert not path.exists()
@@ -127,7 +127,7 @@ def test_a_reader_asking_whether_a_dead_journals_writer_lives_does_not_keep_it_f
 def test_a_live_writers_journal_is_not_waited_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     journal = LaunchJournal.open(tmp_path, owner="alive")
     monkeypatch.setattr(reclaim, "_pause", lambda: pytest.fail("waited on a live writer's lock"))
-    assert reclaim_all(tmp_path) == []
+    assert reclaim_all(tmp_path).killed == []
     assert journal.path.exists()
     journal.close()
 
@@ -140,7 +140,7 @@ def test_a_new_journal_cut_short_before_its_rename_is_removed_once_its_writer_is
     held = os.open(live, os.O_RDONLY)
     fcntl.flock(held, fcntl.LOCK_EX)
     try:
-        assert reclaim_all(tmp_path) == []
+        assert reclaim_all(tmp_path).killed == []
         assert [p.name for p in tmp_path.iterdir()] == [live.name]
     finally:
         os.close(held)
@@ -166,7 +166,7 @@ def test_lines_not_in_the_journals_format_are_skipped_with_one_warning_naming_it
     path.write_text("\n".join(lines) + '\n{"+": 1')  # and a last line cut short by the crash
     caplog.set_level(logging.WARNING, "async_local_executor.ops.journal")
 
-    assert [(s.pid, s.label) for s in reclaim_all(tmp_path)] == [(sleeper, "recorded")]
+    assert [(s.pid, s.label) for s in reclaim_all(tmp_path).killed] == [(sleeper, "recorded")]
 
     [warning] = [r.getMessage() for r in caplog.records]
     assert f"skipped 9 line(s) of the launch journal {path}" in warning
@@ -188,7 +188,7 @@ def test_what_is_not_a_regular_file_under_a_journals_name_is_skipped_without_blo
         path.symlink_to(dead_journal(elsewhere, sleeper))  # reclaim would kill what another file names
     caplog.set_level(logging.WARNING, "async_local_executor.ops.journal")
 
-    assert reclaim_all(tmp_path) == []
+    assert reclaim_all(tmp_path).killed == []
 
     assert alive(sleeper)
     assert any(str(path) in r.getMessage() for r in caplog.records)

@@ -90,7 +90,7 @@ def test_a_descendant_that_dropped_the_mark_and_left_the_session_is_killed_by_th
     assert os.getsid(escaped.pid) == os.getpgid(escaped.pid) == escaped.pid
     assert not alive(pids["workload"])
 
-    survivors = reclaim(state)
+    survivors = reclaim(state).killed
 
     assert {s.pid: s.label for s in survivors} == {escaped.pid: "started by dag.task try 1"}
     assert not alive(escaped.pid)
@@ -122,7 +122,7 @@ def test_a_seen_pid_is_killed_only_while_it_runs_as_the_process_that_was_seen(
     ]
     (tmp_path / f"dead{SUFFIX}").write_text("".join(json.dumps(line) + "\n" for line in lines))
 
-    survivors = reclaim(tmp_path)
+    survivors = reclaim(tmp_path).killed
 
     assert [s.pid for s in survivors] == [matching.pid]
     assert matching.wait() == -9
@@ -133,7 +133,7 @@ def test_a_seen_pid_is_killed_only_while_it_runs_as_the_process_that_was_seen(
 def read_back(journal: LaunchJournal) -> tuple[journal_file.Records, journal_file.Seen]:
     fd = os.open(journal.path, os.O_RDONLY)
     try:
-        _, live, seen = journal_file.read_all(fd, journal.path)
+        _, live, seen, _ = journal_file.read_all(fd, journal.path)
     finally:
         os.close(fd)
     return live, seen

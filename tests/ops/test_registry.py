@@ -14,7 +14,7 @@ import pytest
 
 from async_local_executor.ops import journal as registry
 from async_local_executor.ops import journal_file
-from async_local_executor.ops.journal import INSTANCE_ENV, SUFFIX, LaunchJournal, reclaim
+from async_local_executor.ops.journal import INSTANCE_ENV, SUFFIX, LaunchJournal, ReclaimResult, reclaim
 from tests.core.clock_step import step_wall_clock
 from tests.core.helpers import alive
 from tests.processes import SLEEP, read_line
@@ -61,7 +61,7 @@ def test_what_a_killed_executor_left_running_is_killed_by_its_successor(
     # Nothing ties these to the owner: without a successor's reclaim they would run on.
     assert all(alive(pid) for pid in pids.values())
 
-    survivors = reclaim(tmp_path)
+    survivors = reclaim(tmp_path).killed
 
     assert {s.pid: s.label for s in survivors} == {
         pids["workload"]: "dag.task try 1",
@@ -80,7 +80,7 @@ def test_a_live_executors_journal_and_processes_are_left_alone(tmp_path: Path, s
     spawned.append(proc.pid)
     journal.started(proc.pid, "dag.task try 1")
 
-    assert reclaim(state) == []
+    assert reclaim(state).killed == []
 
     assert alive(proc.pid)
     assert stat.S_IMODE(state.stat().st_mode) == 0o700
@@ -105,7 +105,7 @@ def test_a_recorded_pid_now_held_by_another_process_is_not_killed(tmp_path: Path
     text = "".join(json.dumps(line) + "\n" for line in lines) + '{"+": 12'
     (tmp_path / f"dead{SUFFIX}").write_text(text)
 
-    assert reclaim(tmp_path) == []
+    assert reclaim(tmp_path).killed == []
 
     assert alive(stranger.pid)
     assert list(tmp_path.iterdir()) == []
@@ -139,7 +139,7 @@ def test_a_launch_is_still_recognised_after_the_wall_clock_steps(
     owner.wait()
     step_wall_clock(monkeypatch, step)  # between the crash and the successor's start, say
 
-    survivors = reclaim(tmp_path)
+    survivors = reclaim(tmp_path).killed
 
     assert [(s.pid, s.label) for s in survivors] == [(workload, "dag.task try 1")]
     assert not alive(workload)
@@ -172,7 +172,7 @@ def test_the_journal_is_compacted_and_keeps_only_live_launches(
 
 
 def test_reclaim_of_a_missing_directory_finds_nothing(tmp_path: Path) -> None:
-    assert reclaim(tmp_path / "never-created") == []
+    assert reclaim(tmp_path / "never-created") == ReclaimResult()
     assert not (tmp_path / "never-created").exists()
 
 

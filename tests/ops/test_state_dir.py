@@ -47,7 +47,7 @@ def plant(directory: Path, pid: int, instance: str = "planted") -> None:
 
 def test_a_missing_directory_is_created_0700(tmp_path: Path) -> None:
     directory = tmp_path / "a" / "state"
-    recovery.reclaim_then_open(directory, owner="first").close()
+    recovery.reclaim_then_open(directory, owner="first").journal.close()
     assert stat.S_IMODE(directory.stat().st_mode) == 0o700
 
 
@@ -56,7 +56,7 @@ def test_a_directory_of_ours_open_to_others_is_tightened_to_0700(tmp_path: Path,
     directory = tmp_path / "state"
     directory.mkdir()
     directory.chmod(mode)
-    recovery.reclaim_then_open(directory, owner="tightening").close()
+    recovery.reclaim_then_open(directory, owner="tightening").journal.close()
     assert stat.S_IMODE(directory.stat().st_mode) == 0o700
 
 
@@ -146,7 +146,7 @@ def test_the_state_directory_opened_once_is_the_one_used_when_a_link_is_swapped_
         with state_dir.secure(directory) as folder:
             moved = swap_for_a_link(directory, elsewhere)
             found = status_read.read_all(folder)
-            survivors = reclaim(folder)
+            survivors = reclaim(folder).killed
 
         # The directory that was checked, under the name it was opened by (for messages only).
         assert [f.path for f in found] == [status_path(directory, "ours")]
@@ -219,7 +219,7 @@ def test_a_journal_of_another_user_in_our_directory_is_not_acted_on(
     plant(directory, victim)
     os.chown(directory / f"planted{SUFFIX}", NOBODY, NOBODY)
 
-    recovery.reclaim_then_open(directory, owner="careful").close()
+    recovery.reclaim_then_open(directory, owner="careful").journal.close()
 
     assert alive(victim)
     assert any(

@@ -85,7 +85,7 @@ def test_a_crashed_schedulers_file_goes_though_its_pid_now_runs_another_process(
     [found] = read_all(tmp_path)
     assert found.gone
     assert found.stale == f"scheduler pid {pid} is not running"
-    recovery.reclaim_then_open(tmp_path, owner="successor").close()
+    recovery.reclaim_then_open(tmp_path, owner="successor").journal.close()
     assert not path.exists()
     assert cli.main(["status", "--check", "--state-dir", str(tmp_path)]) == 2
 
@@ -100,15 +100,15 @@ def test_a_live_executor_in_another_pid_namespace_keeps_its_file_until_it_dies(t
         path = write(tmp_path, instance, pid=FOREIGN_PID, **{START_KEY: 1.0})
         [found] = read_all(tmp_path)
         assert (found.gone, found.stale) == (False, None)
-        recovery.reclaim_then_open(tmp_path, owner="neighbour").close()
+        recovery.reclaim_then_open(tmp_path, owner="neighbour").journal.close()
         assert path.exists()
     finally:
         holder.kill()
         holder.wait(GUARD)
     [found] = read_all(tmp_path)
     assert found.gone
-    recovery.reclaim_then_open(tmp_path, owner="successor").close()
-    assert list(tmp_path.iterdir()) == []
+    recovery.reclaim_then_open(tmp_path, owner="successor").journal.close()
+    assert list(tmp_path.iterdir()) == [tmp_path / "custody"]
 
 
 def old_format(directory: Path, instance: str, pid: int) -> Path:
@@ -162,7 +162,7 @@ def test_a_file_that_is_not_a_status_file_is_skipped_with_one_warning(
     caplog.set_level(logging.WARNING, "async_local_executor.ops.status")
 
     assert read_all(tmp_path) == []
-    recovery.reclaim_then_open(tmp_path, owner="unbothered").close()
+    recovery.reclaim_then_open(tmp_path, owner="unbothered").journal.close()
     assert cli.main(["status", "--check", "--state-dir", str(tmp_path)]) == 2
     assert "no executor status found" in capsys.readouterr().out
 

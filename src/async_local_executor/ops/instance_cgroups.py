@@ -7,7 +7,9 @@ it however that ends, and it answers the same whatever the clock did or whicheve
 owner runs in. Only an instance with no journal in the state directory (a crashed one's, reclaimed
 before its cgroups are looked at) is judged by its name: dead once no process runs under its pid with
 its start. Names of older versions, ``<pid>-<start>-<id>`` with psutil's start time in hundredths of a
-second, are judged as those versions judged them. Nothing here knows Airflow.
+second, are judged as those versions judged them. The cgroups of workloads a dead instance handed over
+(held by the journals' reclaim, which runs first) are spared, processes and all, with their instance's
+directory. Nothing here knows Airflow.
 """
 
 from __future__ import annotations
@@ -91,7 +93,14 @@ def instance_lives(name: str, journals: Path) -> bool:
 
 
 def open_containment(
-    instance: str, *, enabled: bool, root: str, limits: Limits, journals: Path, mountinfo: str = MOUNTINFO
+    instance: str,
+    *,
+    enabled: bool,
+    root: str,
+    limits: Limits,
+    journals: Path,
+    mountinfo: str = MOUNTINFO,
+    spare: frozenset[str] = frozenset(),
 ) -> Containment:
     """This instance's cgroups, after killing what dead instances left in theirs.
 
@@ -101,6 +110,9 @@ def open_containment(
     :param root: ``cgroup_root``, or ``""`` for the scheduler's own cgroup
     :param limits: the executor-wide limits, which must be enforceable here
     :param mountinfo: where the mounts are listed
+    :param spare: the cgroup2 directories (or ``/proc/<pid>/cgroup`` paths) of workloads a dead instance
+        handed over (:attr:`~async_local_executor.ops.reclaim.Held.cgroup`): what is in them runs on, and
+        they and their instance's directory stay
     :raises ContainmentError: ``root`` was set and cannot be used
     :raises LimitsUnavailable: a limit is set whose controller is not available
     """
@@ -109,7 +121,8 @@ def open_containment(
         containment = Containment(name, Mode.NONE, "containment = off")
     else:
         containment = Containment.open(name, root=root or None, mountinfo=mountinfo)
-        for found in containment.reclaim(functools.partial(instance_lives, journals=journals)):
+        lives = functools.partial(instance_lives, journals=journals)
+        for found in containment.reclaim(lives, spare=spare):
             log.warning(
                 "killed %d process(es) left in cgroup %s of a stopped executor (instance %s)",
                 found.killed,

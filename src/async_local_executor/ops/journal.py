@@ -15,6 +15,12 @@ So each executor instance
 
 and an executor that starts calls :func:`reclaim` before it launches anything, which kills what a dead
 instance left (docs/design.md, "Survivors are killed, not adopted", says why). Nothing here knows Airflow.
+
+Except what was handed over: a workload started to outlive its scheduler (``handover_timeout`` on its
+launch line) that a stopping scheduler released writes a handover line (:meth:`LaunchJournal.handed_over`),
+and the journal then stays behind, unlocked, when it is closed; a crash leaves it too. The next
+executor's reclaim holds those workloads instead of killing them (:mod:`~async_local_executor.ops.reclaim`
+says which), and records each in its own journal as a launch of its own (:meth:`LaunchJournal.hold`).
 """
 
 from __future__ import annotations
@@ -34,15 +40,25 @@ from async_local_executor.core.proc_identity import runs_as, start_ticks
 from async_local_executor.core.supervisor import Listener
 from async_local_executor.ops.files import write_all
 from async_local_executor.ops.journal_file import (
+    HANDOVER_TIMEOUT_KEY,
     INSTANCE_ENV,
     START_KEY,
     SUFFIX,
     encode,
     install_locked,
 )
-from async_local_executor.ops.reclaim import Survivor, reclaim
+from async_local_executor.ops.reclaim import Held, ReclaimResult, Survivor, reclaim
 
-__all__ = ["INSTANCE_ENV", "SUFFIX", "LaunchJournal", "RecordingListener", "Survivor", "reclaim"]
+__all__ = [
+    "INSTANCE_ENV",
+    "SUFFIX",
+    "Held",
+    "LaunchJournal",
+    "ReclaimResult",
+    "RecordingListener",
+    "Survivor",
+    "reclaim",
+]
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +99,8 @@ class LaunchJournal:
         self._fd: int | None = fd
         self._header = header
         self._live: dict[int, bytes] = {}
+        self._starts: dict[int, int] = {}  # launch pid -> its start in ticks, as its line recorded it
+        self._handovers: dict[int, bytes] = {}  # launch pid -> its handover line, once handed over
         self._seen: dict[int, dict[tuple[int, int], bytes]] = {}  # launch pid -> its descendants' lines
         self._seen_lines = 0
         self._lines = 1
@@ -116,18 +134,92 @@ class LaunchJournal:
         """``base`` plus the mark that makes every process of this instance findable after a crash."""
         return {**base, INSTANCE_ENV: self.instance}
 
-    def started(self, pid: int, label: str) -> None:
+    def started(
+        self, pid: int, label: str, *, handover_timeout: float = 0.0, info: Mapping[str, object] | None = None
+    ) -> None:
+        """Record a launch.
+
+        :param handover_timeout: how long the workload outlives its scheduler (0: it dies with it); more
+            than 0 makes it one a crash hands over to the next executor
+        :param info: the adapter's data for whoever adopts it after a crash (JSON)
+        """
         start = start_ticks(pid)
         if start is None:
             return  # already gone: nothing could survive it
-        line = encode({"+": pid, START_KEY: start, "key": label})
+        entry: dict[str, object] = {"+": pid, START_KEY: start, "key": label}
+        if handover_timeout > 0:
+            entry[HANDOVER_TIMEOUT_KEY] = handover_timeout
+            if info:
+                entry["info"] = dict(info)
+        self._open_launch(pid, start, _encoded(entry, "info"))
+
+    def hold(self, held: Held) -> None:
+        """Record a workload taken over from a dead instance (its reclaim held it) as a launch of this one.
+
+        Its line keeps what the dead journal said (``"held"``) and its ``handover_timeout``: the workload's
+        own countdown, which the crash of this instance starts again. Its :attr:`Held.at` is not carried
+        as a handover: that one was the dead instance's, and only :meth:`handed_over` makes another. The
+        descendants seen of it are journalled again.
+        """
+        held_line = {
+            "info": dict(held.info),
+            "cgroup": held.cgroup,
+            "at": held.at,
+            "boot": held.boot,
+            "timeout": held.timeout,
+            "from": held.instance,
+        }
+        entry: dict[str, object] = {
+            "+": held.pid,
+            START_KEY: held.start,
+            "key": held.key,
+            HANDOVER_TIMEOUT_KEY: held.timeout,
+            "held": held_line,
+        }
+        self._open_launch(held.pid, held.start, _encoded(entry, "held", "info"))
+        if held.descendants:  # what the dead journal had seen of it, for this one's reclaim in turn
+            self.seen({held.pid: held.descendants})
+
+    def _open_launch(self, pid: int, start: int, line: bytes) -> None:
         with self._lock:
             self._live[pid] = line
+            self._starts[pid] = start
+            self._handovers.pop(pid, None)  # a later process under the pid: not the one handed over
+            self._append(line)
+
+    def handed_over(self, pid: int, info: Mapping[str, object], cgroup: str | None, timeout: float) -> None:
+        """Record that the launch ``pid``, still open, is handed over to the next executor on this host.
+
+        Its time runs from now (``CLOCK_BOOTTIME``, which neither a wall-clock step nor a suspend
+        stops): the next executor's reclaim holds it while ``timeout`` has not passed since. A pid that
+        is no open launch is ignored. Never raises.
+
+        :param info: the adapter's data for whoever adopts it (JSON)
+        :param cgroup: the workload's own cgroup2 directory, or None (the next reclaim reads where it is)
+        :param timeout: how long the workload outlives its owner before it kills itself, in seconds
+        """
+        with self._lock:
+            start = self._starts.get(pid)
+            if start is None or pid not in self._live:
+                log.debug("pid %d handed over is no launch still open: not journalled", pid)
+                return
+            entry: dict[str, object] = {
+                "handover": pid,
+                START_KEY: start,
+                "info": dict(info),
+                "cgroup": cgroup,
+                "at": time.time(),
+                "boot": time.clock_gettime(time.CLOCK_BOOTTIME),
+                "timeout": timeout,
+            }
+            self._handovers[pid] = line = _encoded(entry, "info")
             self._append(line)
 
     def ended(self, pid: int) -> None:
         with self._lock:
             if self._live.pop(pid, None) is not None:
+                self._starts.pop(pid, None)
+                self._handovers.pop(pid, None)
                 self._seen_lines -= len(self._seen.pop(pid, {}))
                 self._append(encode({"-": pid}))
 
@@ -171,15 +263,33 @@ class LaunchJournal:
         return list(known)
 
     def close(self) -> None:
-        """Remove the journal: every launch ended, nothing is left to reclaim."""
+        """Remove the journal, unless a launch still open was handed over: then it stays, as :meth:`hand_on`."""
+        self._let_go(keep=False)
+
+    def hand_on(self) -> None:
+        """Let go of the journal without removing it, for the next executor's reclaim.
+
+        That one holds what was handed over (:meth:`handed_over`) or started to outlive this scheduler,
+        and kills what else is still open in it, as after a crash. The lock goes with the descriptor.
+        """
+        self._let_go(keep=True)
+
+    def _let_go(self, *, keep: bool) -> None:
         with self._lock:
             fd, self._fd = self._fd, None
             if fd is None:
                 return
-            # Unlinked while still locked: a reclaimer that opened it meanwhile sees it gone, skips it.
-            with contextlib.suppress(FileNotFoundError):
-                self.path.unlink()
+            if not keep and not self._handovers:
+                # Unlinked while still locked: a reclaimer that opened it meanwhile sees it gone, skips it.
+                with contextlib.suppress(FileNotFoundError):
+                    self.path.unlink()
             os.close(fd)
+
+    @property
+    def handed_over_pids(self) -> frozenset[int]:
+        """The open launches handed over (:meth:`handed_over`), which :meth:`close` leaves the journal for."""
+        with self._lock:
+            return frozenset(self._handovers)
 
     def _append(self, line: bytes) -> None:
         if self._fd is None or self._broken:
@@ -187,7 +297,7 @@ class LaunchJournal:
         try:
             write_all(self._fd, line)
             self._lines += 1
-            if self._lines > len(self._live) + self._seen_lines + _COMPACT_SLACK:
+            if self._lines > len(self._live) + len(self._handovers) + self._seen_lines + _COMPACT_SLACK:
                 self._compact()
         except OSError as exc:
             self._broken = True
@@ -201,28 +311,73 @@ class LaunchJournal:
     def _compact(self) -> None:
         assert self._fd is not None
         # Locked before it replaces the journal, so there is no moment the name is unlocked.
-        # Each launch's line before its descendants': a reader drops those of launches it does not know.
+        # Each launch's line before its handover's and its descendants': a reader drops those of launches
+        # it does not know.
         content = [self._header]
         for pid, line in self._live.items():
-            content += [line, *self._seen.get(pid, {}).values()]
+            handover = self._handovers.get(pid)
+            content += [
+                line,
+                *([handover] if handover is not None else []),
+                *self._seen.get(pid, {}).values(),
+            ]
         fd = install_locked(self.path, b"".join(content))
         os.close(self._fd)
         self._fd = fd
         self._lines = len(content)
 
 
-class RecordingListener:
-    """Journals each launch and exit, then passes the event on to ``inner``."""
+def _encoded(entry: dict[str, object], *opaque: str) -> bytes:
+    """``entry``'s line; an opaque field JSON cannot hold is written empty, with a warning."""
+    try:
+        return encode(entry)
+    except (TypeError, ValueError) as exc:
+        log.warning(
+            "the launch journal cannot hold the data given for pid %s (%s): written without it",
+            entry.get("+", entry.get("handover")),
+            exc,
+        )
+        emptied = dict(entry)
+        for name in opaque:
+            value = emptied.get(name)
+            if name == "held" and isinstance(value, dict):
+                emptied[name] = {**value, "info": {}}
+            elif name in emptied:
+                emptied[name] = {}
+        return encode(emptied)
 
-    def __init__(self, inner: Listener, journal: LaunchJournal, describe: Callable[[Hashable], str]) -> None:
+
+class RecordingListener:
+    """Journals each launch and exit, then passes the event on to ``inner``.
+
+    :param handover_timeout: journalled with each launch (see :meth:`LaunchJournal.started`)
+    :param info: the data journalled with each launch for its adoption after a crash, by key; None for
+        a key makes its launch one a crash does not hand over (nothing could adopt it)
+    """
+
+    def __init__(
+        self,
+        inner: Listener,
+        journal: LaunchJournal,
+        describe: Callable[[Hashable], str],
+        *,
+        handover_timeout: float = 0.0,
+        info: Callable[[Hashable], Mapping[str, object] | None] | None = None,
+    ) -> None:
         self._inner = inner
         self._journal = journal
         self._describe = describe
+        self._handover_timeout = handover_timeout
+        self._info = info
         self._pids: dict[Hashable, int] = {}
 
     def started(self, key: Hashable, pid: int) -> None:
         self._pids[key] = pid
-        self._journal.started(pid, self._describe(key))
+        timeout, info = self._handover_timeout, None
+        if timeout > 0 and self._info is not None:
+            info = self._info(key)
+            timeout = timeout if info is not None else 0.0
+        self._journal.started(pid, self._describe(key), handover_timeout=timeout, info=info)
         self._inner.started(key, pid)
 
     def finished(self, outcome: Outcome) -> None:

@@ -7,6 +7,18 @@ per exit, and ``{"seen": pid, "start_ticks": ..., "of": pid}`` per descendant a 
 exit ends those too). Written by :class:`~async_local_executor.ops.journal.LaunchJournal`, read by
 :func:`~async_local_executor.ops.reclaim.reclaim`.
 
+Handover (workloads that outlive their scheduler, for the next one to adopt) adds:
+
+- on a launch line, ``"handover_timeout": <s>`` when the workload was started to outlive its scheduler
+  by that long (a crash hands it over too), and optionally ``"info": {...}``, the adapter's opaque data;
+- on a launch line written for a workload adopted from a dead journal, ``"held": {"info", "cgroup",
+  "at", "boot", "timeout", "from"}`` (what the dead journal said, and the instance it came from);
+- ``{"handover": pid, "start_ticks": ..., "info": {...}, "cgroup": "<directory>" | null, "at": <wall time>,
+  "boot": <CLOCK_BOOTTIME seconds>, "timeout": <s>}`` when a stopping scheduler handed a launch still
+  open over (an exit ends it too; the last one of a launch counts).
+
+A journal without these reads as before: no launch is handed over.
+
 A process's start is the kernel's, in clock ticks since boot, which no step of the wall clock moves
 (:mod:`~async_local_executor.core.proc_identity`). Journals of older versions hold ``"start"``, psutil's
 ``create_time``, instead: read as a :class:`~async_local_executor.core.proc_identity.WallClockStart`,
@@ -26,8 +38,10 @@ import errno
 import fcntl
 import json
 import logging
+import math
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from async_local_executor.core.proc_identity import Start, WallClockStart
@@ -48,6 +62,36 @@ LEGACY_START_KEY = "start"  # an older version's: psutil's create_time
 Records = dict[int, tuple[Start, str]]  # the launches not ended: pid -> (process start, key)
 # The descendants seen of the launches not ended: launch pid -> {descendant pid: its start}.
 Seen = dict[int, dict[int, Start]]
+
+HANDOVER_TIMEOUT_KEY = "handover_timeout"
+
+
+@dataclass(frozen=True)
+class Handover:
+    """How an open launch is to be handed over: by its handover line, else as its launch line enabled.
+
+    With :attr:`boot` None there was no handover line: the launch was started (or held) to outlive its
+    scheduler by :attr:`timeout`, and a crash of that scheduler hands it over.
+    """
+
+    start: int
+    """The launch's start, in clock ticks since boot, as the line recorded it."""
+    timeout: float
+    """How long the workload outlives its owner's death before it kills itself, in seconds."""
+    info: Mapping[str, object] = field(default_factory=dict)
+    """The adapter's opaque data (the handover line's, else the launch line's)."""
+    cgroup: str | None = None
+    """The workload's own cgroup2 directory, as the line said; None without one."""
+    at: float | None = None
+    """Wall time of the handover line; None without one."""
+    boot: float | None = None
+    """``CLOCK_BOOTTIME`` seconds at the handover line, which its age is measured on; None without one."""
+    held_from: str | None = None
+    """The dead instance this launch was taken over from (a ``held`` launch line), else None."""
+
+
+# The handovers of the launches not ended: launch pid -> its handover.
+Handovers = dict[int, Handover]
 
 
 def _lock_new(fd: int) -> None:
@@ -114,20 +158,22 @@ def encode(entry: Mapping[str, object]) -> bytes:
 
 def read(fd: int, path: Path | None = None) -> tuple[dict[str, object], Records]:
     """The header and the launches still open, from a journal's whole content (see :func:`read_all`)."""
-    header, live, _ = read_all(fd, path)
+    header, live, _, _ = read_all(fd, path)
     return header, live
 
 
-def read_all(fd: int, path: Path | None = None) -> tuple[dict[str, object], Records, Seen]:
-    """The header, the launches still open and the descendants they were seen with.
+def read_all(fd: int, path: Path | None = None) -> tuple[dict[str, object], Records, Seen, Handovers]:
+    """The header, the launches still open, the descendants they were seen with, and their handovers.
 
     Lines that are not this format's (a line cut short by a crash, another version's, garbage) are
-    skipped; if any but a cut-short last line was, one warning names ``path``.
+    skipped; if any but a cut-short last line was, one warning names ``path``. A launch line whose
+    handover fields are not this format's still records the launch (it is then not handed over).
     """
     lines = read_fd(fd).splitlines()
     header: dict[str, object] = {}
     live: Records = {}
     seen: Seen = {}
+    handovers: Handovers = {}
     foreign = 0
     for number, raw in enumerate(lines):
         try:
@@ -141,11 +187,22 @@ def read_all(fd: int, path: Path | None = None) -> tuple[dict[str, object], Reco
             if number == 0:
                 header = entry
             elif "+" in entry:
-                live[_pid(entry["+"])] = (_start(entry), str(entry["key"]))
+                launched = _pid(entry["+"])
+                live[launched] = (_start(entry), str(entry["key"]))
+                handovers.pop(launched, None)
+                # The launch stays recorded whatever its handover fields hold: it is killed, not lost.
+                enabled = _enabled(entry)
+                if enabled is not None:
+                    handovers[launched] = enabled
             elif "-" in entry:
                 ended = _pid(entry["-"])
                 live.pop(ended, None)
                 seen.pop(ended, None)
+                handovers.pop(ended, None)
+            elif "handover" in entry:
+                launch = _pid(entry["handover"])
+                if launch in live:  # one of a launch that ended is nothing to hold
+                    handovers[launch] = _handover(entry, handovers.get(launch))
             elif "seen" in entry:
                 of = _pid(entry["of"])
                 if of in live:  # one of a launch that ended is not reclaimed, as the launch is not
@@ -160,7 +217,68 @@ def read_all(fd: int, path: Path | None = None) -> tuple[dict[str, object], Reco
             foreign,
             path or f"fd {fd}",
         )
-    return header, live, seen
+    return header, live, seen, handovers
+
+
+def _enabled(entry: Mapping[str, object]) -> Handover | None:
+    """The handover a launch line enables, or None. Raises like the other fields' checks."""
+    if HANDOVER_TIMEOUT_KEY not in entry and "held" not in entry:
+        return None
+    start = entry[START_KEY]
+    if type(start) is not int:
+        raise TypeError("a handover needs a start in ticks")
+    held = entry.get("held")
+    if held is None:
+        timeout = _seconds(entry[HANDOVER_TIMEOUT_KEY])
+        return Handover(start, timeout, info=_info(entry.get("info", {}))) if timeout > 0 else None
+    if not isinstance(held, dict):
+        raise TypeError(type(held).__name__)
+    timeout = _seconds(entry.get(HANDOVER_TIMEOUT_KEY, held["timeout"]))
+    source = held["from"]
+    if not isinstance(source, str):
+        raise TypeError(type(source).__name__)
+    if timeout <= 0:
+        return None
+    # What the dead journal said of it, for whoever reads this one; its age is not measured from
+    # there, since this instance answered for it meanwhile (see ops/reclaim.py).
+    info, cgroup = _info(held["info"]), _cgroup(held["cgroup"])
+    return Handover(start, timeout, info=info, cgroup=cgroup, held_from=source)
+
+
+def _handover(entry: Mapping[str, object], enabled: Handover | None) -> Handover:
+    start = entry[START_KEY]
+    if type(start) is not int or start < 0:
+        raise ValueError(f"not a start in ticks: {start!r}")
+    return Handover(
+        start,
+        _seconds(entry["timeout"]),
+        info=_info(entry["info"]),
+        cgroup=_cgroup(entry["cgroup"]),
+        at=_seconds(entry["at"]),
+        boot=_seconds(entry["boot"]),
+        held_from=enabled.held_from if enabled is not None else None,
+    )
+
+
+def _seconds(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"not a number of seconds: {value!r}")
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"not a number of seconds: {value!r}")
+    return seconds
+
+
+def _info(value: object) -> dict[str, object]:
+    if not isinstance(value, dict):
+        raise TypeError(f"not an object: {value!r}")
+    return value
+
+
+def _cgroup(value: object) -> str | None:
+    if value is not None and not (isinstance(value, str) and value.startswith("/")):
+        raise ValueError(f"not a cgroup path: {value!r}")
+    return value
 
 
 def _start(entry: Mapping[str, object]) -> Start:

@@ -7,6 +7,26 @@ time (the kernel's, which a wall-clock step does not move; an older version's jo
 matched as that version did), is killed. See :mod:`async_local_executor.ops.journal` for why survivors
 are killed rather than adopted.
 
+Except the workloads handed over, which are *held* for the next executor to adopt. A launch of a dead
+journal is held when its process still runs as the one recorded (pid and start ticks, no zombie) and
+
+- a handover line says its scheduler released it when it stopped, less than the line's ``timeout`` ago
+  (``CLOCK_BOOTTIME``, which neither a wall-clock step nor a suspend stops); or
+- there is none, but its launch line says it was started (or held) to outlive its scheduler
+  (``handover_timeout``): its scheduler crashed, and a crash hands over too. When the writer died is
+  in no journal (its last write, the file's mtime, may be hours before the death), so the death is
+  taken to be now. That errs on the side of holding, and the workload bounds it itself: its watchdog
+  counts down from its owner's death and kills it once the timeout has passed, unless a live executor
+  named itself in its custody file meanwhile.
+
+An expired handover is killed like any survivor; one whose pid runs another process now is gone. With a
+workload held go what is in its process group, the descendants seen of it, the processes whose parent
+chain reaches it and what is in its cgroup, whichever dead journal names them. Every dead journal is
+locked before anything is decided, the held ones are given to ``hold`` (the new journal records them)
+before the dead journals are unlinked, still locked: a second reclaimer meanwhile finds them locked and
+takes nothing. If this process dies between the two, both journals stay behind, and the next reclaim
+holds each workload once, from either.
+
 Each is killed through a handle that checks its identity (pid and start time) when it signals: between
 the listing and the kill, a process may exit and its pid go to another.
 
@@ -23,18 +43,27 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
 
 import psutil
 
-from async_local_executor.core.proc_identity import started_as
+from async_local_executor.core.cgroups.containment import PREFIX as CGROUP_PREFIX
+from async_local_executor.core.cgroups.discovery import (
+    Mount,
+    cgroup2_entry,
+    cgroup_of,
+    cgroup_path,
+    directory_of,
+)
+from async_local_executor.core.proc_identity import runs_as, started_as
 from async_local_executor.ops.journal_file import (
     CREATING,
     INSTANCE_ENV,
     SUFFIX,
     TMP_SUFFIX,
+    Handovers,
     Records,
     Seen,
     read_all,
@@ -60,8 +89,55 @@ class Survivor:
     recorded: bool = False  # the journal names it: a workload's own process, leading its group
 
 
-def reclaim(directory: Path | StateDir, *, timeout: float = 10.0) -> list[Survivor]:
-    """Kill what dead executor instances left running, remove their journals, and say what was killed.
+@dataclass(frozen=True)
+class Held:
+    """A workload a dead executor instance handed over (or left when it crashed), held for adoption."""
+
+    pid: int
+    start: int
+    """Its start, in clock ticks since boot."""
+    key: str
+    """The workload's key as its launch line recorded it."""
+    info: Mapping[str, object]
+    """The adapter's data, from the handover line (or the launch line, after a crash)."""
+    cgroup: str | None
+    """Its own cgroup2 directory (what is in it is held with it), or None when it has none of its own."""
+    at: float
+    """Wall time it was handed over; after a crash, when the reclaim found it."""
+    boot: float
+    """``CLOCK_BOOTTIME`` seconds at :attr:`at`: its countdown ran from then (see the module docstring)."""
+    timeout: float
+    """How long it outlives its owner's death before it kills itself, in seconds."""
+    instance: str
+    """The dead instance whose journal named it."""
+    owner: str = ""
+    """Who held that journal, as it said when it opened it."""
+    crashed: bool = False
+    """No handover line: its scheduler died without handing it over (a crash)."""
+    descendants: tuple[tuple[int, int], ...] = ()
+    """``(pid, start ticks)`` of the descendants seen of it that still run, for the new journal."""
+
+    @property
+    def custody_name(self) -> str:
+        """Its name in the custody directory: ``<pid>-<start>``."""
+        return f"{self.pid}-{self.start}"
+
+
+@dataclass(frozen=True)
+class ReclaimResult:
+    """What :func:`reclaim` did: the processes it killed and the workloads it held."""
+
+    killed: list[Survivor] = field(default_factory=list)
+    held: list[Held] = field(default_factory=list)
+
+
+def reclaim(
+    directory: Path | StateDir,
+    *,
+    timeout: float = 10.0,
+    hold: Callable[[list[Held]], None] | None = None,
+) -> ReclaimResult:
+    """Kill what dead executor instances left running, hold what they handed over, remove their journals.
 
     Journals still locked belong to live executors (another scheduler on this host) and are left alone.
     A file that is not a journal (another version's lines, a link, a directory, another user's file) is
@@ -71,19 +147,34 @@ def reclaim(directory: Path | StateDir, *, timeout: float = 10.0) -> list[Surviv
         :func:`~async_local_executor.ops.state_dir.secure`; a path is opened here (none there: nothing
         to reclaim)
     :param timeout: how long to wait for killed processes to be gone; what is still there is logged
+    :param hold: given the held workloads while the dead journals are still there and locked, to record
+        them where a crash of this process leaves them for the next reclaim (its own journal); what it
+        raises is logged
     :raises StateDirIsLink: ``directory`` is a path that ends in a symbolic link
     """
     if isinstance(directory, StateDir):
-        return _reclaim_in(directory, timeout)
+        return _reclaim_in(directory, timeout, hold)
     try:
         folder = StateDir.open(directory)
     except (FileNotFoundError, NotADirectoryError):
-        return []
+        return ReclaimResult()
     with folder:
-        return _reclaim_in(folder, timeout)
+        return _reclaim_in(folder, timeout, hold)
 
 
-def _reclaim_in(folder: StateDir, timeout: float) -> list[Survivor]:
+@dataclass(frozen=True)
+class _Dead:
+    """A dead instance's journal, locked by us, as read."""
+
+    name: str
+    instance: str
+    owner: str
+    records: Records
+    seen: Seen
+    handovers: Handovers
+
+
+def _reclaim_in(folder: StateDir, timeout: float, hold: Callable[[list[Held]], None] | None) -> ReclaimResult:
     with contextlib.suppress(OSError):
         folder.tighten()
     # Writes cut short: a compaction (its journal still holds every record), or a new journal never
@@ -92,26 +183,36 @@ def _reclaim_in(folder: StateDir, timeout: float) -> list[Survivor]:
         with _dead_owner(folder, name) as fd:
             if fd is not None:
                 folder.unlink(name, missing_ok=True)
-    killed: list[Survivor] = []
-    for name in sorted(n for n in folder.names() if n.endswith(SUFFIX)):
-        try:
-            killed += _reclaim_one(folder, name, timeout)
-        except OSError as exc:
-            log.warning("cannot reclaim the launch journal %s: %s", folder.shown(name), exc)
-    return killed
-
-
-def _reclaim_one(folder: StateDir, name: str, timeout: float) -> list[Survivor]:
-    with _dead_owner(folder, name) as fd:
-        if fd is None:
-            return []
-        header, records, seen = read_all(fd, folder.shown(name))
-        # Its own name, not what it says inside: the mark of no other instance's processes.
-        instance = name.removesuffix(SUFFIX)
-        found = _survivors(instance, str(header.get("owner", "?")), records, seen)
+    # Every dead journal locked before anything is decided: a process one of them holds is not killed
+    # for another, and no other reclaimer takes any of them until they are gone.
+    with contextlib.ExitStack() as locked:
+        dead: list[_Dead] = []
+        for name in sorted(n for n in folder.names() if n.endswith(SUFFIX)):
+            try:
+                fd = locked.enter_context(_dead_owner(folder, name))
+                if fd is not None:
+                    header, records, seen, handovers = read_all(fd, folder.shown(name))
+                    # Its own name, not what it says inside: the mark of no other instance's processes.
+                    instance = name.removesuffix(SUFFIX)
+                    owner = str(header.get("owner", "?"))
+                    dead.append(_Dead(name, instance, owner, records, seen, handovers))
+            except OSError as exc:
+                log.warning("cannot reclaim the launch journal %s: %s", folder.shown(name), exc)
+        if not dead:
+            return ReclaimResult()
+        found, held = _survey(dead)
         _kill(found, timeout)
-        folder.unlink(name)
-        return [each.survivor for each in found]
+        if held and hold is not None:
+            try:
+                hold(held)
+            except Exception:
+                log.exception("cannot record the %d workload(s) held from a stopped executor", len(held))
+        for each in dead:
+            try:
+                folder.unlink(each.name)
+            except OSError as exc:
+                log.warning("cannot remove the launch journal %s: %s", folder.shown(each.name), exc)
+    return ReclaimResult([each.survivor for each in found], held)
 
 
 @contextlib.contextmanager
@@ -174,18 +275,176 @@ class _Found:
     leads: bool  # it leads a process group that is its own: a recorded workload, or a seen one
 
 
-def _survivors(instance: str, owner: str, records: Records, seen: Seen) -> list[_Found]:
+@dataclass(frozen=True)
+class _Listing:
+    ours: list[psutil.Process]  # this user's processes, this one left out
+    parents: dict[int, int]  # every process's parent pid
+
+
+def _listing() -> _Listing:
     me = os.getpid()
     uid = os.getuid()
     ours: list[psutil.Process] = []
-    leaders: dict[int, str] = {}  # recorded pids still running as the process that was recorded
-    descendants: dict[int, str] = {}  # the same for the descendants seen: pid -> key of their launch
-    seen_starts = {pid: (start, of) for of, found in seen.items() for pid, start in found.items()}
-    for proc in psutil.process_iter(["pid", "uids"]):
+    parents: dict[int, int] = {}
+    for proc in psutil.process_iter(["pid", "uids", "ppid"]):
+        if proc.info["ppid"] is not None:
+            parents[proc.pid] = proc.info["ppid"]
         uids = proc.info["uids"]
         if proc.pid == me or uids is None or uids.real != uid:
             continue  # another user's processes are not ours, nor is their environment readable
         ours.append(proc)
+    return _Listing(ours, parents)
+
+
+def _survey(dead: list[_Dead]) -> tuple[list[_Found], list[Held]]:
+    """What to kill and what to hold, over every dead journal at once."""
+    listing = _listing()
+    mount = cgroup2_entry()
+    held: list[Held] = []
+    taken: set[tuple[int, int]] = set()
+    for journal in dead:
+        for one in _holdable(journal, mount):
+            # Named by two journals when a reclaimer died between recording it and removing the old one.
+            if (one.pid, one.start) not in taken:
+                taken.add((one.pid, one.start))
+                held.append(one)
+    spared = _spared(held, dead, listing, mount)
+    found: list[_Found] = []
+    for journal in dead:
+        for each in _survivors(journal, listing):
+            if each.survivor.pid not in spared:
+                spared.add(each.survivor.pid)  # once, if two journals name it
+                found.append(each)
+    return found, held
+
+
+def _holdable(journal: _Dead, mount: Mount | None) -> Iterator[Held]:
+    now, boot = time.time(), time.clock_gettime(time.CLOCK_BOOTTIME)
+    for pid, handover in journal.handovers.items():
+        record = journal.records.get(pid)
+        if record is None:
+            continue
+        start, key = record
+        if handover.start != start or not runs_as(pid, handover.start):
+            continue  # another process runs under the pid now, or none (a zombie is killed as a survivor)
+        if handover.boot is None:
+            # A crash: its owner died no later than now, and its own countdown bounds the rest.
+            at, since, crashed = now, boot, True
+        else:
+            age = boot - handover.boot
+            if not 0 <= age < handover.timeout:
+                log.warning(
+                    "pid %d (%s) was handed over by a stopped executor (%s) %.0fs ago, more than its "
+                    "handover_timeout of %gs: it is not held",
+                    pid,
+                    key,
+                    journal.owner,
+                    age,
+                    handover.timeout,
+                )
+                continue
+            at = handover.at if handover.at is not None else now
+            since, crashed = handover.boot, False
+        # Where it is: a line may name none (a crash) or be wrong, and its adopter kills what is in it.
+        cgroup = _own_cgroup(pid, mount)
+        yield Held(
+            pid,
+            start,
+            key,
+            dict(handover.info),
+            cgroup,
+            at,
+            since,
+            handover.timeout,
+            journal.instance,
+            journal.owner,
+            crashed,
+            tuple(
+                (seen, since)
+                for seen, since in journal.seen.get(pid, {}).items()
+                if isinstance(since, int) and runs_as(seen, since)
+            ),
+        )
+
+
+def _own_cgroup(pid: int, mount: Mount | None) -> str | None:
+    """The cgroup2 directory of ``pid`` if it is a workload's own (in an instance's ``ale-`` directory)."""
+    if mount is None:
+        return None
+    try:
+        path = cgroup_of(pid)
+    except OSError:
+        return None
+    if path is None or not PurePosixPath(path).parent.name.startswith(CGROUP_PREFIX):
+        return None  # the scheduler's own cgroup, say (containment off): not the workload's alone
+    if PurePosixPath(mount.root) not in PurePosixPath(path).parents:
+        return None  # outside what is mounted here (another cgroup namespace's)
+    return str(directory_of(mount.point, mount.root, path))
+
+
+def _spared(held: list[Held], dead: list[_Dead], listing: _Listing, mount: Mount | None) -> set[int]:
+    """The pids held with ``held``: each workload, and what goes with it (see the module docstring)."""
+    if not held:
+        return set()
+    roots = {each.pid for each in held}
+    spared = set(roots)
+    journals = {journal.instance: journal for journal in dead}
+    for each in held:
+        for pid, start in journals[each.instance].seen.get(each.pid, {}).items():
+            if started_as(pid, start):
+                spared.add(pid)
+    cgroups = {path for each in held if (path := _relative(each.cgroup, mount)) is not None}
+    for proc in listing.ours:
+        pid = proc.pid
+        if pid in spared:
+            continue
+        if _reaches(pid, roots, listing.parents) or _in_cgroups(pid, cgroups):
+            spared.add(pid)
+            continue
+        with contextlib.suppress(OSError):
+            if os.getpgid(pid) in roots:  # a held workload leads its own group, and is running
+                spared.add(pid)
+    return spared
+
+
+def _reaches(pid: int, roots: set[int], parents: Mapping[int, int]) -> bool:
+    """Whether a parent of ``pid``'s, or theirs, and so on, is one of ``roots``."""
+    visited = {pid}
+    parent = parents.get(pid, 0)
+    while parent > 1 and parent not in visited:
+        if parent in roots:
+            return True
+        visited.add(parent)
+        parent = parents.get(parent, 0)
+    return False
+
+
+def _relative(directory: str | None, mount: Mount | None) -> str | None:
+    """The cgroup path of a cgroup2 directory as ``/proc/<pid>/cgroup`` shows it; None if not under the mount."""
+    if directory is None or mount is None:
+        return None
+    try:
+        return cgroup_path(mount.point, mount.root, Path(directory))
+    except ValueError:
+        return None
+
+
+def _in_cgroups(pid: int, cgroups: set[str]) -> bool:
+    if not cgroups:
+        return False
+    try:
+        path = cgroup_of(pid)
+    except OSError:
+        return False
+    return path is not None and any(path == each or path.startswith(f"{each}/") for each in cgroups)
+
+
+def _survivors(journal: _Dead, listing: _Listing) -> list[_Found]:
+    instance, owner, records = journal.instance, journal.owner, journal.records
+    leaders: dict[int, str] = {}  # recorded pids still running as the process that was recorded
+    descendants: dict[int, str] = {}  # the same for the descendants seen: pid -> key of their launch
+    seen_starts = {pid: (start, of) for of, found in journal.seen.items() for pid, start in found.items()}
+    for proc in listing.ours:
         record = records.get(proc.pid)
         descendant = seen_starts.get(proc.pid)
         if record is not None and started_as(proc.pid, record[0]):
@@ -193,7 +452,7 @@ def _survivors(instance: str, owner: str, records: Records, seen: Seen) -> list[
         elif descendant is not None and started_as(proc.pid, descendant[0]):
             descendants[proc.pid] = records[descendant[1]][1]
     found: list[_Found] = []
-    for proc in ours:
+    for proc in listing.ours:
         label = leaders.get(proc.pid)
         leads = label is not None
         try:

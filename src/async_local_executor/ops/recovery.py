@@ -1,8 +1,14 @@
 """What a starting executor does before it launches anything: clean up after a crashed predecessor.
 
 Its journal names the processes it left running (see :mod:`~async_local_executor.ops.reclaim`), and its
-status file still claims a running executor. Both go before the new instance opens its own journal, so
-no try can run beside a survivor of its previous attempt. Nothing here knows Airflow.
+status file still claims a running executor. Both go before the new instance launches anything, so no
+try can run beside a survivor of its previous attempt. Nothing here knows Airflow.
+
+What a predecessor handed over (or left running, with handover on, when it crashed) is held instead:
+the new instance's journal is opened first, so that each held workload is recorded in it as a launch of
+its own before the dead journal goes (a crash of the new instance hands it on again), and its custody
+file (``<state_dir>/custody/<pid>-<start>.json``) names this process, which stops the workload's
+countdown. Custody files of workloads that no longer run and that no live executor answers for go.
 
 What is in the directory never makes this raise (a file it cannot read is skipped with a warning); the
 directory itself does, when another user could write into it or pick it (:func:`state_dir.secure`). It is
@@ -12,30 +18,72 @@ opened and checked once, and worked through that descriptor, not by resolving it
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
-from async_local_executor.ops import journal, state_dir, status
-from async_local_executor.ops.reclaim import reclaim
+from async_local_executor.ops import custody_dir, journal, state_dir, status
+from async_local_executor.ops.reclaim import Held, reclaim
+
+__all__ = ["Held", "Recovered", "reclaim_then_open"]
 
 log = logging.getLogger(__name__)
 
 
-def reclaim_then_open(directory: Path, *, owner: str) -> journal.LaunchJournal:
-    """Kill what dead executors left running, drop their status files, then open this one's journal.
+@dataclass(frozen=True)
+class Recovered:
+    """A starting executor's journal, and the workloads a stopped predecessor left it to adopt."""
+
+    journal: journal.LaunchJournal
+    held: list[Held]
+    """Recorded in :attr:`journal` as open launches; their custody files name this process."""
+    custody: Path
+    """The custody directory (``<state_dir>/custody``, 0700)."""
+
+
+def reclaim_then_open(directory: Path, *, owner: str) -> Recovered:
+    """Open this executor's journal, kill what dead executors left running and hold what they handed over.
+
+    Their journals and status files go; stale custody files too.
 
     :param owner: who holds the new journal, for the log lines of the executor that reclaims it
     :raises state_dir.UnsafeStateDir: ``directory`` is another user's, writable by other users, a
-        symbolic link, or was replaced while it was worked on
+        symbolic link, or was replaced while it was worked on (or its custody directory is not ours)
     """
     with state_dir.secure(directory) as folder:
-        _clean_up(folder)
-        # The journal and the status file are created by path: not where another directory now is.
+        # The journal, the custody directory and the status file are created by path: not where
+        # another directory now is.
         folder.check_named()
-        return journal.LaunchJournal.open(directory, owner=owner)
+        custody = custody_dir.ensure(folder)
+        launches = journal.LaunchJournal.open(directory, owner=owner)
+        try:
+            held = _clean_up(folder, launches, custody)
+        except BaseException:
+            launches.hand_on()  # what it holds already stays on record for the next start
+            raise
+        return Recovered(launches, held, custody)
 
 
-def _clean_up(folder: state_dir.StateDir) -> None:
-    survivors = reclaim(folder)
+def _clean_up(folder: state_dir.StateDir, launches: journal.LaunchJournal, custody: Path) -> list[Held]:
+    def take_over(held: list[Held]) -> None:
+        # Journalled first: once this process names itself, a crash of it must leave a record of them.
+        for each in held:
+            launches.hold(each)
+        for each in held:
+            try:
+                custody_dir.name_owner(custody, each.pid, each.start)
+            except OSError as exc:
+                log.warning(
+                    "cannot name this scheduler the owner of pid %d (%s) in %s: it kills itself %gs after "
+                    "its owner's death unless another does: %s",
+                    each.pid,
+                    each.key,
+                    custody,
+                    each.timeout,
+                    exc,
+                )
+
+    result = reclaim(folder, hold=take_over)
+    survivors = result.killed
     for survivor in survivors:
         log.warning(
             "killed pid %d (%s) left running by a stopped executor (%s): %s",
@@ -50,6 +98,17 @@ def _clean_up(folder: state_dir.StateDir) -> None:
             "task instances and retries decide what runs again",
             len(survivors),
         )
+    for one in result.held:
+        log.log(
+            logging.WARNING if one.crashed else logging.INFO,
+            "holding pid %d (%s), %s (%s), for its task instance's adoption",
+            one.pid,
+            one.key,
+            "left running by a crashed executor" if one.crashed else "handed over by a stopped executor",
+            one.owner,
+        )
+    for name in custody_dir.remove_stale(custody):
+        log.info("removed the custody files of %s, which no longer runs", name)
     for found in status.read_all(folder):
         if found.gone:  # a crashed scheduler's last word, and any write of it cut short
             name = found.path.name
@@ -61,3 +120,4 @@ def _clean_up(folder: state_dir.StateDir) -> None:
                     log.warning(
                         "cannot remove %s, a stopped executor's status file: %s", folder.shown(each), exc
                     )
+    return result.held

@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 import logging
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -251,10 +251,16 @@ class Containment:
             if write.required or target.exists():
                 target.write_text(write.value)
 
-    def reclaim(self, is_live: Callable[[str], bool]) -> list[Reclaimed]:
+    def reclaim(
+        self, is_live: Callable[[str], bool], *, spare: Collection[str] = frozenset()
+    ) -> list[Reclaimed]:
         """Kill and remove what dead instances under the same parents left; this instance is never touched.
 
         :param is_live: whether the instance of that name still runs (then its cgroups are left alone)
+        :param spare: workload cgroups of dead instances to leave as they are, processes and all (a
+            workload handed over to this instance): each a cgroup2 directory, or its path as
+            ``/proc/<pid>/cgroup`` shows it; one below a workload cgroup spares that one. Their instance's
+            directories stay too
         :returns: one entry per workload cgroup that had processes
         """
         if self.mode is Mode.NONE or self._parent is None:
@@ -262,6 +268,7 @@ class Containment:
         found: list[Reclaimed] = []
         parents = [self._parent, *dict.fromkeys(self._v1_parents.values())]
         verdicts: dict[str, bool] = {}
+        spared: dict[str, set[str]] = {}  # instance -> names of its workload cgroups spared (cgroup2 first)
         for parent in parents:
             for directory in subdirectories(parent):
                 instance = directory.name[len(PREFIX) :]
@@ -273,16 +280,26 @@ class Containment:
                     verdicts[instance] = _live(is_live, instance)
                 if verdicts[instance]:
                     continue
+                kept = spared.setdefault(instance, set())
                 try:
-                    found.extend(self._reclaim(instance, directory, v2=parent == self._parent))
+                    found.extend(self._reclaim(instance, directory, kept, spare, v2=parent == self._parent))
                 except OSError as exc:
                     log.warning("cannot reclaim cgroup %s: %s", directory, exc)
         return found
 
-    def _reclaim(self, instance: str, top: Path, *, v2: bool) -> list[Reclaimed]:
+    def _reclaim(
+        self, instance: str, top: Path, kept: set[str], spare: Collection[str], *, v2: bool
+    ) -> list[Reclaimed]:
         found: list[Reclaimed] = []
         for directory in subdirectories(top) if v2 else []:
             relative = cgroup_path(self._mount, self._mount_root, directory)
+            if _spared(spare, str(directory), relative):
+                log.info(
+                    "cgroup %s of a stopped executor is left as it is: its workload was handed over",
+                    directory,
+                )
+                kept.add(directory.name)
+                continue
             # Only its cgroup2 side is killed: a process in the v1 directories is in these too.
             cgroup = WorkloadCgroup(directory.name, directory, {}, Limits(), relative)
             try:
@@ -294,7 +311,13 @@ class Containment:
                         found.append(Reclaimed(instance, directory.name, killed))
             except OSError as exc:
                 log.warning("cannot kill what is left in cgroup %s: %s", directory, exc)
-        remove_tree(top)
+        if not kept:
+            remove_tree(top)
+            return found
+        # A spared workload's directories stay, in every hierarchy, and so does its instance's.
+        for directory in subdirectories(top):
+            if directory.name not in kept:
+                remove_tree(directory)
         return found
 
     def close(self) -> None:
@@ -308,6 +331,13 @@ class Containment:
                 remove_directory(top)
         except Exception:
             log.exception("cannot remove the cgroups of instance %s", self.instance)
+
+
+def _spared(spare: Collection[str], directory: str, relative: str) -> bool:
+    """Whether a workload cgroup, or one below it, is in ``spare`` (by its directory or its cgroup path)."""
+    return any(
+        each in (directory, relative) or each.startswith((f"{directory}/", f"{relative}/")) for each in spare
+    )
 
 
 def _live(is_live: Callable[[str], bool], instance: str) -> bool:
