@@ -19,7 +19,7 @@ from harness.sandbox import AirflowSandbox
 GUARD = 600.0
 DAGS = Path(__file__).with_name("dags")
 # Where the tasks of dags/ (switch.py, escapers.py) leave their marks and wait for their gate.
-TEST_DIR_ENVS = ("ALE_SWITCH_DIR", "ALE_ESCAPERS_DIR")
+TEST_DIR_ENVS = ("ALE_SWITCH_DIR", "ALE_ESCAPERS_DIR", "ALE_HANDOVER_DIR")
 SWITCH_TASKS = 4  # the switch DAG's mapped tasks (dags/switch.py)
 # A restarted scheduler resets a dead one's task instances within seconds, not minutes.
 QUICK_ORPHANS = {

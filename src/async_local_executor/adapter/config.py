@@ -25,6 +25,7 @@ __all__ = [
     "EventLoop",
     "ExecutorConfig",
     "LauncherKind",
+    "OnStop",
     "OptionDoc",
     "PreloadMode",
 ]
@@ -45,6 +46,11 @@ class PreloadMode(enum.Enum):
     AUTO = "auto"  # learn what tasks import, and preload what is safe of it (and preload_modules)
     EXPLICIT = "explicit"  # preload_modules only
     OFF = "off"  # nothing beyond what every task needs
+
+
+class OnStop(enum.Enum):
+    HANDOVER = "handover"  # running workloads live on for the next scheduler to adopt
+    TERMINATE = "terminate"  # end() waits shutdown_timeout, then terminates them
 
 
 class ContainmentKind(enum.Enum):
@@ -69,6 +75,7 @@ _THREAD_WAIT_MAX = math.floor((threading.TIMEOUT_MAX - SHUTDOWN_MARGIN) / 2)
 # an option takes less, its limit, with the unit and the reason an error gives.
 _FLOATS = (
     "shutdown_timeout",
+    "handover_timeout",
     "termination_grace_period",
     "forkserver_idle_timeout",
     "prefetch_multiplier",
@@ -87,6 +94,8 @@ _THREAD_LIMIT = (
 )
 _LIMITS: dict[str, tuple[float, str]] = {
     "shutdown_timeout": _THREAD_LIMIT,
+    # A workload's watchdog waits it out on a thread, and a record's age is compared with it.
+    "handover_timeout": (_THREAD_WAIT_MAX, "seconds: a workload waits it out on a thread"),
     "termination_grace_period": _THREAD_LIMIT,
     # Far beyond any host, but the guard counts bytes in a float (a round number under max / 1 MB).
     "min_available_memory_mb": (1e302, "MB: the memory guard counts it in bytes, and that must stay finite"),
@@ -207,6 +216,8 @@ def _boolean(conf: ConfSource, name: str) -> bool:
 @dataclass(frozen=True)
 class ExecutorConfig:
     shutdown_timeout: float = float(_DEFAULTS["shutdown_timeout"])
+    on_stop: OnStop = OnStop.HANDOVER
+    handover_timeout: float = float(_DEFAULTS["handover_timeout"])
     termination_grace_period: float = float(_DEFAULTS["termination_grace_period"])
     event_loop: EventLoop = EventLoop.AUTO
     launcher: LauncherKind = LauncherKind.FORKSERVER
@@ -236,6 +247,11 @@ class ExecutorConfig:
                 raise TypeError(f"[{SECTION}] {name} must be a number, got {value!r}")
             _check_range(name, float(value), value)
 
+    @property
+    def hands_over(self) -> bool:
+        """Whether a stop hands running workloads over (a timeout of 0 means they die with us)."""
+        return self.on_stop is OnStop.HANDOVER and self.handover_timeout > 0
+
     def prefetch(self, parallelism: int) -> int:
         """How many workloads beyond ``parallelism`` the executor accepts.
 
@@ -257,6 +273,8 @@ class ExecutorConfig:
         """
         return cls(
             shutdown_timeout=_float(conf, "shutdown_timeout"),
+            on_stop=_choice(conf, "on_stop", OnStop),
+            handover_timeout=_float(conf, "handover_timeout"),
             termination_grace_period=_float(conf, "termination_grace_period"),
             event_loop=_choice(conf, "event_loop", EventLoop),
             launcher=_choice(conf, "launcher", LauncherKind),

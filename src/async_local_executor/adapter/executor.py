@@ -21,8 +21,11 @@ import functools
 import itertools
 import logging
 import os
+import signal
 import sys
+import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from airflow.configuration import conf as airflow_conf
@@ -31,6 +34,7 @@ from airflow.models.taskinstancekey import TaskInstanceKey
 from airflow.utils.state import TaskInstanceState
 
 from async_local_executor.adapter import handover, startup
+from async_local_executor.adapter.adoption import Held, Holding, UnknownRecord, handover_info, key_of, launched_at
 from async_local_executor.adapter.cleared_exits import TI_GONE, ClearedExitGate
 from async_local_executor.adapter.compat import AIRFLOW_V3, client_timeout, execution_api_url, executor_conf
 from async_local_executor.adapter.config import SECTION, SHUTDOWN_MARGIN, ContainmentKind, ExecutorConfig
@@ -51,12 +55,15 @@ from async_local_executor.core.cgroups import Containment
 from async_local_executor.core.clock import SYSTEM, Clock
 from async_local_executor.core.errors import RuntimeNotRunning
 from async_local_executor.core.health import Health, Report
+from async_local_executor.core.launchers.adopted import AdoptedChild
 from async_local_executor.core.launchers.base import LaunchRequest
 from async_local_executor.core.outcome import Outcome, OutcomeKind
 from async_local_executor.core.prefetch import PrefetchBudget
 from async_local_executor.core.runtime import Runtime
 from async_local_executor.core.wiring import wire
-from async_local_executor.ops import journal, recovery, state_dir, status
+from async_local_executor.core.proc_identity import runs_as, start_ticks
+from async_local_executor.core.supervisor import Handover
+from async_local_executor.ops import custody_dir, journal, recovery, state_dir, status
 from async_local_executor.ops.instance_cgroups import open_containment
 
 if TYPE_CHECKING:
@@ -84,6 +91,25 @@ def _requeue_in_thread(keys: list[Any], job_id: int | str, scope: ExecutorScope)
             describe(key),
             executor,
         )
+
+
+def _a_task(ticket: object) -> bool:
+    """Only task workloads are handed over: Airflow adopts task instances, not callbacks or tests."""
+    return isinstance(ticket, Ticket) and isinstance(ticket.key, TaskInstanceKey)
+
+
+def _timeout_left(record: recovery.Held) -> float | None:
+    """What is left of a held workload's run-time limit, on the boot clock (no wall-clock step moves it)."""
+    left = record.info.get("timeout_left")
+    if not isinstance(left, (int, float)) or isinstance(left, bool):
+        return None
+    if record.crashed:
+        # Recorded at launch: what has run since is the time since then (a wall-clock reading, the
+        # only one a launch line and this process share).
+        since = time.time() - (launched_at(record.info) or record.at)
+    else:
+        since = time.clock_gettime(time.CLOCK_BOOTTIME) - record.boot
+    return max(0.001, float(left) - max(0.0, since))
 
 
 def _may_be_cleared_exit(key: object, event: Any) -> bool:
@@ -147,6 +173,8 @@ class AsyncLocalExecutor(BaseExecutor):
         self._containment: Containment | None = None
         self._metrics = Metrics()
         self._ignored_keys: set[str] = set()  # unknown executor_config keys already warned about
+        self._holding = Holding()  # workloads a stopped predecessor handed over (see adapter/adoption)
+        self._custody = ""  # the custody directory, where handed-over workloads and their owners meet
         self._cleared_exits = ClearedExitGate(
             restarting_task_instances, is_candidate=_may_be_cleared_exit, on_unreachable=self._requeue
         )
@@ -166,12 +194,14 @@ class AsyncLocalExecutor(BaseExecutor):
         self._task_log_folder = conf.get("logging", "base_log_folder", fallback="") or ""
         self._server = execution_api_url(conf)
         self._learn_dir = plan.learn_dir
+        self._custody = str(custody_dir.path(directory))
         self._argv = self._child_argv()
         team = f" [{self.team_name}]" if self.team_name else ""
         self._title_prefix = f"airflow worker -- AsyncLocalExecutor{team}:"
         # Before anything launches, so no try can run beside a survivor of its previous attempt.
         owner = f"scheduler pid {os.getpid()}" + (f" team {self.team_name}" if self.team_name else "")
-        self._journal = launches = recovery.reclaim_then_open(directory, owner=owner)
+        recovered = recovery.reclaim_then_open(directory, owner=owner)
+        self._journal = launches = recovered.journal
         if plan.learn_dir:  # in the state directory, which the journal has just made sure is ours alone
             os.makedirs(plan.learn_dir, mode=0o700, exist_ok=True)
         self._containment = containment = open_containment(
@@ -180,6 +210,8 @@ class AsyncLocalExecutor(BaseExecutor):
             root=config.cgroup_root,
             limits=config.limits,
             journals=launches.directory,
+            # What a stopped predecessor handed over runs on in its cgroups until it is adopted.
+            spare=frozenset(held.cgroup for held in recovered.held if held.cgroup),
         )
         # [workers] is not a team's section: the deployment's own configuration holds it.
         timeout = client_timeout(airflow_conf, os.environ)
@@ -206,7 +238,14 @@ class AsyncLocalExecutor(BaseExecutor):
         )
         wired = wire(
             plan,
-            listener=journal.RecordingListener(self._mailbox, launches, describe),
+            listener=journal.RecordingListener(
+                self._mailbox,
+                launches,
+                describe,
+                # Recorded with each launch, so a crash hands over too: a successor finds what it ran.
+                handover_timeout=config.handover_timeout if config.hands_over else 0.0,
+                info=self._crash_info if config.hands_over else None,
+            ),
             output=self._output,
             env={**launches.child_env(os.environ), **client_env},
             on_report=self._on_report,
@@ -218,6 +257,7 @@ class AsyncLocalExecutor(BaseExecutor):
         self._diagnostics.thresholds = wired.thresholds
         self._runtime = wired.runtime
         self._runtime.start()
+        self._hold(recovered.held)
         self.log.info(
             "AsyncLocalExecutor started: parallelism=%d, prefetch=%d, queue limits=%s, memory floor=%g MB, "
             "launcher=%s, event loop=%s",
@@ -232,7 +272,81 @@ class AsyncLocalExecutor(BaseExecutor):
     def _child_argv(self) -> tuple[str, ...]:
         """The command that runs one workload; it reads the workload (or Airflow 2 command) from stdin."""
         path0 = sys.path[0] if sys.path else None
-        return handover.entry_argv(os.getpid(), self._config.workload_cpu_priority, self._learn_dir, path0)
+        config = self._config
+        return handover.entry_argv(
+            os.getpid(),
+            config.workload_cpu_priority,
+            self._learn_dir,
+            path0,
+            handover_timeout=config.handover_timeout if config.hands_over else 0.0,
+            custody_dir=self._custody if config.hands_over else "",
+        )
+
+    def _crash_info(self, ticket: object) -> dict[str, object] | None:
+        """What a launch records for a successor that adopts it after a crash; None: not a task."""
+        if not _a_task(ticket):
+            return None
+        key = cast("TaskInstanceKey", cast("Ticket", ticket).key)
+        submission = self._submissions.get(key)
+        info = handover_info(key, submission.ti_id if submission else None, self.clock.time())
+        info["timeout_left"] = submission.timeout if submission else None
+        return info
+
+    def _hold(self, records: Sequence[recovery.Held]) -> None:
+        """Supervise what a stopped predecessor handed over, until Airflow offers its task instances.
+
+        Each counts against parallelism from now on (the scheduler's count of running task instances
+        already holds it), and its end waits for its task instance to be offered (adapter/adoption).
+        """
+        runtime = self._runtime
+        assert runtime is not None
+        custody = Path(self._custody)
+        for record in records:
+            try:
+                key = key_of(record.info)
+            except UnknownRecord as exc:
+                log.warning(
+                    "workload pid %d, handed over by %s, names no task instance this version reads (%s): "
+                    "it is stopped, and the scheduler resets its task instance",
+                    record.pid,
+                    record.owner,
+                    exc,
+                )
+                if runs_as(record.pid, record.start):
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(record.pid, signal.SIGKILL)  # it leads its group; its watchdog dies too
+                continue
+            label = describe(key)
+            ticket = Ticket(key, next(self._serials))
+            self._submissions[key] = Submission(
+                ticket,
+                None,
+                TaskInstanceState.SUCCESS,
+                TaskInstanceState.FAILED,
+                label,
+                accepted=self.clock.time(),
+                ti_id=cast("str | None", record.info.get("ti_id")),
+            )
+            self._holding.hold(Held(key, record.pid, label))
+            runtime.adopt(*self._adoption(record, ticket, custody, _timeout_left(record)))
+        if records:
+            log.info(
+                "holding %d running workload(s) a stopped scheduler handed over (%s); each is adopted when "
+                "the scheduler offers its task instance",
+                len(records),
+                ", ".join(f"pid {r.pid}" for r in records[:10]) + (" ..." if len(records) > 10 else ""),
+            )
+
+    def _adoption(
+        self, record: recovery.Held, key: object, custody: Path, timeout: float | None
+    ) -> tuple[LaunchRequest, Any, float, str | None]:
+        read = functools.partial(custody_dir.read_exit, custody, record.pid, record.start)
+        cgroup = Path(record.cgroup) if record.cgroup else None
+        take = functools.partial(AdoptedChild.take, record.pid, record.start, read, cgroup)
+        request = LaunchRequest(
+            key=key, argv=("adopted",), label=f"pid {record.pid}", timeout=timeout
+        )
+        return request, take, launched_at(record.info) or record.at, record.cgroup
 
     def _fork_target(self) -> str:
         """What a fork-server child runs: ``module:function`` taking ``(argv, stdin_bytes)``."""
@@ -328,6 +442,8 @@ class AsyncLocalExecutor(BaseExecutor):
             handed.label,
             handed.log_path,
             self.clock.time(),
+            handed.ti_id,
+            checked.timeout,
         )
         return LaunchRequest(
             key=ticket,
@@ -444,14 +560,25 @@ class AsyncLocalExecutor(BaseExecutor):
                 log.info("revoked workload %s ended: %s", describe(ticket), event.reason or "exit 0")
             return ended
         if isinstance(event, Started):
-            self._metrics.launch_latency(event.at - submission.accepted)
+            if not self._holding.is_held(key):
+                self._metrics.launch_latency(event.at - submission.accepted)
             if submission.running is not None:
                 self.change_state(key, submission.running, remove_running=False)
             return ended
-        self._finish(key, submission, event, tail)
-        del self._submissions[key]  # after its final event: until then, a failure here still gives one
-        self._metrics.final_event(event)
+        if self._holding.is_held(key):
+            # Airflow has not offered its task instance yet: the end waits for that (adapter/adoption).
+            self._holding.keep_end(cast("TaskInstanceKey", key), event)
+            return ended
+        self._deliver(key, submission, event, tail)
         return ended
+
+    def _deliver(
+        self, key: WorkloadKey, submission: Submission, outcome: Outcome, tail: Sequence[str]
+    ) -> None:
+        self._finish(key, submission, outcome, tail)
+        del self._submissions[key]  # after its final event: until then, a failure here still gives one
+        self._holding.forget(key)
+        self._metrics.final_event(outcome)
 
     def _finish(
         self, key: WorkloadKey, submission: Submission, outcome: Outcome, tail: Sequence[str]
@@ -610,8 +737,101 @@ class AsyncLocalExecutor(BaseExecutor):
         except RuntimeNotRunning:
             self.log.exception("cannot stop revoked workload %s", submission.label)
 
+    def try_adopt_task_instances(self, tis: Sequence[TaskInstance]) -> Sequence[TaskInstance]:
+        """Adopt the task instances whose workloads a stopped scheduler handed over to this one.
+
+        Airflow offers the task instances a dead scheduler job left queued or running; those whose
+        workload this executor holds (still running as recorded, see adapter/adoption) are adopted,
+        the rest are returned for the scheduler to reset, as every executor that adopts nothing does.
+        """
+        refused: list[TaskInstance] = []
+        adopted = 0
+        for ti in tis:
+            held = self._holding.claim(ti.key)
+            if held is None:
+                refused.append(ti)
+                continue
+            adopted += 1
+            self.running.add(ti.key)
+            submission = self._submissions.get(ti.key)
+            if held.ended is not None and submission is not None:
+                self._deliver(ti.key, submission, held.ended, ())
+        if tis:
+            log.info(
+                "adopted %d task instance(s) whose workloads a stopped scheduler handed over; %d others "
+                "are left for the scheduler to reset",
+                adopted,
+                len(refused),
+            )
+        return refused
+
     def end(self) -> None:
-        self._shutdown(wait=self._config.shutdown_timeout)
+        if self._config.hands_over:
+            self._hand_over()
+        else:
+            self._shutdown(wait=self._config.shutdown_timeout)
+
+    def _hand_over(self) -> None:
+        """Stop, letting running task workloads live on for the next scheduler to adopt."""
+        runtime = self._runtime
+        if runtime is None:
+            return
+        config = self._config
+        self.log.info(
+            "stopping: %d running workload(s) are handed over to the next scheduler on this host "
+            "(on_stop = handover, handover_timeout = %.0fs); the others stop as at a shutdown",
+            len(self.running),
+            config.handover_timeout,
+        )
+        handovers = runtime.release(
+            config.shutdown_timeout,
+            timeout=config.shutdown_timeout + config.termination_grace_period + SHUTDOWN_MARGIN,
+            which=_a_task,
+        )
+        self._runtime = None
+        self._stopped = True
+        self.sync()  # the final events of what was stopped rather than handed over
+        recorded = self._record(handovers)
+        self.log.info(
+            "handed over %d running task workload(s); each kills itself (and what it started) if no "
+            "scheduler adopts it within %.0fs",
+            recorded,
+            config.handover_timeout,
+        )
+        writer, self._status = self._status, None
+        if writer is not None:
+            writer.remove()
+        launches, self._journal = self._journal, None
+        if launches is not None:
+            if recorded or runtime.alive or runtime.failure is not None:
+                # Unlocked, not removed: the next executor's reclaim finds what was handed over in it.
+                launches.hand_on()
+            else:
+                launches.close()
+        containment, self._containment = self._containment, None
+        if containment is not None:
+            containment.close()  # populated cgroups (the handed-over workloads') stay
+
+    def _record(self, handovers: Sequence[Handover]) -> int:
+        """Journal each handed-over workload and mark it handed over in its custody file."""
+        launches = self._journal
+        if launches is None:
+            return 0
+        custody = Path(self._custody)
+        me, my_start = os.getpid(), start_ticks(os.getpid()) or 0
+        recorded = 0
+        for handover_ in handovers:
+            key = cast("WorkloadKey", cast("Ticket", handover_.key).key)
+            submission = self._submissions.get(key)
+            start = start_ticks(handover_.pid)
+            if not isinstance(key, TaskInstanceKey) or submission is None or start is None:
+                continue  # ended meanwhile: its task reported its own end, or the next scheduler resets it
+            info = handover_info(key, submission.ti_id, handover_.launched)
+            info["timeout_left"] = handover_.timeout
+            launches.handed_over(handover_.pid, info, handover_.cgroup, self._config.handover_timeout)
+            custody_dir.name_owner(custody, handover_.pid, start, me, my_start)
+            recorded += 1
+        return recorded
 
     def terminate(self) -> None:
         self._shutdown(wait=0.0)

@@ -52,11 +52,26 @@ class Handed:
     failure: WorkloadState
     log_path: str | None
     checked: validation.Checked | str
+    ti_id: str | None = None  # Airflow 3: the task instance's id, recorded if the workload is handed over
 
 
-def entry_argv(parent_pid: int, cpu_priority: str, learn_dir: str, path0: str | None) -> tuple[str, ...]:
-    """The command that runs one workload; it reads the workload (or Airflow 2 command) from stdin."""
-    flags = entry.argv_flags(parent_pid, cpu_priority, learn_dir, path0)
+def entry_argv(
+    parent_pid: int,
+    cpu_priority: str,
+    learn_dir: str,
+    path0: str | None,
+    *,
+    handover_timeout: float = 0.0,
+    custody_dir: str = "",
+) -> tuple[str, ...]:
+    """The command that runs one workload; it reads the workload (or Airflow 2 command) from stdin.
+
+    :param handover_timeout: how long it outlives a stopped executor waiting for adoption; 0 = not at all
+    :param custody_dir: where it learns who owns it, and records its exit status once handed over
+    """
+    flags = entry.argv_flags(
+        parent_pid, cpu_priority, learn_dir, path0, handover_timeout=handover_timeout, custody_dir=custody_dir
+    )
     return (sys.executable, "-m", ENTRY_MODULE, *flags)
 
 
@@ -95,8 +110,17 @@ def from_workload(
         server=server,
         prefix=prefix,
     )
+    ti = getattr(workload, "ti", None)
+    ti_id = getattr(ti, "id", None)
     return Handed(
-        key, label, workload.running_state, workload.success_state, workload.failure_state, log_path, checked
+        key,
+        label,
+        workload.running_state,
+        workload.success_state,
+        workload.failure_state,
+        log_path,
+        checked,
+        str(ti_id) if ti_id is not None else None,
     )
 
 

@@ -30,8 +30,28 @@ OPTIONS: tuple[OptionDoc, ...] = (
         "float",
         "60",
         "120",
-        "Seconds end() (scheduler shutdown on SIGTERM/SIGINT) waits for running workloads to finish "
-        "before terminating them.",
+        "With on_stop = terminate: seconds end() (scheduler shutdown on SIGTERM/SIGINT) waits for "
+        "running workloads to finish before terminating them. With on_stop = handover: how long it "
+        "waits for the workloads it cannot hand over (being stopped, or on a kernel without pidfd).",
+    ),
+    OptionDoc(
+        "on_stop",
+        "string",
+        "handover",
+        "terminate",
+        "What a scheduler stop (SIGTERM/SIGINT) does to running tasks. handover: they run on, recorded "
+        "for the next scheduler on this host, which adopts them (and reports their end); end() returns "
+        "within seconds. terminate: end() waits shutdown_timeout for them, then terminates them, and "
+        "the next scheduler resets their task instances.",
+    ),
+    OptionDoc(
+        "handover_timeout",
+        "float",
+        "300",
+        "900",
+        "Seconds a running task waits, after its scheduler stopped or died, for another scheduler on "
+        "this host to adopt it; past that it kills itself and everything it started. 0: a task dies "
+        "with its scheduler at once, and on_stop = handover acts as terminate.",
     ),
     OptionDoc(
         "termination_grace_period",

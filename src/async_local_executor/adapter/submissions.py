@@ -49,6 +49,8 @@ class Submission:
     label: str
     log_path: str | None = None  # the task's log file, relative to [logging] base_log_folder
     accepted: float = 0.0  # wall clock, when the scheduler handed it over
+    ti_id: str | None = None  # Airflow 3: its task instance's id, recorded if it is handed over
+    timeout: float | None = None  # its run-time limit, recorded for a successor that adopts it
 
 
 class Mailbox:
