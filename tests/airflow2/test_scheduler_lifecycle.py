@@ -74,6 +74,7 @@ def _launched(sandbox: Airflow2Sandbox) -> list[int]:
 
 def test_sigterm_stops_the_scheduler_within_its_bound_leaving_nothing(make: Make) -> None:
     sandbox = make(
+        AIRFLOW__ASYNC_LOCAL_EXECUTOR__ON_STOP="terminate",  # the stop this test checks is the terminating one
         AIRFLOW__ASYNC_LOCAL_EXECUTOR__SHUTDOWN_TIMEOUT="2",
         AIRFLOW__ASYNC_LOCAL_EXECUTOR__TERMINATION_GRACE_PERIOD="2",
     )
@@ -103,6 +104,7 @@ def test_sigterm_stops_the_scheduler_within_its_bound_leaving_nothing(make: Make
 
 def test_nothing_outlives_a_killed_scheduler_and_a_restart_finishes(make: Make) -> None:
     sandbox = make(
+        AIRFLOW__ASYNC_LOCAL_EXECUTOR__HANDOVER_TIMEOUT="0",  # tasks die with the scheduler, as checked here
         AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD="10",
         AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL="5",
         AIRFLOW__SCHEDULER__SCHEDULER_ZOMBIE_TASK_THRESHOLD="20",

@@ -25,7 +25,8 @@ from tests.e2e.helpers import QUICK_ORPHANS, poll
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(not cgroups.usable(), reason="this host does not let the sandbox make cgroups"),
-    pytest.mark.sandbox(config=QUICK_ORPHANS),
+    # handover_timeout = 0: a crash leaves only what escaped the parent-death chain, for the reclaim.
+    pytest.mark.sandbox(config={**QUICK_ORPHANS, "AIRFLOW__ASYNC_LOCAL_EXECUTOR__HANDOVER_TIMEOUT": "0"}),
 ]
 ORPHAN_DEADLINE = 10.0
 

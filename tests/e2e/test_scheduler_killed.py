@@ -18,7 +18,11 @@ from harness.sandbox import AirflowSandbox
 from tests.core.helpers import alive
 from tests.e2e.helpers import QUICK_ORPHANS, cmdline, poll
 
-pytestmark = [pytest.mark.e2e, pytest.mark.sandbox(config=QUICK_ORPHANS)]
+# handover_timeout = 0: tasks die with their scheduler (the default's crash is tests/e2e/test_handover.py's).
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.sandbox(config={**QUICK_ORPHANS, "AIRFLOW__ASYNC_LOCAL_EXECUTOR__HANDOVER_TIMEOUT": "0"}),
+]
 
 # The issue this guards against: upstream #23520, a task that outlives a killed scheduler and runs
 # beside its own retry after the restart.

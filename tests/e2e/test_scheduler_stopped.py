@@ -27,6 +27,8 @@ pytestmark = [
     pytest.mark.e2e,
     pytest.mark.sandbox(
         config={
+            # The stop that terminates (on_stop = handover's is tests/e2e/test_handover.py's).
+            "AIRFLOW__ASYNC_LOCAL_EXECUTOR__ON_STOP": "terminate",
             "AIRFLOW__ASYNC_LOCAL_EXECUTOR__SHUTDOWN_TIMEOUT": str(SHUTDOWN_TIMEOUT),
             "AIRFLOW__ASYNC_LOCAL_EXECUTOR__TERMINATION_GRACE_PERIOD": str(GRACE),
         }

@@ -305,7 +305,9 @@ class Supervisor:
         except Released:
             # Handed over alive (release() moved it to RELEASED): nothing to report, nothing to kill.
             if workload.lifecycle.phase is not Phase.RELEASED:
-                log.error("workload %s was let go without a handover; it runs on unsupervised", workload.label)
+                log.error(
+                    "workload %s was let go without a handover; it runs on unsupervised", workload.label
+                )
         except Exception as exc:
             # A bug of ours or the launcher's must still end in a final event, not in silence.
             log.exception("supervising workload %s failed", workload.label)
