@@ -71,6 +71,13 @@ class Child(Protocol):
     def pid(self) -> int: ...
 
     @property
+    def releasable(self) -> bool:
+        """Whether :meth:`release` hands it over alive. False where it is watched through something that
+        kills it when closed (the event loop's subprocess transport, on a kernel without pidfds): then
+        :meth:`release` does nothing, and the supervisor terminates it instead of handing it over."""
+        ...
+
+    @property
     def cgroup(self) -> WorkloadCgroup | None:
         """The cgroup that holds every process of the workload, for a contained one; None otherwise."""
         ...
@@ -87,11 +94,28 @@ class Child(Protocol):
         The status follows :attr:`subprocess.Popen.returncode`: negative ``-N`` means killed by signal N.
 
         :raises ~async_local_executor.core.errors.ChildLost: when the exit happened but its status is lost
+        :raises ~async_local_executor.core.errors.Released: when it was released (see :meth:`release`)
         """
         ...
 
     def signal(self, sig: int) -> None:
-        """Send ``sig`` to the whole process group; a group that is already gone is not an error."""
+        """Send ``sig`` to the whole process group; a group that is already gone is not an error.
+
+        Nothing, once it has been released."""
+        ...
+
+    def release(self) -> None:
+        """Stop supervising it, without touching it: it runs on, for whoever adopts it.
+
+        From then on nothing is signalled to it (nor to its group or cgroup, nor to what it left there),
+        and the fds held for it (its output pipe, its stdin pipe, its pidfd) are closed: its output goes
+        nowhere of ours, and its exit status is not ours to read. A :meth:`wait` pending or to come
+        raises :class:`~async_local_executor.core.errors.Released` (a pending one promptly), unless it
+        already has the exit status (a contained child settling its cgroup): then it returns it. Safe
+        before :meth:`wait` was ever awaited, and while another task awaits it; after :meth:`wait` has
+        returned it does nothing. A child already exited when released is reaped: it has nothing left to
+        hand over. Loop thread only; does nothing where :attr:`releasable` is False.
+        """
         ...
 
 

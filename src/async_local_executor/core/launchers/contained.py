@@ -4,7 +4,9 @@ The workload's process joins its cgroup before it gets its payload (see ``Launch
 so everything the task starts is born inside and stays there whatever it does (``setsid``, ``env -i``,
 a double fork, another uid). Stopping a workload signals the whole cgroup; when its main process has
 exited, what it left behind is killed (unless ``kill_leftovers`` is off) and the cgroup removed, and what
-the cgroup used and whether the kernel OOM-killed anything in it goes into the outcome.
+the cgroup used and whether the kernel OOM-killed anything in it goes into the outcome. A workload
+released alive keeps its cgroup, untouched: it belongs to whoever adopts the workload (its path is
+``child.cgroup.path``).
 """
 
 from __future__ import annotations
@@ -109,11 +111,16 @@ class ContainedChild:
         self._cgroup = cgroup
         self._kill_leftovers = kill_leftovers
         self._killed = False
+        self._released = False
         self._cleanup: Cleanup | None = None
 
     @property
     def cgroup(self) -> WorkloadCgroup:
         return self._cgroup
+
+    @property
+    def releasable(self) -> bool:
+        return self._child.releasable
 
     @property
     def cleanup(self) -> Cleanup | None:
@@ -124,6 +131,8 @@ class ContainedChild:
         return self._child.pid
 
     def signal(self, sig: int) -> None:
+        if self._released:
+            return  # handed over: its cgroup and what is in it are its adopter's now
         # The whole cgroup, whatever session or group its members put themselves in. cgroupfs files are
         # kernel memory: reading cgroup.procs does not block the loop the way disk I/O would.
         try:
@@ -141,13 +150,21 @@ class ContainedChild:
         except OSError:
             self._child.signal(sig)  # the cgroup refused: its process group still gets it
 
+    def release(self) -> None:
+        if not self._child.releasable:
+            return  # it stays supervised, and its cgroup settled as ever
+        self._released = True
+        self._child.release()
+
     async def wait(self) -> int:
         try:
             return await self._child.wait()
         finally:
-            # Shielded: a cancelled wait must still not leave the workload's processes behind.
-            with anyio.CancelScope(shield=True):
-                self._cleanup = await anyio.to_thread.run_sync(self._settle)
+            # Released: nothing in its cgroup is killed, and the cgroup stays, with the workload in it.
+            if not self._released:
+                # Shielded: a cancelled wait must still not leave the workload's processes behind.
+                with anyio.CancelScope(shield=True):
+                    self._cleanup = await anyio.to_thread.run_sync(self._settle)
 
     def _settle(self) -> Cleanup:
         """Worker thread: read what the cgroup used, kill what is left in it, remove it."""
