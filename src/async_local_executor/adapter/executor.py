@@ -328,7 +328,7 @@ class AsyncLocalExecutor(BaseExecutor):
                 ti_id=cast("str | None", record.info.get("ti_id")),
             )
             self._holding.hold(Held(key, record.pid, label))
-            runtime.adopt(*self._adoption(record, ticket, custody, _timeout_left(record)))
+            runtime.adopt(*self._adoption(record, ticket, label, custody, _timeout_left(record)))
         if records:
             log.info(
                 "holding %d running workload(s) a stopped scheduler handed over (%s); each is adopted when "
@@ -338,14 +338,12 @@ class AsyncLocalExecutor(BaseExecutor):
             )
 
     def _adoption(
-        self, record: recovery.Held, key: object, custody: Path, timeout: float | None
+        self, record: recovery.Held, key: object, label: str, custody: Path, timeout: float | None
     ) -> tuple[LaunchRequest, Any, float, str | None]:
         read = functools.partial(custody_dir.read_exit, custody, record.pid, record.start)
         cgroup = Path(record.cgroup) if record.cgroup else None
         take = functools.partial(AdoptedChild.take, record.pid, record.start, read, cgroup)
-        request = LaunchRequest(
-            key=key, argv=("adopted",), label=f"pid {record.pid}", timeout=timeout
-        )
+        request = LaunchRequest(key=key, argv=("adopted",), label=label, timeout=timeout)
         return request, take, launched_at(record.info) or record.at, record.cgroup
 
     def _fork_target(self) -> str:

@@ -25,6 +25,7 @@ class RunningWorkload:
     launched: float  # wall clock
     group: str
     cgroup: WorkloadCgroup | None = None  # where its memory and CPU are accounted, when contained
+    adopted: bool = False  # launched by a stopped predecessor, handed over to this supervisor
 
 
 @dataclass(frozen=True)

@@ -144,7 +144,14 @@ class Supervisor:
             child, launched = workload.child, workload.launched
             if child is not None and launched is not None:
                 running.append(
-                    RunningWorkload(workload.label, child.pid, launched, workload.request.group, child.cgroup)
+                    RunningWorkload(
+                        workload.label,
+                        child.pid,
+                        launched,
+                        workload.request.group,
+                        child.cgroup,
+                        adopted=workload.take is not None,
+                    )
                 )
             elif not workload.lifecycle.finished:
                 waiting += 1

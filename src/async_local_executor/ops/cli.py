@@ -110,7 +110,7 @@ def render(found: list[Found], directory: Path) -> Group | Text:
             table.add_column(column, justify="right" if column != "key" else "left")
         for w in running:
             table.add_row(
-                str(w.get("key")),
+                str(w.get("key")) + (" (adopted)" if w.get("adopted") else ""),
                 str(w.get("pid")),
                 str(w.get("queue") or "-"),
                 _number(w.get("age_s"), "{:.0f}"),

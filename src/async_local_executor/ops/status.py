@@ -180,6 +180,7 @@ def document(
             "pid": workload.pid,
             "queue": workload.group,
             "age_s": round(now - workload.launched, 1),
+            **({"adopted": True} if workload.adopted else {}),
             **_numbers(workload, rss),
         }
         for workload in sorted(state.running, key=lambda w: w.launched)

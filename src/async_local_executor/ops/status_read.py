@@ -221,6 +221,7 @@ NUMBER = _scalar(_finite, "not a finite number")
 INTEGER = _scalar(lambda v: type(v) is int, "not an integer")
 COUNT = _scalar(lambda v: type(v) is int and v >= 0, "not a count")
 PID = _scalar(lambda v: type(v) is int and v > 0, "not a pid")
+BOOL = _scalar(lambda v: type(v) is bool, "not true or false")
 TEXT = _scalar(lambda v: isinstance(v, str), "not a string")
 FLAG = _scalar(lambda v: isinstance(v, bool), "not true or false")
 SAMPLE = _scalar(lambda v: isinstance(v, list) and len(v) == 3 and all(map(_finite, v)), "not 3 numbers")
@@ -316,6 +317,7 @@ _RUNNING = _record(
         "peak_mb": _maybe(NUMBER),
         "cpu_s": _maybe(NUMBER),
         "memory_from": _maybe(TEXT),
+        "adopted": _maybe(BOOL),
     },
     required=("key", "pid"),
 )

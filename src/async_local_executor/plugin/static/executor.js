@@ -170,7 +170,7 @@ function drawExecutor(data, now) {
     body.replaceChildren(
       ...running.map((w) =>
         row(
-          [w.task, w.try ?? "-", w.pid, number(w.age_s), number(w.memory_mb ?? w.rss_mb, 1), number(w.peak_mb, 1), number(w.cpu_s, 1)],
+          [w.adopted ? `${w.task} (adopted)` : w.task, w.try ?? "-", w.pid, number(w.age_s), number(w.memory_mb ?? w.rss_mb, 1), number(w.peak_mb, 1), number(w.cpu_s, 1)],
           numbers,
         ),
       ),
