@@ -31,6 +31,7 @@ ALLOWED = {
     (Phase.LAUNCHING, Step.ABANDON): Phase.FINISHED,
     (Phase.RUNNING, Step.ABANDON): Phase.FINISHED,
     (Phase.TERMINATING, Step.ABANDON): Phase.FINISHED,
+    (Phase.RUNNING, Step.RELEASE): Phase.RELEASED,
 }
 
 # A legal way into each phase, so every pair can also be tried on a real Lifecycle.
@@ -40,6 +41,7 @@ REACH = {
     Phase.RUNNING: (Step.ADMIT, Step.LAUNCHED),
     Phase.TERMINATING: (Step.ADMIT, Step.LAUNCHED, Step.TERMINATE),
     Phase.FINISHED: (Step.DROP,),
+    Phase.RELEASED: (Step.ADMIT, Step.LAUNCHED, Step.RELEASE),
 }
 
 
@@ -73,6 +75,7 @@ def test_every_phase_and_step(phase: Phase, step: Step) -> None:
         ((Step.DROP,), Phase.FINISHED),
         ((Step.ADMIT, Step.LAUNCHED, Step.TERMINATE), Phase.TERMINATING),
         ((Step.ADMIT, Step.LAUNCHED, Step.ABANDON), Phase.FINISHED),
+        ((Step.ADMIT, Step.LAUNCHED, Step.RELEASE), Phase.RELEASED),
     ],
 )
 def test_legal_paths(steps: tuple[Step, ...], end: Phase) -> None:
@@ -94,9 +97,20 @@ def test_the_phase_cannot_be_set_around_the_table() -> None:
     assert life.phase is Phase.QUEUED
 
 
+@pytest.mark.parametrize("step", list(Step))
+def test_released_is_final_and_not_finished_by_an_internal_error(step: Step) -> None:
+    # A released workload's final event is its adopter's: nothing here may give it one, a bug included.
+    life = walk(Step.ADMIT, Step.LAUNCHED, Step.RELEASE)
+    assert life.finished
+    with pytest.raises(InvalidTransition):
+        life.advance(step)
+    assert life.phase is Phase.RELEASED
+
+
 def test_every_phase_but_finished_can_reach_finished() -> None:
-    # Breadth-first over the table: a phase with no path to FINISHED would strand its workloads.
-    for start in Phase:
+    # Breadth-first over the table: a phase with no path to FINISHED would strand its workloads; a
+    # released one is no longer this supervisor's to finish.
+    for start in set(Phase) - {Phase.RELEASED}:
         seen, frontier = {start}, [start]
         while frontier:
             frontier = [nxt for (src, _), nxt in TRANSITIONS.items() if src in frontier and nxt not in seen]

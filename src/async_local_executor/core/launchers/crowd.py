@@ -213,8 +213,16 @@ class CrowdChild:
     def cleanup(self) -> Cleanup | None:
         return self._child.cleanup
 
+    @property
+    def releasable(self) -> bool:
+        return self._child.releasable
+
     def signal(self, sig: int) -> None:
         self._child.signal(sig)
+
+    def release(self) -> None:
+        # wait() then raises Released, and its finally still tells the crowd this one is gone.
+        self._child.release()
 
     async def wait(self) -> int:
         try:
