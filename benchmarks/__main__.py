@@ -39,6 +39,14 @@ KEY_FIGURES = {
         "crowd_running_at_long_cpu_start",
         "makespan_s",
     ),
+    "restart": (
+        "old_scheduler_exit_s",
+        "tasks_succeeded",
+        "tasks_rerun",
+        "tasks_ran_twice_at_once",
+        "executions_killed",
+        "makespan_s",
+    ),
 }
 NOTES_BEGIN, NOTES_END = "<!-- observations -->", "<!-- /observations -->"
 
@@ -163,7 +171,13 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"no records in {out}")
     else:
         variants = _variants(args.variants)
-        cases = runner.select_cases(args.profile, [s.strip() for s in args.scenarios.split(",") if s.strip()])
+        names = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+        cases = runner.select_cases(args.profile, names)
+        for name in names:
+            if not runner.SCENARIOS[name](args.profile):
+                console.print(f"  {name}: no case in profile [b]{args.profile}[/b]")
+        if not cases:
+            raise SystemExit(f"nothing to run: no case of {', '.join(names)} in profile {args.profile}")
         if wanted := {c.strip() for c in args.cases.split(",") if c.strip()}:
             unknown = wanted - {case.name for case in cases}
             if unknown:

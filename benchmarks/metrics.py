@@ -282,6 +282,60 @@ METRICS: Final[dict[str, dict[str, Metric]]] = {
         **_LOOP,
         **_CPU,
     },
+    "restart": {
+        "run_state": _RUN_STATE,
+        "old_scheduler_exit_s": Metric(
+            "s",
+            "none",
+            "the signal to the old scheduler's exit (empty if it had to be SIGKILLed after exit_timeout): "
+            "how long a stop takes, which is also how long no scheduler runs",
+        ),
+        "old_scheduler_exit_code": Metric(
+            "", "none", "the old scheduler's exit status (-9: killed by SIGKILL, 0: a clean stop)"
+        ),
+        "tasks_succeeded": Metric("", "higher", "task instances in success at the end (final states)"),
+        "tasks_failed": Metric(
+            "", "lower", "task instances in failed, up_for_retry or upstream_failed at the end"
+        ),
+        "tasks_rerun": Metric(
+            "",
+            "lower",
+            "task instances whose final try_number is above 1: they ran again after the restart",
+        ),
+        "executions": Metric(
+            "", "lower", "executions the tasks recorded (one per task process that started the task's code)"
+        ),
+        "executions_killed": Metric(
+            "",
+            "lower",
+            "executions that started and never recorded an end: killed part-way (by a stop, a kill, or "
+            "Airflow once their try was reset)",
+        ),
+        "tasks_ran_twice_at_once": Metric(
+            "",
+            "lower",
+            "task instances with two executions running at the same time (from the executions' files and "
+            "the benchmark's watch of their processes): a try that went on running after its scheduler "
+            "died while the next scheduler ran the task instance again",
+        ),
+        "ran_twice_overlap_max_s": Metric(
+            "s", "lower", "the longest time two executions of one task instance ran at the same time"
+        ),
+        "executions_running_at_signal": Metric(
+            "", "none", "executions running when the signal was sent (every task, once all have started)"
+        ),
+        "executions_alive_at_run_end": Metric(
+            "",
+            "lower",
+            "executions whose process still ran when the DAG run ended (orphans; the teardown kills them)",
+        ),
+        "restart_to_run_end_s": Metric("s", "lower", "the new scheduler's start to the DAG run's end"),
+        "makespan_s": Metric(
+            "s",
+            "lower",
+            "the first task's start (its execution's file) to the DAG run's end (dag_run.end_date)",
+        ),
+    },
 }
 
 

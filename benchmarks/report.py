@@ -7,7 +7,7 @@ import re
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from rich.table import Table
 
@@ -28,6 +28,7 @@ IMPORTS_FIGURES = (
 STARVATION_CHART = "starvation.png"
 # The timeline's rows, top to bottom: the crowd's span, then each CPU task.
 STARVATION_ROWS = ("crowd", "long_cpu", "cpu_a", "cpu_b")
+RESTART_CHART = "restart.png"
 
 
 def fmt(value: float | None) -> str:
@@ -249,6 +250,8 @@ def write_charts(records: Sequence[dict[str, Any]], variants: Sequence[str], out
         written.append(_imports_chart(records, variants, colors, out_dir / IMPORTS_CHART))
     if any(r["scenario"] == "starvation" for r in records):
         written.append(_starvation_chart(records, variants, colors, out_dir / STARVATION_CHART))
+    if any(r["scenario"] == "restart" for r in records):
+        written.append(_restart_chart(records, variants, colors, out_dir / RESTART_CHART))
     return written
 
 
@@ -346,6 +349,82 @@ def _starvation_chart(
     axes[-1, 0].set_xlabel("seconds since the run's first task started")
     fig.suptitle(f"starvation {case}: median run of each variant by long_cpu wall time", fontsize=10)
     fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _restart_chart(
+    records: Sequence[dict[str, Any]], variants: Sequence[str], colors: dict[str, Any], path: Path
+) -> Path:
+    """Every execution of every task, a row per map index: one panel per case (row) and variant (column),
+    each variant's median run by makespan; the signal, the old scheduler's exit, the restart, the run's end.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import MaxNLocator
+
+    runs = [r for r in records if r["scenario"] == "restart"]
+    cases = list(dict.fromkeys(r["case"] for r in runs))
+    fig, axes = plt.subplots(
+        len(cases), len(variants), figsize=(5.5 * len(variants), 3.6 * len(cases)), squeeze=False
+    )
+    lines: tuple[tuple[str, str, Literal["-", "--", ":"]], ...] = (
+        ("signal", "red", "-"),
+        ("exit", "black", "--"),
+        ("restart", "green", "--"),
+        ("run_end", "gray", ":"),
+    )
+    for row, case in enumerate(cases):
+        for col, v in enumerate(variants):
+            ax = axes[row, col]
+            of_case = [r for r in runs if r["case"] == case]
+            rec = median_run(of_case, "restart", v, "makespan_s") or next(
+                (r for r in of_case if r["variant"] == v), None
+            )
+            if rec is None:
+                ax.set_axis_off()
+                continue
+            for index, try_number, start, until, ended in rec["series"].get("timeline", []):
+                ax.barh(
+                    index,
+                    until - start,
+                    left=start,
+                    height=0.8,
+                    color=colors[v],
+                    alpha=0.45 if try_number == 1 else 0.95,
+                    hatch=None if ended else "////",
+                    edgecolor="none" if ended else "red",
+                )
+            for name, color, style in lines:
+                at = rec["series"].get("events", {}).get(name)
+                if at is not None:
+                    ax.axvline(at, color=color, linestyle=style, linewidth=1)
+            m = rec["metrics"]
+            ax.set_title(
+                f"{v}, {case.rsplit('-', 1)[-1]}: exit {fmt(m.get('old_scheduler_exit_s'))} s, "
+                f"run {rec['text'].get('run_state', '-')}\n{fmt(m.get('tasks_succeeded'))} succeeded, "
+                f"{fmt(m.get('tasks_rerun'))} rerun, {fmt(m.get('tasks_ran_twice_at_once'))} twice at once, "
+                f"{fmt(m.get('executions_killed'))} killed part-way",
+                fontsize=9,
+            )
+            ax.set_ylabel("map index", fontsize=8)
+            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.invert_yaxis()
+    for ax in axes[-1, :]:
+        ax.set_xlabel("seconds since the first task started")
+    handles = [
+        Patch(facecolor="gray", alpha=0.45, label="try 1"),
+        Patch(facecolor="gray", alpha=0.95, label="try 2 and later"),
+        Patch(facecolor="white", edgecolor="red", hatch="////", label="killed part-way (no end recorded)"),
+        *(Line2D([], [], color=c, linestyle=s, label=n.replace("_", " ")) for n, c, s in lines),
+    ]
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8)
+    fig.suptitle(
+        "restart: every execution of every task (median run of each variant by makespan)", fontsize=11
+    )
+    fig.tight_layout(rect=(0, 0.05, 1, 0.96))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -466,7 +545,9 @@ $ .venv/bin/python -m benchmarks --profile quick --scenarios ordinary \\
 $ .venv/bin/python -m benchmarks --profile full --scenarios imports \\
       --variants stock,ours --repeat 1 --out build/bench/imports.jsonl     # DAG files importing pandas
 $ .venv/bin/python -m benchmarks --profile quick --scenarios starvation \\
-      --variants stock,ours --repeat 3 --out build/bench/starvation.jsonl  # a CPU task started in a crowd"""
+      --variants stock,ours --repeat 3 --out build/bench/starvation.jsonl  # a CPU task started in a crowd
+$ .venv/bin/python -m benchmarks --profile full --scenarios restart \\
+      --variants stock,ours --repeat 1 --out build/bench/restart.jsonl     # scheduler SIGTERM / kill -9"""
     )
     imports_chart = (
         f"\n![imports]({charts_rel}/{IMPORTS_CHART})\n"
@@ -476,6 +557,11 @@ $ .venv/bin/python -m benchmarks --profile quick --scenarios starvation \\
     starvation_chart = (
         f"\n![starvation]({charts_rel}/{STARVATION_CHART})\n"
         if any(r["scenario"] == "starvation" for r in records)
+        else ""
+    )
+    restart_chart = (
+        f"\n![restart]({charts_rel}/{RESTART_CHART})\n"
+        if any(r["scenario"] == "restart" for r in records)
         else ""
     )
     text = f"""# Benchmarks: AsyncLocalExecutor against the stock LocalExecutor
@@ -534,7 +620,7 @@ Runs that did not end cleanly:
 ![memory over time]({charts_rel}/memory.png)
 
 ![heartbeat latency]({charts_rel}/heartbeat.png)
-{imports_chart}{starvation_chart}
+{imports_chart}{starvation_chart}{restart_chart}
 Configuration of each case:
 
 {_configs(records)}
@@ -613,6 +699,15 @@ Scenarios:
   shares the cores among the three. `crowd_running_at_long_cpu_start` says whether `long_cpu` really
   started in the crowd (a run in which it did not gets a note). The chart draws, for each variant, the
   run with the median `long_cpu_wall_s`: the crowd's span (first start to last end) and each CPU task.
+- **restart**: `bench_restart` on PostgreSQL, full profile only: 24 mapped tasks that sleep 90 s, no
+  retries, parallelism 32. 20 s after the first task started, the scheduler process alone (not its
+  process group) gets SIGTERM (case `*-sigterm`) or SIGKILL (case `*-kill9`); the benchmark waits for
+  it to exit (SIGKILL after `exit_timeout`, with a note), starts a new scheduler in the same home and
+  waits for the DAG run to end. Each execution of a task writes a file (its task instance's key, try
+  number, pid, start and, when its sleep is over, its end): the figures about executions come from
+  those files and from the benchmark's watch of their processes (every 0.5 s), the figures about task
+  instances from the database. The chart draws every execution of every task of each variant's median
+  run, with the signal, the old scheduler's exit, the restart and the run's end.
 
 How the executor heartbeat is timed in a deployment: Airflow 3.3 only emits
 `scheduler.executor_heartbeat_duration` to StatsD/OpenTelemetry, so the deployment runs

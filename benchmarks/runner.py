@@ -20,7 +20,16 @@ from typing import Any, Final
 import psutil
 
 from benchmarks.deployment import REPO_ROOT, Variant
-from benchmarks.scenarios import burst, dispatch, footprint, imports, ordinary, starvation, throughput
+from benchmarks.scenarios import (
+    burst,
+    dispatch,
+    footprint,
+    imports,
+    ordinary,
+    restart,
+    starvation,
+    throughput,
+)
 from benchmarks.scenarios.base import Case, RunContext
 from harness.sandbox import installed_airflow_major
 
@@ -33,6 +42,8 @@ SCENARIOS: Final[dict[str, Callable[[str], list[Case]]]] = {
     "ordinary": ordinary.cases,
     "imports": imports.cases,
     "starvation": starvation.cases,
+    # Full profile only: its cases have no smaller size.
+    "restart": restart.cases,
 }
 PROFILES: Final[tuple[str, ...]] = ("smoke", "quick", "full")
 DEFAULT_REPEAT: Final[dict[str, int]] = {"smoke": 1, "quick": 1, "full": 3}

@@ -151,6 +151,17 @@ class Processes:
             raise SandboxError(f"{name} still running {timeout:.0f}s after {sig.name}")
         return int(proc.returncode)
 
+    def send_signal(self, name: str, sig: signal.Signals) -> int:
+        """Send ``sig`` to one process (not its group) without waiting; return its pid."""
+        proc = self._procs[name]
+        os.kill(proc.pid, sig)
+        return proc.pid
+
+    def wait_exited(self, name: str, timeout: float) -> int | None:
+        """Wait up to ``timeout`` seconds for one process to exit: its exit status, or None if it still runs."""
+        proc = self._procs[name]
+        return int(proc.returncode) if _wait_exit(proc, timeout) else None
+
     def restart(self, name: str) -> None:
         """Start a process of this kind again (after :meth:`kill`)."""
         proc = self._procs.get(name)

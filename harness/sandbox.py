@@ -98,6 +98,20 @@ class AirflowSandbox(SandboxLifecycle):
         """
         return self._processes.signal_and_wait(name, sig, timeout)
 
+    def send_signal(self, name: str, sig: signal.Signals) -> int:
+        """Send ``sig`` to one Airflow process (not its group) and return at once, with its pid.
+
+        With :meth:`wait_exited`, a caller can watch the deployment while the process shuts down.
+        """
+        return self._processes.send_signal(name, sig)
+
+    def wait_exited(self, name: str, timeout: float) -> int | None:
+        """Wait up to ``timeout`` seconds for one Airflow process to exit.
+
+        :return: its exit status, or None while it still runs
+        """
+        return self._processes.wait_exited(name, timeout)
+
     def restart(self, name: str) -> None:
         """Start a process of this kind again (after :meth:`kill`)."""
         self._processes.restart(name)

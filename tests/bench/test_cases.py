@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
@@ -15,7 +17,7 @@ from benchmarks import report
 from benchmarks.deployment import KNOWN_VARIANTS
 from benchmarks.report import markdown_table
 from benchmarks.runner import PROFILES, Plan, default_database, select_cases
-from benchmarks.scenarios import burst, imports, ordinary, starvation
+from benchmarks.scenarios import burst, imports, ordinary, restart, starvation
 from benchmarks.summary import summarize, words
 from harness.environment import HomeLayout, prepare_home
 from harness.sandbox import AirflowSandbox, SandboxError, TaskInstanceRow
@@ -379,3 +381,139 @@ def test_the_starvation_chart_draws_each_variant_s_median_run(tmp_path: Path) ->
     written = report.write_charts(records, ["stock", "ours"], tmp_path)
     assert tmp_path / report.STARVATION_CHART in written
     assert (tmp_path / report.STARVATION_CHART).read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_the_restart_cases_are_24_tasks_of_90_s_at_parallelism_32_on_postgres_full_profile_only() -> None:
+    cases = select_cases("full", ["restart"])
+    assert [case.name for case in cases] == ["24x90s-p32-sigterm", "24x90s-p32-kill9"]
+    for case, signal_name in zip(cases, ("sigterm", "kill9"), strict=True):
+        config = case.config
+        assert (config["tasks"], config["sleep"], config["parallelism"]) == (24, 90, 32)
+        assert config["signal"] == signal_name
+        # 20 s after the first start: every task is mid-sleep when the scheduler stops.
+        assert config["signal_after"] == 20 < config["sleep"]
+        # Long enough for a task instance a dead scheduler left running (Airflow's 300 s timeouts).
+        assert config["timeout"] > 300 + config["sleep"]
+        assert case.database == "postgres"
+        assert Plan("full", cases, [KNOWN_VARIANTS["stock"]], 1).database_for(case) == "postgres"
+    assert restart.SIGNALS == {"sigterm": 15, "kill9": 9}
+    # Four deployments of minutes each: not in the smoke suite, nor in `make bench`.
+    assert select_cases("smoke", ["restart"]) == select_cases("quick", ["restart"]) == []
+
+
+def _restart_dag(monkeypatch: pytest.MonkeyPatch, executions: Path) -> ModuleType:
+    monkeypatch.setenv("ALE_BENCH_RESTART_TASKS", "24")
+    monkeypatch.setenv("ALE_BENCH_EXECUTIONS_DIR", str(executions))
+    path = deployment_module.DAGS_FOLDER / "bench_restart.py"
+    spec = importlib.util.spec_from_file_location("bench_restart_under_test", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_restart_dag_parses_with_no_retries(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(deployment_module.DAGS_FOLDER / "bench_restart.py"))
+    assert bag.import_errors == {}
+    assert restart.DAG_ID in bag.dag_ids
+    dag = _restart_dag(monkeypatch, tmp_path).bench_restart()
+    assert dag.dag_id == restart.DAG_ID
+    assert [task.task_id for task in dag.tasks] == ["sleep"]
+    assert all(task.retries == 0 for task in dag.tasks)
+    # [core] max_active_tasks_per_dag is the deployment's parallelism: every task runs at once.
+    assert restart.SIZES["full"].parallelism >= restart.SIZES["full"].tasks
+
+
+def test_what_a_restart_task_records_is_what_the_benchmark_reads(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    module = _restart_dag(monkeypatch, tmp_path)
+    ti = SimpleNamespace(dag_id="bench_restart", run_id="r", task_id="sleep", map_index=3, try_number=2)
+    module.sleep_and_record(ti, 0.0, str(tmp_path))
+    log = restart.ExecutionLog(tmp_path)
+    log.poll()
+    [execution] = log.executions.values()
+    assert (execution.map_index, execution.try_number) == (3, 2)
+    assert execution.pid == os.getpid()
+    assert execution.start_ticks == module.start_ticks(os.getpid())
+    assert execution.end is not None
+    assert execution.start <= execution.end
+    assert not execution.running
+    assert not list(tmp_path.glob(".*"))  # no temporary file left behind
+
+
+def _execution_file(
+    directory: Path, index: int, try_number: int, pid: int, start: float, end: float | None
+) -> None:
+    data = {
+        "map_index": index,
+        "try_number": try_number,
+        "pid": pid,
+        "start_ticks": 1,
+        "start": start,
+        "end": end,
+    }
+    (directory / f"{index}-{try_number}-{pid}.json").write_text(json.dumps(data))
+
+
+def test_executions_killed_part_way_and_two_at_once_are_found_from_the_files(tmp_path: Path) -> None:
+    alive = {101: False, 102: True, 103: True}
+    log = restart.ExecutionLog(tmp_path, alive=lambda pid, ticks: alive.get(pid, False))
+    _execution_file(tmp_path, 0, 1, 100, start=0.0, end=90.0)  # ran to its end
+    _execution_file(tmp_path, 1, 1, 101, start=0.0, end=None)  # killed part-way: gone at the first poll
+    _execution_file(tmp_path, 2, 1, 102, start=0.0, end=None)  # an orphan that runs on...
+    log.poll(now=50.0)
+    _execution_file(tmp_path, 2, 2, 103, start=40.0, end=None)  # ...while its task instance runs again
+    log.poll(now=60.0)
+    alive[102] = False
+    log.poll(now=70.0)
+    by_pid = {e.pid: e for e in log.executions.values()}
+    assert by_pid[101].gone == 50.0
+    assert by_pid[102].gone == 70.0
+    assert by_pid[103].running
+    assert by_pid[103].seen == 70.0
+    assert restart.overlaps(log.executions.values()) == {2: 30.0}  # 40 s to 70 s
+    assert restart.execution_figures(list(log.executions.values())) == {
+        "executions": 4.0,
+        "executions_killed": 3.0,
+        "tasks_ran_twice_at_once": 1.0,
+        "ran_twice_overlap_max_s": 30.0,
+    }
+    assert restart.timeline(log.executions.values(), origin=0.0) == [
+        [0, 1, 0.0, 90.0, True],
+        [1, 1, 0.0, 50.0, False],
+        [2, 1, 0.0, 70.0, False],
+        [2, 2, 40.0, 70.0, False],
+    ]
+
+
+def test_one_execution_after_another_is_not_twice_at_once() -> None:
+    first = restart.Execution(0, 1, 100, None, start=0.0, gone=30.0)
+    second = restart.Execution(0, 2, 101, None, start=30.0, end=120.0)
+    assert restart.overlaps([first, second]) == {}
+
+
+def _restart_record(variant: str, case: str) -> dict[str, Any]:
+    return {
+        "scenario": "restart",
+        "case": case,
+        "variant": variant,
+        "repetition": 0,
+        "metrics": {"makespan_s": 150.0, "old_scheduler_exit_s": 60.0, "tasks_succeeded": 24.0},
+        "text": {"run_state": "success"},
+        "series": {
+            "timeline": [[0, 1, 0.0, 80.0, False], [0, 2, 85.0, 175.0, True], [1, 1, 0.5, 90.5, True]],
+            "events": {"signal": 20.0, "exit": 80.0, "restart": 80.5, "run_end": 176.0},
+        },
+    }
+
+
+@pytest.mark.filterwarnings("ignore:No artists with labels found:UserWarning")
+def test_the_restart_chart_draws_every_case_and_variant(tmp_path: Path) -> None:
+    records = [_restart_record(v, f"24x90s-p32-{s}") for s in ("sigterm", "kill9") for v in ("stock", "ours")]
+    written = report.write_charts(records, ["stock", "ours"], tmp_path)
+    assert tmp_path / report.RESTART_CHART in written
+    assert (tmp_path / report.RESTART_CHART).read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
