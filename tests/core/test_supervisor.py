@@ -825,7 +825,9 @@ async def test_release_hands_running_workloads_over_alive_with_no_event_and_drop
     assert by_key["b"].timeout is None
     for key in ("a", "b"):
         child = launcher.children[key]
-        assert child.released and child.running and child.signals == []
+        assert child.released
+        assert child.running
+        assert child.signals == []
     assert {o.key: o.kind for o in recorder.outcomes} == {
         "waiting": OutcomeKind.NOT_STARTED,
         "late": OutcomeKind.NOT_STARTED,
@@ -928,4 +930,5 @@ async def test_an_adopted_workload_is_handed_over_again_with_its_cgroup_at_the_n
         with anyio.fail_after(GUARD):
             handovers = await supervisor.release(grace=0)
     assert [(h.key, h.cgroup, h.launched) for h in handovers] == [("again", "/cg/1-t2-ab/w1", 3.0)]
-    assert child.released and recorder.outcomes == []
+    assert child.released
+    assert recorder.outcomes == []

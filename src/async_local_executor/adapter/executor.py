@@ -34,7 +34,14 @@ from airflow.models.taskinstancekey import TaskInstanceKey
 from airflow.utils.state import TaskInstanceState
 
 from async_local_executor.adapter import handover, startup
-from async_local_executor.adapter.adoption import Held, Holding, UnknownRecord, handover_info, key_of, launched_at
+from async_local_executor.adapter.adoption import (
+    Held,
+    Holding,
+    UnknownRecord,
+    handover_info,
+    key_of,
+    launched_at,
+)
 from async_local_executor.adapter.cleared_exits import TI_GONE, ClearedExitGate
 from async_local_executor.adapter.compat import AIRFLOW_V3, client_timeout, execution_api_url, executor_conf
 from async_local_executor.adapter.config import SECTION, SHUTDOWN_MARGIN, ContainmentKind, ExecutorConfig
@@ -59,10 +66,10 @@ from async_local_executor.core.launchers.adopted import AdoptedChild
 from async_local_executor.core.launchers.base import LaunchRequest
 from async_local_executor.core.outcome import Outcome, OutcomeKind
 from async_local_executor.core.prefetch import PrefetchBudget
-from async_local_executor.core.runtime import Runtime
-from async_local_executor.core.wiring import wire
 from async_local_executor.core.proc_identity import runs_as, start_ticks
+from async_local_executor.core.runtime import Runtime
 from async_local_executor.core.supervisor import Handover
+from async_local_executor.core.wiring import wire
 from async_local_executor.ops import custody_dir, journal, recovery, state_dir, status
 from async_local_executor.ops.instance_cgroups import open_containment
 
