@@ -24,6 +24,15 @@ def die_with_parent(parent_pid: int, sig: int = signal.SIGTERM) -> bool:
     return not parent_pid or os.getppid() == parent_pid
 
 
+def outlive_parent() -> None:
+    """Clear the parent-death signal, whoever armed it (a fork-server child has it armed by the helper).
+
+    A workload that is handed over when its executor stops must outlive it; what ends it instead is
+    :mod:`~async_local_executor.core.custody`'s watchdog.
+    """
+    prctl(_PR_SET_PDEATHSIG, 0)
+
+
 def prctl(option: int, arg: int | bytes) -> None:
     """``prctl(2)`` with one argument; nothing off Linux, where the options used here do not exist."""
     if sys.platform.startswith("linux"):

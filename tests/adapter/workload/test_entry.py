@@ -139,23 +139,28 @@ def test_the_workload_process_freezes_its_objects_before_its_first_fork_only() -
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     frozen = seen["after_first"]
     assert frozen >= 1000  # what it held at its first fork, the list above included
-    assert seen["first"] == [frozen, frozen]  # the task's process inherits them, and freezes no more
-    assert seen["second"] == [frozen, frozen]  # a second fork of the workload process: nothing more
+    for inherited, after_its_fork in (seen["first"], seen["second"]):
+        # The task's process inherits them (all but the few of its own that `threading`, which the entry
+        # module imports, replaces in a forked child), and freezes no more when it forks in turn.
+        assert frozen - 8 <= inherited <= frozen
+        assert after_its_fork == inherited
+    assert seen["second"] == seen["first"]  # a second fork of the workload process: nothing more frozen
     assert seen["end"] == frozen
 
 
 def test_a_fresh_workload_interpreter_takes_the_scheduler_s_first_path_entry(tmp_path: Path) -> None:
-    # `python -m` puts the working directory first on sys.path; a module there would shadow a library.
-    (tmp_path / "json.py").write_text("raise SystemExit('the working directory shadowed json')\n")
+    # `python -m` puts the working directory first on sys.path; a module there would shadow a library
+    # (one the entry module does not import itself: what it imports is loaded before the path is set).
+    (tmp_path / "csv.py").write_text("raise SystemExit('the working directory shadowed csv')\n")
     code = (
         "import sys; from async_local_executor.adapter.workload import entry; "
         "args = entry.parse(sys.argv[1:]); entry.prepare(args); print(sys.path[0]); "
-        "sys.modules.pop('json', None); import json; print(json.__name__)"
+        "sys.modules.pop('csv', None); import csv; print(csv.__name__)"
     )
     flags = entry.argv_flags(0, "normal", path0="/the/scheduler/first")
     done = subprocess.run(
         [sys.executable, "-c", code, *flags], cwd=tmp_path, capture_output=True, text=True, check=True
     )
-    assert done.stdout.split() == ["/the/scheduler/first", "json"]
+    assert done.stdout.split() == ["/the/scheduler/first", "csv"]
     assert entry.parse(flags).path0 == "/the/scheduler/first"
     assert entry.parse(entry.argv_flags(0, "normal")).path0 is None

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from async_local_executor.core import cpu_priority, lifeline
+from async_local_executor.core import cpu_priority, custody, lifeline
 from async_local_executor.core.launchers.forkserver.learning import observe
 
 EXIT_OK = 0  # the workload ran to its end (whatever the task's own outcome, which it reports itself)
@@ -38,6 +38,14 @@ class EntryArgs:
     cpu_priority: str
     learn_imports: str = ""  # where to record the modules the workload loads; empty: not recorded
     path0: str | None = None  # the scheduler's sys.path[0], for ours (None: left as the interpreter set it)
+    # How long the workload outlives its executor waiting to be adopted, in seconds (0: it dies with it).
+    handover_timeout: float = 0.0
+    custody_dir: str = ""  # where its custody files are (empty: no handover)
+
+    @property
+    def hands_over(self) -> bool:
+        """Whether this workload is handed over when its executor goes, rather than dying with it."""
+        return self.handover_timeout > 0 and bool(self.custody_dir) and self.parent_pid > 0
 
 
 def parse(argv: Sequence[str] | None) -> EntryArgs:
@@ -47,20 +55,64 @@ def parse(argv: Sequence[str] | None) -> EntryArgs:
     parser.add_argument("--cpu-priority", default=cpu_priority.NORMAL)
     parser.add_argument("--learn-imports", default="")
     parser.add_argument("--path0", default=None)
+    parser.add_argument("--handover-timeout", type=float, default=0.0)
+    parser.add_argument("--custody-dir", default="")
     args, _ = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
-    return EntryArgs(int(args.parent_pid), str(args.cpu_priority), str(args.learn_imports), args.path0)
+    return EntryArgs(
+        int(args.parent_pid),
+        str(args.cpu_priority),
+        str(args.learn_imports),
+        args.path0,
+        float(args.handover_timeout),
+        str(args.custody_dir),
+    )
 
 
 def argv_flags(
-    parent_pid: int, priority: str, learn_imports: str = "", path0: str | None = None
+    parent_pid: int,
+    priority: str,
+    learn_imports: str = "",
+    path0: str | None = None,
+    *,
+    handover_timeout: float = 0.0,
+    custody_dir: str = "",
 ) -> tuple[str, ...]:
     """The flags the executor puts on a workload's command line (no secret: argv is world-readable).
 
     :param path0: the scheduler's ``sys.path[0]``, which the workload takes for its own
+    :param handover_timeout: how long the workload waits to be adopted once its executor is gone, in
+        seconds; 0 (and no ``custody_dir``) keeps it tied to the executor's life
+    :param custody_dir: the directory of the custody files (``<state_dir>/custody``)
     """
     learn = ("--learn-imports", learn_imports) if learn_imports else ()
     first = ("--path0", path0) if path0 is not None else ()
-    return ("--parent-pid", str(parent_pid), "--cpu-priority", priority, *learn, *first)
+    handover = ("--handover-timeout", repr(float(handover_timeout))) if handover_timeout > 0 else ()
+    where = ("--custody-dir", custody_dir) if custody_dir else ()
+    return ("--parent-pid", str(parent_pid), "--cpu-priority", priority, *learn, *first, *handover, *where)
+
+
+def tie_to_executor(args: EntryArgs, *, tied: bool) -> tuple[bool, custody.Custody | None]:
+    """Tie this process to its executor: custody when it is handed over, else death with the executor.
+
+    :param tied: whether the process dies with the executor already (a fork-server child: the helper
+        armed its parent-death signal)
+    :returns: whether the executor is still there, and the custody when the process is in one
+    """
+    if args.hands_over and custody.supported():
+        try:
+            held = custody.Custody.start(args.parent_pid, args.handover_timeout, args.custody_dir)
+        except (OSError, RuntimeError) as exc:  # no fd or thread left: it runs, tied as without a handover
+            say = "async_local_executor: this workload cannot be handed over, it dies with the executor"
+            print(f"{say}: {exc}", file=sys.stderr, flush=True)
+            tied = False  # custody cleared the parent-death signal before it failed
+        else:
+            return held is not None, held
+    if tied:
+        return True, None
+    # SIGKILL, as a fork-server child gets: Airflow 3's task supervisor answers SIGTERM by passing it on
+    # to the task and waiting, so a task that ignores it would outlive the executor. Killed outright, this
+    # process takes its task process with it (tie_direct_children in run_payload).
+    return lifeline.die_with_parent(args.parent_pid, signal.SIGKILL), None
 
 
 def prepare(args: EntryArgs) -> None:
@@ -124,22 +176,39 @@ class Entry(Generic[P]):
     def main(self, argv: list[str] | None = None) -> int:
         """Entry point of a fresh interpreter: the payload is on stdin."""
         args = parse(argv)
-        # SIGKILL, as a fork-server child gets: Airflow 3's task supervisor answers SIGTERM by passing
-        # it on to the task and waiting, so a task that ignores it would outlive the executor. Killed
-        # outright, this process takes its task process with it (tie_direct_children below).
-        if not lifeline.die_with_parent(args.parent_pid, signal.SIGKILL):
+        there, held = tie_to_executor(args, tied=False)
+        if not there:
             return EXIT_ORPHANED
         prepare(args)
-        return self.run_payload(sys.stdin.buffer.read())
+        return self.run_recorded(held, sys.stdin.buffer.read())
 
     def forked_main(self, argv: list[str], stdin: bytes) -> int:
         """Entry point inside a fork-server child: the payload is handed over in memory.
 
         The fork server forked this process as the scheduler's own child and tied its life to the
-        scheduler's (``PR_SET_PDEATHSIG``): it dies with the scheduler, not with the helper.
+        scheduler's (``PR_SET_PDEATHSIG``): without a handover, it dies with the scheduler, not with the
+        helper. With one, custody clears that tie and answers for the process instead.
         """
-        prepare(parse(argv))
-        return self.run_payload(stdin)
+        args = parse(argv)
+        there, held = tie_to_executor(args, tied=True)
+        if not there:
+            return EXIT_ORPHANED
+        prepare(args)
+        return self.run_recorded(held, stdin)
+
+    def run_recorded(self, held: custody.Custody | None, raw: bytes) -> int:
+        """Run one payload; in custody, its exit code is recorded for an adopter before it is returned."""
+        if held is None:
+            return self.run_payload(raw)
+        code = EXIT_CRASHED
+        try:
+            code = self.run_payload(raw)
+        except SystemExit as exc:  # a run that exits instead of returning: the same code, still recorded
+            code = exc.code if isinstance(exc.code, int) else (EXIT_OK if exc.code is None else EXIT_CRASHED)
+            raise
+        finally:
+            held.record_exit(code)
+        return code
 
     def run_payload(self, raw: bytes) -> int:
         """Run one payload; return the process exit code."""

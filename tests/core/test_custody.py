@@ -1,0 +1,406 @@
+"""A workload in custody, with real processes: it outlives its owner, waits for a successor, then kills itself.
+
+A stand-in for the executor (the "owner") starts a workload process in a session of its own, reads its
+output pipe and passes each line on to the test. The workload takes custody with the owner's pid, forks a
+grandchild into its process group, and then does what the test writes on its stdin (which it inherited
+from the owner, so the test can still tell it what to do once the owner is dead).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from uuid import uuid4
+
+import pytest
+
+from async_local_executor.core import custody
+from async_local_executor.core.cgroups.containment import PREFIX
+from async_local_executor.core.proc_identity import start_ticks
+from tests.core import cgroup_helpers
+from tests.core.cgroup_helpers import read_line, scratch
+from tests.core.helpers import GUARD
+from tests.processes import exits
+
+pytestmark = pytest.mark.skipif(not custody.supported(), reason="custody is Linux's")
+
+TIMEOUT = 2.0
+
+WORKLOAD = """
+import os, signal, sys
+from async_local_executor.core.custody import Custody
+
+held = Custody.start(int(sys.argv[1]), float(sys.argv[2]), sys.argv[3])
+if held is None:
+    sys.exit(3)
+
+def sleep_for_ever():
+    while True:
+        signal.pause()
+
+grandchild = os.fork()
+if grandchild == 0:  # stays in the workload's process group
+    sleep_for_ever()
+print("ready", os.getpid(), grandchild, flush=True)
+while line := sys.stdin.readline():
+    command, _, arg = line.strip().partition(" ")
+    if command == "say":
+        print(arg, flush=True)
+    elif command == "burst":  # arg KiB on fd 1, some on fd 2, then a line that says it is done
+        try:
+            for _ in range(int(arg)):
+                sys.stdout.write("x" * 1023 + "\\n")
+            sys.stdout.flush()
+            os.write(2, b"straight to fd 2\\n")
+            print("burst done", flush=True)
+        except BaseException as exc:
+            with open(os.path.join(sys.argv[3], "raised"), "w") as f:
+                f.write(repr(exc))
+            raise
+    elif command == "escape":  # a child in a session of its own: only its cgroup holds it
+        child = os.fork()
+        if child == 0:
+            os.setsid()
+            sleep_for_ever()
+        print("escaped", child, flush=True)
+    elif command == "exit":
+        held.record_exit(int(arg))
+        sys.exit(int(arg))
+"""
+
+OWNER = """
+import os, subprocess, sys
+workload = subprocess.Popen(
+    [sys.executable, "-c", sys.argv[1], str(os.getpid()), sys.argv[2], sys.argv[3]],
+    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+)
+print("workload", workload.pid, flush=True)
+if sys.argv[4] == "leak":  # a process that holds the pipe's read end and never reads it
+    leaker = subprocess.Popen(
+        [sys.executable, "-c", "import signal; signal.pause()"], pass_fds=[workload.stdout.fileno()],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+    )
+    print("leaker", leaker.pid, flush=True)
+for line in workload.stdout:
+    print("relayed", line.decode().rstrip(), flush=True)
+print("exited", workload.wait(), flush=True)
+"""
+
+# A successor executor: it claims the workload, naming itself, then lives until its stdin closes.
+SUCCESSOR = """
+import json, os, sys
+from async_local_executor.core.proc_identity import start_ticks
+claim = {"owner_pid": os.getpid(), "owner_start": start_ticks(os.getpid())}
+tmp = sys.argv[1] + ".tmp"
+with open(tmp, "w") as f:
+    json.dump(claim, f)
+os.replace(tmp, sys.argv[1])
+print("claimed", flush=True)
+sys.stdin.read()
+"""
+
+
+class Handed:
+    """An owner and the workload it started, with the workload's custody files."""
+
+    def __init__(self, directory: Path, *, leak: bool = False, timeout: float = TIMEOUT) -> None:
+        self.directory = directory
+        self.owner = subprocess.Popen(
+            [sys.executable, "-c", OWNER, WORKLOAD, str(timeout), str(directory), "leak" if leak else "-"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.pid = int(self.expect("workload").split()[1])
+        self.leaker = int(self.expect("leaker").split()[1]) if leak else 0
+        ready = self.expect("relayed ready").split()
+        assert int(ready[2]) == self.pid
+        self.grandchild = int(ready[3])
+        self.name = custody.custody_name(self.pid, start_ticks(self.pid) or 0)
+        self.others: list[subprocess.Popen[str]] = []
+
+    def expect(self, prefix: str) -> str:
+        """The owner's next line that starts with ``prefix`` (others are skipped)."""
+        while not (line := read_line(self.owner, GUARD)).startswith(prefix):
+            assert line, f"the owner ended before a line starting with {prefix!r}"
+        return line
+
+    def tell(self, command: str) -> None:
+        assert self.owner.stdin is not None
+        self.owner.stdin.write(command + "\n")
+        self.owner.stdin.flush()
+
+    def kill_owner(self) -> None:
+        self.owner.kill()
+        assert self.owner.wait(GUARD) == -signal.SIGKILL
+
+    def file(self, suffix: str) -> Path:
+        return self.directory / f"{self.name}{suffix}"
+
+    def out(self) -> str:
+        try:
+            return self.file(".out").read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def successor(self, claim_for: Path | None = None) -> subprocess.Popen[str]:
+        """A successor that claims the workload (or writes its claim to ``claim_for``)."""
+        proc = subprocess.Popen(
+            [sys.executable, "-c", SUCCESSOR, str(claim_for or self.file(".json"))],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.others.append(proc)
+        assert read_line(proc) == "claimed"
+        return proc
+
+    def cleanup(self) -> None:
+        for pid in (self.pid, self.grandchild, self.leaker):
+            with contextlib.suppress(OSError):
+                if pid:
+                    os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            os.killpg(self.pid, signal.SIGKILL)
+        for proc in (self.owner, *self.others):
+            with contextlib.suppress(OSError):
+                proc.kill()
+            proc.wait(GUARD)
+            for pipe in (proc.stdin, proc.stdout):
+                with contextlib.suppress(OSError):
+                    if pipe is not None:
+                        pipe.close()
+
+
+@pytest.fixture
+def handed(tmp_path: Path) -> Iterator[Callable[..., Handed]]:
+    started: list[Handed] = []
+
+    def start(directory: Path | None = None, **kwargs: object) -> Handed:
+        if directory is None:
+            directory = tmp_path / "custody"
+            directory.mkdir(mode=0o700, exist_ok=True)
+        made = Handed(directory, **kwargs)  # type: ignore[arg-type]
+        started.append(made)
+        return made
+
+    yield start
+    for made in started:
+        made.cleanup()
+
+
+def until(predicate: Callable[[], bool], what: str, guard: float = GUARD) -> None:
+    """Wait for ``predicate`` (a file's content: nothing to be woken by), failing after ``guard`` seconds."""
+    deadline = time.monotonic() + guard
+    while not predicate():
+        assert time.monotonic() < deadline, f"not within {guard} s: {what}"
+        time.sleep(0.02)
+
+
+def test_while_its_owner_lives_the_output_goes_to_the_owner_and_nothing_is_written(
+    handed: Callable[..., Handed],
+) -> None:
+    workload = handed()
+    workload.tell("say hello through the relay")
+    assert workload.expect("relayed hello") == "relayed hello through the relay"
+    workload.tell("burst 100")  # more than a pipe holds: the relay keeps up with the owner
+    workload.expect("relayed burst done")
+    assert sorted(p.name for p in workload.directory.iterdir()) == []
+
+
+def test_a_workload_outlives_its_killed_owner_then_kills_itself_and_its_group_after_the_timeout(
+    handed: Callable[..., Handed], tmp_path: Path
+) -> None:
+    workload = handed(tmp_path / "made" / "custody")  # missing: the workload makes it
+    killed = time.monotonic()
+    workload.kill_owner()
+    workload.tell("say still here")
+    until(lambda: "still here\n" in workload.out(), "the workload's output in its .out")
+    assert stat.S_IMODE(workload.directory.stat().st_mode) == 0o700
+    assert stat.S_IMODE(workload.file(".out").stat().st_mode) == 0o600
+    assert exits(workload.pid, TIMEOUT + GUARD), "the workload outlived its timeout"
+    assert time.monotonic() - killed >= TIMEOUT, "the workload did not wait for a successor"
+    assert exits(workload.grandchild, GUARD), "the workload's process group outlived it"
+    said = f"workload process {workload.pid} kills itself and its tree: no scheduler adopted it within 2 s"
+    assert said in workload.out()
+    assert not workload.file(".exit").exists()  # killed: no exit code of its own
+
+
+def test_a_claim_by_a_live_successor_keeps_the_workload_until_that_one_dies_too(
+    handed: Callable[..., Handed],
+) -> None:
+    workload = handed()
+    successor = workload.successor()
+    workload.kill_owner()
+    assert not exits(workload.pid, TIMEOUT + 1.5), "the workload died although a successor claimed it"
+    workload.tell("say adopted")
+    until(lambda: "adopted\n" in workload.out(), "the adopted workload's output in its .out")
+    successor.kill()
+    died = time.monotonic()
+    successor.wait(GUARD)
+    assert exits(workload.pid, TIMEOUT + GUARD), (
+        "the workload outlived its successor by more than the timeout"
+    )
+    assert time.monotonic() - died >= TIMEOUT, "the countdown did not start again at the successor's death"
+    assert exits(workload.grandchild, GUARD)
+
+
+def test_a_claim_naming_a_pid_that_does_not_run_as_its_recorded_start_is_ignored(
+    handed: Callable[..., Handed], tmp_path: Path
+) -> None:
+    workload = handed()
+    elsewhere = tmp_path / "claim.json"
+    successor = workload.successor(claim_for=elsewhere)
+    claim = json.loads(elsewhere.read_text())
+    # The successor's pid, but not its start: the process a pid once was, reused since.
+    workload.file(".json").write_text(json.dumps({**claim, "owner_start": claim["owner_start"] - 1}))
+    killed = time.monotonic()
+    workload.kill_owner()
+    assert exits(workload.pid, TIMEOUT + GUARD), "a claim by a pid that is another process kept it"
+    assert time.monotonic() - killed >= TIMEOUT
+    assert successor.poll() is None  # the pid named was running all along
+
+
+def test_the_exit_code_of_a_workload_handed_over_is_recorded_0600(handed: Callable[..., Handed]) -> None:
+    workload = handed()
+    workload.kill_owner()
+    workload.tell("say before the end")
+    workload.tell("exit 5")
+    assert exits(workload.pid, GUARD)
+    assert json.loads(workload.file(".exit").read_text()) == {"status": 5}
+    assert stat.S_IMODE(workload.file(".exit").stat().st_mode) == 0o600
+    assert "before the end\n" in workload.out()  # copied before the code was recorded
+    assert [p.name for p in workload.directory.iterdir() if p.suffix == ".tmp"] == []
+
+
+@pytest.mark.parametrize("claimed", [False, True], ids=["owner-kept-it", "owner-handed-it-over"])
+def test_while_its_owner_lives_the_exit_code_is_recorded_only_once_the_workload_is_claimed(
+    handed: Callable[..., Handed], claimed: bool
+) -> None:
+    workload = handed()
+    if claimed:  # as the owner does when it hands the workload over: naming itself until it exits
+        assert workload.owner.pid is not None
+        owner = {"owner_pid": workload.owner.pid, "owner_start": start_ticks(workload.owner.pid)}
+        workload.file(".json").write_text(json.dumps(owner))
+    workload.tell("exit 7")
+    assert workload.expect("exited") == "exited 7"  # the owner reads it as its child's, as ever
+    if claimed:
+        assert json.loads(workload.file(".exit").read_text()) == {"status": 7}
+    else:
+        assert not workload.file(".exit").exists()
+
+
+def test_output_after_the_owner_s_death_never_blocks_nor_raises(handed: Callable[..., Handed]) -> None:
+    workload = handed()
+    workload.kill_owner()
+    workload.tell("burst 300")  # far more than a pipe holds
+    until(lambda: "burst done\n" in workload.out(), "the end of the burst in the .out")
+    out = workload.out()
+    assert out.count("x" * 1023 + "\n") == 300
+    assert "straight to fd 2\n" in out
+    assert not (workload.directory / "raised").exists()
+
+
+def test_a_reader_of_the_dead_owner_s_pipe_left_behind_does_not_block_the_workload(
+    handed: Callable[..., Handed],
+) -> None:
+    workload = handed(leak=True)  # the pipe keeps a reader that never reads once the owner is gone
+    workload.kill_owner()
+    workload.tell("burst 300")
+    until(lambda: "burst done\n" in workload.out(), "the end of the burst in the .out")
+    assert not (workload.directory / "raised").exists()
+
+
+def test_the_out_file_stops_at_its_cap(handed: Callable[..., Handed]) -> None:
+    workload = handed()
+    workload.kill_owner()
+    workload.tell(f"burst {custody.OUT_CAP // 1024 + 512}")
+    workload.tell("exit 0")  # after the burst: the .exit says it is over
+    until(lambda: workload.file(".exit").exists(), "the workload's .exit")
+    size = workload.file(".out").stat().st_size
+    note = "\n[async_local_executor: output past 8 MiB dropped]\n"
+    assert size == custody.OUT_CAP + len(note)
+    assert workload.out().endswith(note)
+
+
+def test_custody_is_refused_when_the_parent_named_is_not_the_parent(tmp_path: Path) -> None:
+    code = "import sys; from async_local_executor.core.custody import Custody; print(Custody.start(1, 1.0, sys.argv[1]))"
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True
+    )
+    assert done.stdout == "None\n"
+
+
+# The workload's own cgroup.
+
+
+def _files(tmp_path: Path, cgroup: str, root: str = "/") -> tuple[str, str]:
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(f"41 31 0:38 {root} /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n")
+    proc_cgroup = tmp_path / "cgroup"
+    proc_cgroup.write_text(f"4:memory:/elsewhere\n0::{cgroup}\n")
+    return str(mountinfo), str(proc_cgroup)
+
+
+INSTANCE = f"{PREFIX}1234-t5678-0123456789ab"
+
+
+@pytest.mark.parametrize(
+    ("cgroup", "root", "found"),
+    [
+        (f"/ale-root/{INSTANCE}/w12", "/", f"/sys/fs/cgroup/unified/ale-root/{INSTANCE}/w12"),
+        (f"/ale-root/{INSTANCE}/w12", "/ale-root", f"/sys/fs/cgroup/unified/{INSTANCE}/w12"),
+        (
+            "/ale-root/1234-5678-0123456789ab/w1",
+            "/",
+            "/sys/fs/cgroup/unified/ale-root/1234-5678-0123456789ab/w1",
+        ),
+        (f"/ale-root/{INSTANCE}", "/", None),  # the instance's own cgroup: the executor's
+        ("/system.slice/airflow-scheduler.service/w1", "/", None),  # a w1 that is not ours
+        (f"/ale-root/{INSTANCE}/w12x", "/", None),
+        ("/", "/", None),
+    ],
+)
+def test_only_a_workload_cgroup_named_by_the_contained_launcher_is_the_workload_s(
+    tmp_path: Path, cgroup: str, root: str, found: str | None
+) -> None:
+    mountinfo, proc_cgroup = _files(tmp_path, cgroup, root)
+    got = custody.workload_cgroup(mountinfo, proc_cgroup)
+    assert (str(got) if got is not None else None) == found
+
+
+def test_the_cgroup_without_cgroup_kill_is_killed_pid_by_pid_but_the_one_spared(tmp_path: Path) -> None:
+    sleepers = [subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"]) for _ in range(2)]
+    try:
+        (tmp_path / "cgroup.procs").write_text("".join(f"{p.pid}\n" for p in sleepers) + f"{os.getpid()}\n")
+        custody.kill_cgroup(tmp_path, spare=os.getpid())
+        assert [p.wait(GUARD) for p in sleepers] == [-signal.SIGKILL, -signal.SIGKILL]
+    finally:
+        for proc in sleepers:
+            proc.kill()
+            proc.wait(GUARD)
+
+
+@pytest.mark.skipif(bool(cgroup_helpers.unusable()), reason=cgroup_helpers.unusable())
+def test_an_expired_workload_kills_its_whole_cgroup(handed: Callable[..., Handed]) -> None:
+    with scratch() as made:
+        ticks = start_ticks(os.getpid())
+        w1 = made.directory / f"{PREFIX}{os.getpid()}-t{ticks}-{uuid4().hex[:12]}" / "w1"
+        w1.mkdir(parents=True)
+        workload = handed()
+        (w1 / "cgroup.procs").write_text(str(workload.pid))
+        workload.tell("escape")  # forked inside the cgroup, out of the process group
+        escaped = int(workload.expect("relayed escaped").split()[2])
+        workload.kill_owner()
+        assert exits(workload.pid, TIMEOUT + GUARD)
+        assert exits(escaped, GUARD), "a process in the workload's cgroup outlived it"
+        assert exits(workload.grandchild, GUARD), "the workload's process group outlived it"
+        until(lambda: not (w1 / "cgroup.procs").read_text().strip(), "the killed cgroup to empty")
