@@ -12,7 +12,6 @@ fork-server launcher, real task processes.
 
 from __future__ import annotations
 
-import re
 import signal
 import time
 from pathlib import Path
@@ -41,7 +40,8 @@ def _running(sandbox: AirflowSandbox, tmp_path: Path) -> tuple[str, list[int]]:
     poll("both tasks running", lambda: len(_marks(tmp_path, ".start")) == TASKS)
     scheduler = psutil.Process(sandbox.pids["scheduler"])
     # Each task process and the workload process that supervises it, which the scheduler launched.
-    tasks = [int(m.group(1)) for mark in _marks(tmp_path, ".start") if (m := re.search(r"pid(\d+)", mark))]
+    tasks = [int(mark.rsplit(".pid", 1)[1]) for mark in _marks(tmp_path, ".start")]
+    assert len(tasks) == TASKS, tasks
     workloads = [psutil.Process(pid).ppid() for pid in tasks]
     assert all(psutil.Process(pid).ppid() == scheduler.pid for pid in workloads), workloads
     return run_id, [*workloads, *tasks]
