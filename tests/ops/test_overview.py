@@ -7,15 +7,18 @@ a running executor's, one of a process that exited is a stopped scheduler's.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
 import time
 from pathlib import Path
 
+from rich.console import Console
+
 from async_local_executor.core.health import Health, Report, Thresholds, Verdict, assess
 from async_local_executor.core.state import LaunchFailure, RunningWorkload
-from async_local_executor.ops import overview
+from async_local_executor.ops import cli, overview
 from async_local_executor.ops.status import StatusWriter, status_path
 from async_local_executor.ops.status_read import STALE_AFTER, read_all
 from tests.core.helpers import py
@@ -215,3 +218,28 @@ def test_what_a_status_file_says_in_words_never_goes_public(tmp_path: Path) -> N
         "the memory guard is holding workloads until memory frees up",
     ]
     assert "secret_mod" not in json.dumps(instance)
+
+
+def test_an_adopted_workload_is_marked_in_the_file_the_dashboard_and_the_status_command(
+    tmp_path: Path,
+) -> None:
+    state = quiet(
+        running=(
+            RunningWorkload("etl.load[3] try 2", os.getpid(), time.time() - 5, "default", adopted=True),
+            RunningWorkload("etl.load[4] try 1", os.getpid(), time.time() - 1, "default"),
+        )
+    )
+    writer = StatusWriter(status_path(tmp_path, "a"), {"instance": "a", "pid": os.getpid(), "parallelism": 4})
+    writer.write(Report(time.monotonic(), 0.0, 0.0, Health(Verdict.HEALTHY), state))
+    [found] = read_all(tmp_path)
+    assert [row.get("adopted", False) for row in found.data["running"]] == [True, False]
+    [shown] = overview.status([found], HOST, time.time(), tmp_path)["executors"]
+    assert [(w["task"], w.get("adopted", False)) for w in shown["running"]] == [
+        ("etl.load[3]", True),
+        ("etl.load[4]", False),
+    ]
+    out = io.StringIO()
+    Console(file=out, width=200).print(cli.render([found], tmp_path))
+    text = out.getvalue()
+    assert "etl.load[3] try 2 (adopted)" in text
+    assert "etl.load[4] try 1 (adopted)" not in text
