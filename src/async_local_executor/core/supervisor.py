@@ -177,7 +177,11 @@ class Supervisor:
         """Accept one workload; its outcome always arrives through the listener, exactly once."""
         if self._tg is None:
             raise RuntimeError("supervisor is not serving")
-        workload = Workload(request, accepted=self._clock.time())
+        self._accept(Workload(request, accepted=self._clock.time()), "workload")
+
+    def _accept(self, workload: Workload, kind: str) -> None:
+        """Supervise ``workload`` from now on, or drop it at once (with its event) after a stop began."""
+        assert self._tg is not None
         if not self._accepting:
             workload.stop_reason = "executor is shutting down"
             self._end(workload, None, Step.DROP)
@@ -186,9 +190,8 @@ class Supervisor:
         self._workloads[serial] = workload
         if self._idle.is_set():
             self._idle = anyio.Event()
-        self._tg.start_soon(
-            self._supervise, serial, workload, name=f"workload {request.label or request.key}"
-        )
+        request = workload.request
+        self._tg.start_soon(self._supervise, serial, workload, name=f"{kind} {request.label or request.key}")
 
     def stop(self, key: Hashable, reason: str) -> int:
         """Stop every workload with ``key``: drop it if it has no slot yet, else terminate it.
@@ -283,17 +286,7 @@ class Supervisor:
         workload = Workload(
             request, accepted=self._clock.time(), take=take, first_launched=launched, cgroup_dir=cgroup_dir
         )
-        if not self._accepting:
-            workload.stop_reason = "executor is shutting down"
-            self._end(workload, None, Step.DROP)
-            return
-        serial = next(self._serials)
-        self._workloads[serial] = workload
-        if self._idle.is_set():
-            self._idle = anyio.Event()
-        self._tg.start_soon(
-            self._supervise, serial, workload, name=f"adopted workload {request.label or request.key}"
-        )
+        self._accept(workload, "adopted workload")
 
     async def _supervise(self, serial: int, workload: Workload) -> None:
         try:
