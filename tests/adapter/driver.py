@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import threading
 import time
@@ -11,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from async_local_executor.adapter.executor import AsyncLocalExecutor
+from async_local_executor.adapter.workload import entry
 from async_local_executor.core.health import Report
+from tests.adapter.stub_workload import CUSTODY
 
 GUARD = 60.0
 STUB = str(Path(__file__).with_name("stub_workload.py"))
@@ -66,6 +69,34 @@ class RecordingExecutor(AsyncLocalExecutor):
                     functools.partial(self._reported_since, seen), deadline - time.monotonic()
                 )
             assert arrived, f"no health report within the {guard:g}s guard"
+
+
+class CustodyExecutor(RecordingExecutor):
+    """A :class:`RecordingExecutor` whose stub workloads run in custody as the real entry's do: with the
+    flags the executor adds for a handover (``--handover-timeout``, ``--custody-dir``), they outlive a
+    stop and record their exit code for whichever executor adopts them (tests/adapter/stub_workload.py).
+
+    :attr adopted: the pids of the adopted workloads its supervisor runs, as of its last health report
+    """
+
+    adopted: frozenset[int] = frozenset()
+
+    def _on_report(self, report: Report) -> None:
+        self.adopted = frozenset(w.pid for w in report.state.running if w.adopted)
+        super()._on_report(report)
+
+    def _child_argv(self) -> tuple[str, ...]:
+        config = self._config
+        flags = entry.argv_flags(
+            os.getpid(),
+            config.workload_cpu_priority,
+            handover_timeout=config.handover_timeout if config.hands_over else 0.0,
+            custody_dir=self._custody if config.hands_over else "",
+        )
+        return (sys.executable, STUB, CUSTODY, *flags)
+
+    def _fork_target(self) -> str:
+        return "tests.adapter.stub_workload:forked_custody"
 
 
 class Scheduler:

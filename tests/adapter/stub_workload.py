@@ -11,6 +11,14 @@ import os
 import signal
 import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from async_local_executor.adapter.workload.entry import Entry
+
+# First on its command line (no flag: the entry's parser would take it for --custody-dir): the stub runs
+# in custody, as the real entry does.
+CUSTODY = "in-custody"
 
 
 def main() -> int:
@@ -57,5 +65,26 @@ def behave(raw: str, args: list[str]) -> int:
     return 0
 
 
+def _custody_entry() -> Entry[str]:
+    """The real entry's skeleton (its custody, its exit record) around the stub's behaviour.
+
+    Imported here, not at the top: the stub without custody starts as fast as it did.
+    """
+    from async_local_executor.adapter.workload.entry import Entry
+
+    return Entry("tests.adapter.stub_workload", "workload", bytes.decode, lambda raw: behave(raw, []))
+
+
+def custody_main() -> int:
+    """The stub behind the flags the executor adds (``--parent-pid``, ``--handover-timeout``,
+    ``--custody-dir``): in custody when they ask for it, its exit code recorded for an adopter."""
+    return _custody_entry().main(sys.argv[2:])
+
+
+def forked_custody(argv: list[str], stdin: bytes) -> int:
+    """The same as a fork-server target."""
+    return _custody_entry().forked_main(argv, stdin)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(custody_main() if sys.argv[1:2] == [CUSTODY] else main())

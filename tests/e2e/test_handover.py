@@ -3,8 +3,11 @@
 With the defaults (``on_stop = handover``, ``handover_timeout = 300``), a stopped scheduler exits within
 seconds and a killed one leaves its tasks running; the next scheduler adopts them, so every task runs
 once, at try 1, and its end is reported. Without a successor, the tasks kill themselves once
-``handover_timeout`` has passed. Each task records every execution it starts and ends (dags/handover.py),
-so the tests count executions from the tasks themselves, not from Airflow's database alone.
+``handover_timeout`` has passed. An adopted task's run-time limit counts from its launch, not from its
+adoption. A handed-over task whose process is gone by the restart, or whose recorded pid another process
+runs now, is not adopted: the scheduler resets it and it runs again, and the other process is left alone.
+Each task records every execution it starts and ends (dags/handover.py, dags/handover_overrun.py), so the
+tests count executions from the tasks themselves, not from Airflow's database alone.
 
 Nothing is mocked: a real Airflow 3.3 (scheduler, api-server, dag-processor) on SQLite, the default
 fork-server launcher, real task processes.
@@ -12,13 +15,19 @@ fork-server launcher, real task processes.
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 
+from async_local_executor.core.proc_identity import start_ticks
 from harness.sandbox import AirflowSandbox
 from tests.core.helpers import alive
 from tests.e2e.helpers import QUICK_ORPHANS, cmdline, poll
@@ -109,3 +118,203 @@ def test_without_a_next_scheduler_nothing_a_task_started_outlives_the_handover_t
     # They waited for a successor first: not killed with the scheduler.
     assert time.monotonic() - killed >= HANDOVER_TIMEOUT - 1.0
     assert _marks(tmp_path, ".end") == []
+
+
+def _task_pid(tmp_path: Path, execution: str) -> int:
+    """The task process's pid of one execution (``hold0.try1``), from its start mark."""
+    [mark] = tmp_path.glob(f"{execution}.pid*.start")
+    return int(mark.name.removesuffix(".start").rsplit(".pid", 1)[1])
+
+
+def _stop(sandbox: AirflowSandbox) -> None:
+    """SIGTERM the scheduler, which hands both running tasks over."""
+    log = sandbox.process_logs["scheduler"]
+    before = log.stat().st_size
+    assert sandbox.signal_and_wait("scheduler", signal.SIGTERM, timeout=120) == 0
+    stopped = log.read_bytes()[before:].decode(errors="replace")
+    assert f"handed over {TASKS} running task workload(s)" in stopped, stopped
+
+
+def _restart(sandbox: AirflowSandbox) -> int:
+    """Start the scheduler again; where its log begins."""
+    before = sandbox.process_logs["scheduler"].stat().st_size
+    sandbox.restart("scheduler")
+    return before
+
+
+def _since(sandbox: AirflowSandbox, offset: int) -> str:
+    return sandbox.process_logs["scheduler"].read_bytes()[offset:].decode(errors="replace")
+
+
+def _rerun_after_reset(
+    sandbox: AirflowSandbox, tmp_path: Path, run_id: str, gone: tuple[int, int], adopted: tuple[int, int]
+) -> None:
+    """hold0 was reset and runs again (try 2), hold1 was adopted; both end once the gate opens, and
+    nothing any of their executions started is left running.
+
+    :param gone: hold0's first workload and task processes
+    :param adopted: hold1's workload and task processes
+    """
+    poll("hold0 to run again", lambda: any(tmp_path.glob("hold0.try2.pid*.start")))
+    assert all(alive(pid) for pid in adopted), {pid: alive(pid) for pid in adopted}
+    assert not any(alive(pid) for pid in gone), {pid: cmdline(pid) for pid in gone}
+    retried = _task_pid(tmp_path, "hold0.try2")
+    launched = [*gone, *adopted, retried, psutil.Process(retried).ppid()]
+    (tmp_path / "gate").write_text("")
+    poll("the run to end", lambda: sandbox.run_state("handover", run_id) in ("success", "failed"))
+    rows = sandbox.task_instances("handover", run_id)
+    assert sandbox.run_state("handover", run_id) == "success", rows
+    assert [(r.map_index, r.state, r.try_number) for r in rows] == [(0, "success", 2), (1, "success", 1)]
+    # hold0's first execution ended with its process; its second and hold1's one ran to their end.
+    first, kept = f"hold0.try1.pid{gone[1]}", f"hold1.try1.pid{adopted[1]}"
+    again = f"hold0.try2.pid{retried}"
+    assert _marks(tmp_path, ".start") == [first, again, kept]
+    assert _marks(tmp_path, ".end") == [again, kept]
+    poll("every process of every execution to end", lambda: not any(alive(pid) for pid in launched))
+
+
+def test_a_handed_over_task_whose_process_vanished_before_the_restart_is_reset_and_runs_again(
+    sandbox: AirflowSandbox, tmp_path: Path
+) -> None:
+    run_id, _ = _running(sandbox, tmp_path)
+    task0, task1 = _task_pid(tmp_path, "hold0.try1"), _task_pid(tmp_path, "hold1.try1")
+    workload0, workload1 = psutil.Process(task0).ppid(), psutil.Process(task1).ppid()
+    _stop(sandbox)
+    # While no scheduler runs, hold0's workload and its task vanish (the task leads a group of its own).
+    for group in {os.getpgid(workload0), os.getpgid(task0)}:
+        os.killpg(group, signal.SIGKILL)
+    poll("hold0's processes to be gone", lambda: not alive(workload0) and not alive(task0))
+
+    offset = _restart(sandbox)
+    poll(
+        "the new scheduler to adopt hold1 only",
+        lambda: "adopted 1 task instance(s)" in _since(sandbox, offset),
+    )
+    started = _since(sandbox, offset)
+    assert f"holding 1 running workload(s) a stopped scheduler handed over (pid {workload1})" in started
+    assert "1 others are left for the scheduler to reset" in started, started
+    _rerun_after_reset(sandbox, tmp_path, run_id, (workload0, task0), (workload1, task1))
+
+
+HANDOVER_TIMEOUT_REUSED = 60.0
+
+
+def _move_record(journal: Path, recorded: int, to: int) -> int:
+    """Rewrite a stopped scheduler's journal so that launch ``recorded`` names pid ``to`` instead, its
+    start ticks left as they were: what the journal says when the workload is gone and its pid reused."""
+    lines = journal.read_text().splitlines()
+    moved = 0
+    for number, line in enumerate(lines):
+        entry = json.loads(line)
+        for field in ("+", "handover", "of"):  # its launch line, its handover line, its descendants'
+            if entry.get(field) == recorded:
+                entry[field] = to
+                lines[number] = json.dumps(entry)
+                moved += 1
+    journal.write_text("".join(f"{line}\n" for line in lines))
+    return moved
+
+
+@pytest.mark.sandbox(config={"AIRFLOW__ASYNC_LOCAL_EXECUTOR__HANDOVER_TIMEOUT": str(HANDOVER_TIMEOUT_REUSED)})
+def test_a_recorded_pid_another_process_runs_now_is_neither_adopted_nor_killed(
+    sandbox: AirflowSandbox, tmp_path: Path
+) -> None:
+    run_id, _ = _running(sandbox, tmp_path)
+    task0, task1 = _task_pid(tmp_path, "hold0.try1"), _task_pid(tmp_path, "hold1.try1")
+    workload0, workload1 = psutil.Process(task0).ppid(), psutil.Process(task1).ppid()
+    _stop(sandbox)
+    stopped = time.monotonic()
+    # Another process, nothing of Airflow's nor of any executor's, runs under the pid the journal records
+    # for hold0's workload: the journal's record of it is moved to that process's pid, as a pid reuse
+    # leaves it (the same pid, another start). hold0's real workload is no longer what the record names.
+    with subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"],  # runs until the test closes its stdin
+        stdin=subprocess.PIPE,
+        start_new_session=True,
+    ) as other:
+        try:
+            other_start = start_ticks(other.pid)
+            [journal] = (sandbox.home / "async_local_executor").glob("*.launches")
+            assert _move_record(journal, workload0, other.pid) >= 2  # at least its launch and its handover
+
+            offset = _restart(sandbox)
+            poll(
+                "the new scheduler to adopt hold1 only",
+                lambda: "adopted 1 task instance(s)" in _since(sandbox, offset),
+            )
+            started = _since(sandbox, offset)
+            assert (
+                f"holding 1 running workload(s) a stopped scheduler handed over (pid {workload1})" in started
+            )
+            assert "1 others are left for the scheduler to reset" in started, started
+            # hold0's real workload is no handed-over workload any more, only a process the stopped
+            # executor left running: killed as any such survivor (found by its cgroup or its mark), or,
+            # if none finds it, by itself once nobody claimed it within its handover_timeout.
+            poll(
+                "hold0's processes to be gone",
+                lambda: not alive(workload0) and not alive(task0),
+                guard=HANDOVER_TIMEOUT_REUSED + 10.0 - (time.monotonic() - stopped),
+            )
+            _rerun_after_reset(sandbox, tmp_path, run_id, (workload0, task0), (workload1, task1))
+            # The process under the recorded pid was neither taken for the workload nor touched.
+            assert other.poll() is None
+            assert start_ticks(other.pid) == other_start
+        finally:
+            other.kill()
+
+
+OVERRUN_TIMEOUT = 40.0  # the executor's run-time limit per task (task_timeout)
+OVERRUN_GRACE = 5.0  # termination_grace_period: SIGTERM, then SIGKILL this much later
+# How long after its launch the task is left without a scheduler at least: a limit counted from the
+# adoption would end it at least this much later than one counted from the launch.
+WITHOUT_SCHEDULER = 20.0
+SLACK = 10.0  # the polls', and the killed processes' time to go
+
+
+@pytest.mark.sandbox(
+    config={
+        "AIRFLOW__ASYNC_LOCAL_EXECUTOR__TASK_TIMEOUT": str(OVERRUN_TIMEOUT),
+        "AIRFLOW__ASYNC_LOCAL_EXECUTOR__TERMINATION_GRACE_PERIOD": str(OVERRUN_GRACE),
+    }
+)
+def test_an_adopted_task_times_out_when_what_was_left_of_its_limit_runs_out(
+    sandbox: AirflowSandbox, tmp_path: Path
+) -> None:
+    sandbox.wait_for_dag("handover_overrun", timeout=120)
+    run_id = sandbox.trigger("handover_overrun")
+    poll("the task running", lambda: any(tmp_path.glob("overrun.try1.pid*.start")))
+    task = _task_pid(tmp_path, "overrun.try1")
+    workload = psutil.Process(task).ppid()
+    assert psutil.Process(workload).ppid() == sandbox.pids["scheduler"]
+    # Its workload was launched before the task wrote this (wall clock, as the file's time is).
+    [mark] = tmp_path.glob("overrun.try1.pid*.start")
+    launched_by = mark.stat().st_mtime
+    before = sandbox.process_logs["scheduler"].stat().st_size
+    assert sandbox.signal_and_wait("scheduler", signal.SIGTERM, timeout=120) == 0
+    assert "handed over 1 running task workload(s)" in _since(sandbox, before)
+    # Time passes with no scheduler at all: it counts against the limit as any other time it runs.
+    poll("the time without a scheduler to pass", lambda: time.time() > launched_by + WITHOUT_SCHEDULER)
+    restarted = time.time()
+    offset = _restart(sandbox)
+    poll("the new scheduler to adopt it", lambda: "adopted 1 task instance(s)" in _since(sandbox, offset))
+    adopted_by = time.time()  # it was held (and its limit armed) before this
+    poll("its processes to be ended by the limit", lambda: not alive(workload) and not alive(task))
+    ended = time.time()
+
+    # Ended once its limit from its launch had run out, or at once if it had by the time the new scheduler
+    # held it (a slow start), within the grace period; a limit counted from its adoption would have let it
+    # run OVERRUN_TIMEOUT seconds past that.
+    deadline = max(launched_by + OVERRUN_TIMEOUT, adopted_by)
+    assert ended - deadline < OVERRUN_GRACE + SLACK, (ended - launched_by, adopted_by - launched_by)
+    poll("the run to end", lambda: sandbox.run_state("handover_overrun", run_id) in ("success", "failed"))
+    text = _since(sandbox, offset)
+    found = re.search(r"overrun try 1 ran longer than its ([0-9.e+-]+)s timeout; terminating it", text)
+    assert found is not None, text
+    # The limit it was held to here was what was left of it at the restart at most.
+    assert float(found[1]) < OVERRUN_TIMEOUT - (restarted - launched_by), found[0]
+    assert "workload handover_overrun.overrun try 1 failed: " in text, text
+    rows = sandbox.task_instances("handover_overrun", run_id)
+    assert sandbox.run_state("handover_overrun", run_id) == "failed", rows
+    assert [(r.state, r.try_number) for r in rows] == [("failed", 1)], rows
+    # One execution, which never reached its end; nothing ran again.
+    assert sorted(p.name for p in tmp_path.glob("overrun*")) == [mark.name]

@@ -24,7 +24,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -60,7 +60,7 @@ from async_local_executor.adapter.validation import KNOWN_KEYS, Checked, shown
 from async_local_executor.adapter.workload import entry
 from async_local_executor.core.cgroups import Containment
 from async_local_executor.core.clock import SYSTEM, Clock
-from async_local_executor.core.errors import RuntimeNotRunning
+from async_local_executor.core.errors import LaunchError, RuntimeNotRunning
 from async_local_executor.core.health import Health, Report
 from async_local_executor.core.launchers.adopted import AdoptedChild
 from async_local_executor.core.launchers.base import LaunchRequest
@@ -117,6 +117,38 @@ def _timeout_left(record: recovery.Held) -> float | None:
     else:
         since = time.clock_gettime(time.CLOCK_BOOTTIME) - record.boot
     return max(0.001, float(left) - max(0.0, since))
+
+
+def _read_exit_once(custody: Path, pid: int, start: int) -> int | None:
+    """The exit code an adopted workload recorded, read at its exit; its custody files go then.
+
+    Its outcome is ours from here on and nothing reads them again; left, they would pile up for as long
+    as this scheduler runs (the next start removes only those no live executor answers for).
+    """
+    try:
+        return custody_dir.read_exit(custody, pid, start)
+    finally:
+        with contextlib.suppress(OSError):
+            custody_dir.remove(custody, pid, start)
+
+
+def _taken_now(take: Callable[[], AdoptedChild]) -> Callable[[], AdoptedChild]:
+    """Take a held workload's process at once, for the supervisor to have it when the loop gets to it.
+
+    Taken later (the loop gets to it after the start, and after a slot and the memory floor), a workload
+    that ended meanwhile would be a failed launch ("no longer runs as the workload that was handed over")
+    whatever exit code it recorded; taken now, its exit is read from that record as any adopted one's.
+    """
+    try:
+        child = take()
+    except LaunchError as exc:
+        error = exc
+
+        def failed() -> AdoptedChild:
+            raise error
+
+        return failed
+    return lambda: child
 
 
 def _may_be_cleared_exit(key: object, event: Any) -> bool:
@@ -347,9 +379,9 @@ class AsyncLocalExecutor(BaseExecutor):
     def _adoption(
         self, record: recovery.Held, key: object, label: str, custody: Path, timeout: float | None
     ) -> tuple[LaunchRequest, Any, float, str | None]:
-        read = functools.partial(custody_dir.read_exit, custody, record.pid, record.start)
+        read = functools.partial(_read_exit_once, custody, record.pid, record.start)
         cgroup = Path(record.cgroup) if record.cgroup else None
-        take = functools.partial(AdoptedChild.take, record.pid, record.start, read, cgroup)
+        take = _taken_now(functools.partial(AdoptedChild.take, record.pid, record.start, read, cgroup))
         request = LaunchRequest(key=key, argv=("adopted",), label=label, timeout=timeout)
         return request, take, launched_at(record.info) or record.at, record.cgroup
 
