@@ -294,7 +294,8 @@ class Supervisor:
                 async with self._admission.slot(workload.request):
                     if workload.lifecycle.finished:  # dropped before this task first ran
                         return
-                    await self._admission.wait_for_memory(workload.request)
+                    if workload.take is None:  # an adopted one runs already: memory is no reason to wait
+                        await self._admission.wait_for_memory(workload.request)
                     workload.lifecycle.advance(Step.ADMIT)
                     child = await self._launch(workload)
                     if child is not None:

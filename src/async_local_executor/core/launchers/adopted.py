@@ -46,6 +46,7 @@ class AdoptedChild:
         self._released = False
         self._waiting: anyio.CancelScope | None = None
         self._cleanup: Cleanup | None = None
+        self._signalled: int | None = None  # the last signal we sent it, for an exit it could not record
 
     @classmethod
     def take(
@@ -81,6 +82,7 @@ class AdoptedChild:
     def signal(self, sig: int) -> None:
         if self._released:
             return
+        self._signalled = sig
         self._signaller.send(sig)
         for member in self._members():
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -107,6 +109,10 @@ class AdoptedChild:
         killed = self._kill_leftovers()
         self._cleanup = Cleanup(leftovers=killed, killed=killed) if self._cgroup_dir is not None else None
         status = self._read_status()
+        if status is None and self._signalled is not None:
+            # Ended by our signal before it could record anything (a stop's SIGKILL, say): that signal is
+            # its end, as the exit status of a child we reaped would say.
+            return -self._signalled
         if status is None:
             raise ChildLost("it exited without recording its exit status (killed outright, or it crashed)")
         return status
