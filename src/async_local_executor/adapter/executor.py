@@ -172,6 +172,25 @@ def _ti_gone(key: object, outcome: Outcome) -> bool:
     )
 
 
+def _unshare_db_connections() -> None:
+    """Airflow 2: close the scheduler's pooled database connections, so that no process it forks shares them.
+
+    Airflow 2's scheduler forks its log server before the executor starts and its DAG file processor
+    manager right after, with its pooled connections open: they hold the same sockets, and outlive a
+    scheduler killed outright (kill -9, the OOM killer; systemd's ``KillMode=process``, which a
+    handover needs, leaves them). The database then never sees the dead scheduler's connection close,
+    so a transaction the kill cut short stays open with its row locks (its ``FOR UPDATE`` of a running
+    dag run) for as long as they run: a task ending blocks on them, so a handed-over task never ends
+    and its run never finishes. Closed here, the connections the scheduler opens from now on are its
+    own, and its death ends their transactions.
+    """
+    from airflow import settings
+
+    engine = getattr(settings, "engine", None)
+    if engine is not None:
+        engine.dispose()  # closes what is checked in; a checked-out connection is closed when returned
+
+
 class AsyncLocalExecutor(BaseExecutor):
     """Runs each workload as its own process, supervised by an event loop on a dedicated thread.
 
@@ -307,6 +326,8 @@ class AsyncLocalExecutor(BaseExecutor):
             config.launcher.value,
             "uvloop" if wired.use_uvloop else "asyncio",
         )
+        if not AIRFLOW_V3:
+            _unshare_db_connections()  # last: the scheduler forks its DAG file processor manager next
 
     def _child_argv(self) -> tuple[str, ...]:
         """The command that runs one workload; it reads the workload (or Airflow 2 command) from stdin."""
