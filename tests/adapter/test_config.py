@@ -160,6 +160,8 @@ def test_every_option_is_documented() -> None:
         "task_pids_limit",
         "kill_leftover_processes",
         "shutdown_timeout",
+        "on_stop",
+        "handover_timeout",
         "termination_grace_period",
         "event_loop",
         "launcher",

@@ -519,8 +519,10 @@ def test_running_launches_are_journaled_and_marked_and_a_clean_end_removes_the_j
     gate.unlink()
     scheduler.run_until(lambda: held.key in scheduler.events)
     ex.end()
-    # What tasks were seen to import (fork server only) is kept on purpose, for the next scheduler.
-    assert {p.name for p in state.iterdir()} <= {"imports"}
+    # What tasks were seen to import (fork server only) is kept on purpose, for the next scheduler, and
+    # so is the custody directory, where handed-over workloads meet their next owner: empty here.
+    assert {p.name for p in state.iterdir()} <= {"imports", "custody"}
+    assert not any((state / "custody").iterdir())
 
 
 def test_start_kills_what_a_crashed_executor_left_running_before_launching(
