@@ -173,12 +173,17 @@ def _rerun_after_reset(
     poll("every process of every execution to end", lambda: not any(alive(pid) for pid in launched))
 
 
+def _first_tries(tmp_path: Path) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Each task's first try as ``(task pid, workload pid)``: the task process and its parent."""
+    task0, task1 = _task_pid(tmp_path, "hold0.try1"), _task_pid(tmp_path, "hold1.try1")
+    return (task0, psutil.Process(task0).ppid()), (task1, psutil.Process(task1).ppid())
+
+
 def test_a_handed_over_task_whose_process_vanished_before_the_restart_is_reset_and_runs_again(
     sandbox: AirflowSandbox, tmp_path: Path
 ) -> None:
     run_id, _ = _running(sandbox, tmp_path)
-    task0, task1 = _task_pid(tmp_path, "hold0.try1"), _task_pid(tmp_path, "hold1.try1")
-    workload0, workload1 = psutil.Process(task0).ppid(), psutil.Process(task1).ppid()
+    (task0, workload0), (task1, workload1) = _first_tries(tmp_path)
     _stop(sandbox)
     # While no scheduler runs, hold0's workload and its task vanish (the task leads a group of its own).
     for group in {os.getpgid(workload0), os.getpgid(task0)}:
@@ -220,8 +225,7 @@ def test_a_recorded_pid_another_process_runs_now_is_neither_adopted_nor_killed(
     sandbox: AirflowSandbox, tmp_path: Path
 ) -> None:
     run_id, _ = _running(sandbox, tmp_path)
-    task0, task1 = _task_pid(tmp_path, "hold0.try1"), _task_pid(tmp_path, "hold1.try1")
-    workload0, workload1 = psutil.Process(task0).ppid(), psutil.Process(task1).ppid()
+    (task0, workload0), (task1, workload1) = _first_tries(tmp_path)
     _stop(sandbox)
     stopped = time.monotonic()
     # Another process, nothing of Airflow's nor of any executor's, runs under the pid the journal records

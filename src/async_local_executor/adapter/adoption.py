@@ -87,9 +87,6 @@ class Holding:
     def __init__(self) -> None:
         self._held: dict[TaskInstanceKey, Held] = {}
 
-    def __len__(self) -> int:
-        return len(self._held)
-
     def hold(self, held: Held) -> None:
         self._held[held.key] = held
 
@@ -114,10 +111,6 @@ class Holding:
         """Its end was given to Airflow."""
         if isinstance(key, TaskInstanceKey):
             self._held.pop(key, None)
-
-    def adopted(self) -> list[Held]:
-        """The claimed ones still running."""
-        return [held for held in self._held.values() if held.claimed]
 
     def waiting(self) -> list[Held]:
         """The ones not claimed yet."""
