@@ -932,3 +932,81 @@ async def test_an_adopted_workload_is_handed_over_again_with_its_cgroup_at_the_n
     assert [(h.key, h.cgroup, h.launched) for h in handovers] == [("again", "/cg/1-t2-ab/w1", 3.0)]
     assert child.released
     assert recorder.outcomes == []
+
+
+async def test_adopted_workloads_beyond_the_limit_run_at_once_and_new_launches_wait_until_enough_ended() -> (
+    None
+):
+    # A successor with a lower limit than its predecessor's: two running processes, one slot.
+    adopted_launcher = FakeLauncher()
+    async with faked(limit=1) as (supervisor, launcher, recorder, _clock):
+        first = await adopted_launcher.launch(request("first"))
+        second = await adopted_launcher.launch(request("second"))
+        supervisor.adopt(request("first"), lambda: first, launched=1.0, cgroup_dir=None)
+        supervisor.adopt(request("second"), lambda: second, launched=2.0, cgroup_dir=None)
+        supervisor.submit(request("new"))
+        await recorder.until(lambda: len(recorder.pids) == 2)
+        assert sorted(w.pid for w in supervisor.state().running) == sorted([first.pid, second.pid])
+        first.exit(0)
+        await recorder.until(lambda: len(recorder.outcomes) == 1)
+        await anyio.wait_all_tasks_blocked()
+        assert launcher.requests == []  # one adopted workload still runs: the count is at the limit
+        second.exit(0)
+        await launcher.until(lambda: "new" in launcher.children)
+        launcher.children["new"].exit(0)
+        await recorder.until(lambda: len(recorder.outcomes) == 3)
+    assert [o.key for o in recorder.outcomes] == ["first", "second", "new"]
+    assert all(o.ok for o in recorder.outcomes)
+
+
+async def test_an_adopted_workload_stopped_before_its_supervision_began_has_its_process_stopped() -> None:
+    # Revoked in the same loop turn as its adoption: its process runs, so it is stopped, not dropped.
+    adopted_launcher = FakeLauncher()
+    async with faked() as (supervisor, _, recorder, _clock):
+        child = await adopted_launcher.launch(request("revoked"))
+        supervisor.adopt(request("revoked"), lambda: child, launched=1.0, cgroup_dir=None)
+        assert supervisor.stop("revoked", "revoked by the scheduler") == 1
+        await recorder.until(lambda: recorder.outcomes)
+    assert child.signals == [signal.SIGTERM]
+    outcome = recorder.outcome("revoked")
+    assert (outcome.kind, outcome.reason) == (
+        OutcomeKind.TERMINATED,
+        "revoked by the scheduler: terminated (killed by SIGTERM)",
+    )
+    assert list(recorder.pids) == ["revoked"]
+
+
+async def test_an_adopted_workload_not_yet_taken_when_release_begins_is_handed_over_again() -> None:
+    adopted_launcher = FakeLauncher()
+    recorder = Recorder()
+    supervisor = Supervisor(FakeLauncher(), recorder, limit=1, clock=FakeClock())
+    async with anyio.create_task_group() as tg:
+        await tg.start(supervisor.serve)
+        child = await adopted_launcher.launch(request("again"))
+        supervisor.adopt(request("again"), lambda: child, launched=3.0, cgroup_dir=None)
+        with anyio.fail_after(GUARD):
+            handovers = await supervisor.release(grace=0)
+    assert [(h.key, h.pid) for h in handovers] == [("again", child.pid)]
+    assert child.released
+    assert child.signals == []
+    assert recorder.outcomes == []
+
+
+async def test_an_adopted_workload_offered_after_a_shutdown_began_is_stopped_not_dropped() -> None:
+    adopted_launcher = FakeLauncher()
+    recorder = Recorder()
+    launcher = FakeLauncher()
+    supervisor = Supervisor(launcher, recorder, limit=None, clock=FakeClock())
+    async with anyio.create_task_group() as tg:
+        await tg.start(supervisor.serve)
+        supervisor.submit(request("running"))
+        await launcher.until(lambda: "running" in launcher.children)
+        tg.start_soon(supervisor.shutdown, GUARD)
+        await anyio.wait_all_tasks_blocked()
+        child = await adopted_launcher.launch(request("late"))
+        supervisor.adopt(request("late"), lambda: child, launched=3.0, cgroup_dir=None)
+        await recorder.until(lambda: recorder.outcomes)
+        launcher.children["running"].exit(0)
+    assert child.signals == [signal.SIGTERM]
+    assert recorder.outcome("late").kind is OutcomeKind.TERMINATED
+    assert recorder.outcome("running").ok

@@ -1,7 +1,9 @@
 """Who may launch now: a slot under the executor-wide limit, one under its group's limit, and memory.
 
 Waiting here is the only queue there is: an accepted workload holds no slot until every limit lets it
-through, and low memory delays launches but never fails them.
+through, and low memory delays launches but never fails them. A process that already runs (one adopted
+from a stopped executor) never waits: it takes its slot at once, on credit when none is free, and the
+limit is that much lower until it ends.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 
 import anyio
 import psutil
@@ -58,6 +60,11 @@ class Admission:
         self._group_limiters = {
             group: anyio.CapacityLimiter(group_limit) for group, group_limit in (group_limits or {}).items()
         }
+        # Each limiter's own limit, and how many slots running processes took from it on credit.
+        self._limits: dict[anyio.CapacityLimiter, float] = {
+            limiter: limiter.total_tokens for limiter in (self._limiter, *self._group_limiters.values())
+        }
+        self._owed: dict[anyio.CapacityLimiter, int] = dict.fromkeys(self._limits, 0)
         self._saturated: set[str] = set()
         self.memory_floor = memory_floor
         self._available_memory = available_memory
@@ -68,10 +75,49 @@ class Admission:
         self.memory_waits_total = 0  # workloads that had to wait for memory
 
     @contextlib.asynccontextmanager
-    async def slot(self, request: LaunchRequest) -> AsyncIterator[None]:
-        """Hold a slot in ``request``'s group and one executor-wide, for as long as the body runs."""
+    async def slot(self, request: LaunchRequest, *, running: bool = False) -> AsyncIterator[None]:
+        """Hold a slot in ``request``'s group and one executor-wide, for as long as the body runs.
+
+        :param running: the workload's process runs already (it was adopted): it takes its slots at once,
+            without waiting. Where a limit has none free, it takes one on credit: that limit is one lower
+            until the body ends, so workloads waiting to launch go only once enough others have ended
+            to bring the count back under the limit. Nothing that runs is held back, or stopped, for it.
+        """
+        if running:
+            with self._on_credit(self._group_limiters.get(request.group)), self._on_credit(self._limiter):
+                yield
+            return
         async with self._group_slot(request), self._limiter:
             yield
+
+    @contextlib.contextmanager
+    def _on_credit(self, limiter: anyio.CapacityLimiter | None) -> Iterator[None]:
+        if limiter is None:
+            yield
+            return
+        try:
+            limiter.acquire_nowait()
+        except anyio.WouldBlock:
+            pass
+        else:
+            try:
+                yield
+            finally:
+                limiter.release()
+            return
+        # Lowering the limit never wakes a waiter; every slot freed while something is owed pays it back
+        # (anyio hands a freed token on only while fewer are borrowed than the limit).
+        self._owed[limiter] += 1
+        self._set_limit(limiter)
+        try:
+            yield
+        finally:
+            self._owed[limiter] -= 1
+            self._set_limit(limiter)
+
+    def _set_limit(self, limiter: anyio.CapacityLimiter) -> None:
+        limit = self._limits[limiter]
+        limiter.total_tokens = limit if math.isinf(limit) else max(0, int(limit) - self._owed[limiter])
 
     def _group_slot(self, request: LaunchRequest) -> contextlib.AbstractAsyncContextManager[object]:
         # Taken before the executor-wide slot, so a workload held back by its group's limit does not

@@ -180,12 +180,18 @@ class Supervisor:
         self._accept(Workload(request, accepted=self._clock.time()), "workload")
 
     def _accept(self, workload: Workload, kind: str) -> None:
-        """Supervise ``workload`` from now on, or drop it at once (with its event) after a stop began."""
+        """Supervise ``workload`` from now on, or drop it at once (with its event) after a stop began.
+
+        An adopted one is never dropped, since its process runs: after a stop began it is taken and
+        stopped, or, during a release, taken and handed over again.
+        """
         assert self._tg is not None
-        if not self._accepting:
+        if not self._accepting and workload.take is None:
             workload.stop_reason = "executor is shutting down"
             self._end(workload, None, Step.DROP)
             return
+        if not self._accepting and self._releasing is None:
+            workload.stop_reason = "executor is shutting down"
         serial = next(self._serials)
         self._workloads[serial] = workload
         if self._idle.is_set():
@@ -227,9 +233,9 @@ class Supervisor:
         for workload in list(self._workloads.values()):
             if (handover := self._release_one(workload)) is not None:
                 handovers.append(handover)
-            elif workload.lifecycle.phase is not Phase.LAUNCHING:
+            elif workload.lifecycle.phase is not Phase.LAUNCHING and workload.take is None:
                 self._stop(workload, "executor shut down")
-        # Those launching are released by _launch as soon as their process exists.
+        # Those launching, and adopted ones not yet taken, are released by _launch once it has their process.
         with self._clock.move_on_after(grace):
             await self._idle.wait()
         for workload in list(self._workloads.values()):
@@ -272,9 +278,11 @@ class Supervisor:
     ) -> None:
         """Supervise a running process another executor launched: ``take`` returns it as a child.
 
-        It holds a slot and a group slot like any workload (a successor started with a lower limit
-        than its predecessor's lets its own launches wait until enough adopted ones have ended), its
-        run-time limit is ``request.timeout`` from now, and its end is reported once, as any other's.
+        It holds a slot and a group slot like any workload, but never waits for them: it runs already.
+        (A successor started with a lower limit than its predecessor's takes them on credit and lets its
+        own launches wait until enough adopted ones have ended.) Its run-time limit is
+        ``request.timeout`` from now, a stop or a release reaches its process as any running one's, and
+        its end is reported once, as any other's.
         If ``take`` raises :class:`LaunchError` (the process is gone, or its pid is another's now),
         the workload ends at once as a failed launch.
 
@@ -291,10 +299,11 @@ class Supervisor:
     async def _supervise(self, serial: int, workload: Workload) -> None:
         try:
             with workload.scope:
-                async with self._admission.slot(workload.request):
+                # An adopted one runs already: neither a slot nor memory is a reason to wait.
+                async with self._admission.slot(workload.request, running=workload.take is not None):
                     if workload.lifecycle.finished:  # dropped before this task first ran
                         return
-                    if workload.take is None:  # an adopted one runs already: memory is no reason to wait
+                    if workload.take is None:
                         await self._admission.wait_for_memory(workload.request)
                     workload.lifecycle.advance(Step.ADMIT)
                     child = await self._launch(workload)
@@ -364,12 +373,13 @@ class Supervisor:
             return
         workload.stop_reason = reason
         phase = workload.lifecycle.phase
-        if phase is Phase.QUEUED:
+        if phase is Phase.QUEUED and workload.take is None:
             workload.scope.cancel()
             self._end(workload, None, Step.DROP)
         elif phase is Phase.RUNNING:
             self._terminate(workload)
-        # LAUNCHING: _launch terminates it as soon as the launch returns.
+        # LAUNCHING, or adopted and not taken yet (its process runs: dropping it would leave that process
+        # to nobody): _launch terminates it as soon as it has the process.
 
     def _terminate(self, workload: Workload) -> None:
         workload.lifecycle.advance(Step.TERMINATE)
