@@ -3,7 +3,9 @@
 The executor (``containment = auto``) would otherwise make them under the scheduler's own cgroup, and a
 scheduler a test kills with SIGKILL leaves them for a successor that a throwaway sandbox never starts.
 On a hybrid host the cgroup v1 directories sit beside the scheduler's own v1 cgroups instead; those of
-instances whose scheduler is gone are removed too (the same rule the executor's reclaim applies).
+instances whose scheduler is gone are removed too (the same rule the executor's reclaim applies), except
+where a process waits in custody for a successor (another sandbox's handed-over task, running beside
+this one): its own watchdog ends it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import time
 from pathlib import Path
 from uuid import uuid4
 
+from async_local_executor.core import custody
 from async_local_executor.core.cgroups import cgroup2_mount
 from async_local_executor.core.cgroups.containment import PREFIX
 from async_local_executor.core.cgroups.discovery import directory_of, mount_root, own_cgroups, v1_mounts
@@ -58,8 +61,21 @@ def remove(root: str) -> None:
         parent = directory_of(point, mount_root(point), own[controller])
         with contextlib.suppress(OSError):
             for directory in parent.iterdir():
-                if directory.name.startswith(PREFIX) and not owner_lives(directory.name[len(PREFIX) :]):
+                if (
+                    directory.name.startswith(PREFIX)
+                    and not owner_lives(directory.name[len(PREFIX) :])
+                    and not any(custody.watched(pid) for pid in _members(directory))
+                ):
                     _remove_tree(directory)
+
+
+def _members(top: Path) -> list[int]:
+    """The processes in cgroup ``top`` and every cgroup below it."""
+    pids: list[int] = []
+    for directory, _, _ in os.walk(top):
+        with contextlib.suppress(OSError, ValueError):
+            pids += [int(pid) for pid in (Path(directory) / "cgroup.procs").read_text().split()]
+    return pids
 
 
 def _remove_tree(top: Path) -> None:

@@ -205,6 +205,19 @@ def until(predicate: Callable[[], bool], what: str, guard: float = GUARD) -> Non
         time.sleep(0.02)
 
 
+def test_a_workload_in_custody_shows_its_watchdog_and_nothing_it_forks_or_its_owner_does(
+    handed: Callable[..., Handed],
+) -> None:
+    # What another deployment's reclaim reads to leave a handed-over workload to its watchdog.
+    workload = handed()
+    assert custody.watched(workload.pid)
+    assert not custody.watched(workload.grandchild)  # a fork has the forking thread only
+    assert not custody.watched(workload.owner.pid)
+    workload.kill_owner()
+    assert custody.watched(workload.pid)  # waiting for a successor: the watchdog is what bounds it
+    assert not custody.watched(os.getpid())
+
+
 def test_while_its_owner_lives_the_output_goes_to_the_owner_and_nothing_is_written(
     handed: Callable[..., Handed],
 ) -> None:

@@ -35,6 +35,7 @@ from tests.core import cgroup_helpers
 from tests.core.cgroup_helpers import MiB, Scratch, gone, read_line
 from tests.core.clock_step import step_wall_clock
 from tests.core.helpers import GUARD, alive
+from tests.core.test_custody import Handed
 
 cgroups = pytest.mark.skipif(bool(cgroup_helpers.unusable()), reason=cgroup_helpers.unusable())
 
@@ -310,3 +311,50 @@ def test_a_held_workloads_cgroup_is_spared_while_another_dead_instances_is_recla
         assert holding_cgroups.path.is_dir()
     finally:
         containment.close()
+
+
+@cgroups
+def test_another_deployments_workload_waiting_in_custody_is_spared_and_the_rest_of_its_instance_reclaimed(
+    box: Scratch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A crashed scheduler of another deployment (its journal is in a state directory of its own, so none is
+    # here to ask): one of its workloads waits in custody for that deployment's next scheduler, another
+    # process of the same instance is a plain survivor.
+    dead = instance_name(uuid4().hex, pid=_dead_pid())
+    dead_cgroups = box.open(dead)
+    waiting_cgroup, left_cgroup = dead_cgroups.create("w1"), dead_cgroups.create("w2")
+    assert waiting_cgroup is not None
+    assert left_cgroup is not None
+    elsewhere = tmp_path / "other-deployment" / "custody"
+    elsewhere.mkdir(parents=True, mode=0o700)
+    waiting = Handed(elsewhere, timeout=600.0)
+    try:
+        waiting_cgroup.join(waiting.pid)
+        waiting.kill_owner()
+        left = box.start("print('ready', flush=True)\nimport time\ntime.sleep(600)\n", left_cgroup)
+        assert read_line(left) == "ready"
+        journals = tmp_path / "this-deployment"
+        journals.mkdir()
+
+        with caplog.at_level(logging.INFO, logger="async_local_executor"):
+            containment = open_containment(
+                "c0ffee", enabled=True, root=box.root, limits=Limits(), journals=journals
+            )
+        box.instances.append(containment.instance)
+        try:
+            left.wait(cgroup_helpers.EMPTY_GUARD)
+            assert gone(left.pid)
+            assert not left_cgroup.path.exists()
+            # Left to its own watchdog, or to its own deployment's next scheduler.
+            assert alive(waiting.pid)
+            assert waiting_cgroup.members() == [waiting.pid]
+            assert dead_cgroups.path is not None
+            assert dead_cgroups.path.is_dir()
+            assert (
+                f"cgroup {waiting_cgroup.path} of a stopped executor is left as it is: its workload "
+                f"(pid {waiting.pid}) waits to be adopted, and ends itself if it is not"
+            ) in caplog.text
+        finally:
+            containment.close()
+    finally:
+        waiting.cleanup()

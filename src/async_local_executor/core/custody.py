@@ -14,6 +14,10 @@ workload's entry process, :class:`Custody` takes the place of the parent-death s
 - ``<custody>/<id>.exit`` at the exit of a workload that was handed over: a process that is not its parent
   has no other way to learn its exit status.
 
+The watchdog's thread is named ``ale-custody`` (``/proc/<pid>/task/<tid>/comm``), so anyone can tell a
+process whose life a watchdog bounds (:func:`watched`) without knowing whose it is: a reclaim leaves it
+to its watchdog and to whichever executor claims it.
+
 ``<id>`` is the workload's custody name, ``<pid>-<start ticks>``. Linux only (``supported()``): elsewhere
 the entry point keeps the parent-death tie.
 """
@@ -36,6 +40,8 @@ from typing import NamedTuple
 from async_local_executor.core import lifeline
 from async_local_executor.core.proc_identity import runs_as, start_ticks
 
+WATCHDOG = "ale-custody"  # the watchdog thread's name, as the kernel shows it (15 bytes at most)
+_PR_SET_NAME = 15
 OUT_CAP = 8 * 1024 * 1024  # what <id>.out keeps at most: a runaway task must not fill the state directory
 CLAIM_POLL = 0.5  # how often a workload without an owner looks for a successor's claim, in seconds
 OWNER_POLL = 1.0  # how often the owner is looked at where pidfd_open is missing, in seconds
@@ -237,6 +243,8 @@ class Custody:
     # The watchdog.
 
     def _watch(self) -> None:
+        with contextlib.suppress(OSError):  # unnamed, it is only not spared by another's reclaim
+            lifeline.prctl(_PR_SET_NAME, WATCHDOG.encode())
         owner, pidfd = self._owner, self._pidfd
         while True:
             _await_exit(owner, pidfd)
@@ -323,6 +331,23 @@ class Custody:
                 target = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
             os.dup2(target, 1)
             os.dup2(target, 2)
+
+
+def watched(pid: int) -> bool:
+    """Whether process ``pid`` runs a custody watchdog: its life is bounded by its handover timeout once
+    nobody answers for it, and an executor that claims it answers for it."""
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for thread in threads:
+        try:
+            with open(f"/proc/{pid}/task/{thread}/comm", "rb") as comm:
+                if comm.read().rstrip(b"\n") == WATCHDOG.encode():
+                    return True
+        except OSError:  # a thread that ended meanwhile
+            continue
+    return False
 
 
 def _flush_python_streams() -> None:

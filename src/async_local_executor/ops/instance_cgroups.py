@@ -9,7 +9,10 @@ before its cgroups are looked at) is judged by its name: dead once no process ru
 its start. Names of older versions, ``<pid>-<start>-<id>`` with psutil's start time in hundredths of a
 second, are judged as those versions judged them. The cgroups of workloads a dead instance handed over
 (held by the journals' reclaim, which runs first) are spared, processes and all, with their instance's
-directory. Nothing here knows Airflow.
+directory; so is any workload cgroup that holds a process in custody (:func:`~async_local_executor.core.
+custody.watched`): another deployment's handed-over workload, which its own successor may adopt and its
+own watchdog ends otherwise. A workload of this state directory's instances in custody that the journals'
+reclaim did not hold was killed by that reclaim already. Nothing here knows Airflow.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import os
 import re
 from pathlib import Path
 
+from async_local_executor.core import custody
 from async_local_executor.core.cgroups import Containment, Limits, Mode
 from async_local_executor.core.cgroups.discovery import MOUNTINFO
 from async_local_executor.core.proc_identity import Start, WallClockStart, runs_as, start_ticks
@@ -122,7 +126,7 @@ def open_containment(
     else:
         containment = Containment.open(name, root=root or None, mountinfo=mountinfo)
         lives = functools.partial(instance_lives, journals=journals)
-        for found in containment.reclaim(lives, spare=spare):
+        for found in containment.reclaim(lives, spare=spare, answered_for=custody.watched):
             log.warning(
                 "killed %d process(es) left in cgroup %s of a stopped executor (instance %s)",
                 found.killed,

@@ -252,7 +252,11 @@ class Containment:
                 target.write_text(write.value)
 
     def reclaim(
-        self, is_live: Callable[[str], bool], *, spare: Collection[str] = frozenset()
+        self,
+        is_live: Callable[[str], bool],
+        *,
+        spare: Collection[str] = frozenset(),
+        answered_for: Callable[[int], bool] = lambda _: False,
     ) -> list[Reclaimed]:
         """Kill and remove what dead instances under the same parents left; this instance is never touched.
 
@@ -261,6 +265,8 @@ class Containment:
             workload handed over to this instance): each a cgroup2 directory, or its path as
             ``/proc/<pid>/cgroup`` shows it; one below a workload cgroup spares that one. Their instance's
             directories stay too
+        :param answered_for: whether a process is somebody else's to end (a workload another executor
+            may adopt, whose own watchdog ends it otherwise): a workload cgroup holding one is spared too
         :returns: one entry per workload cgroup that had processes
         """
         if self.mode is Mode.NONE or self._parent is None:
@@ -282,13 +288,24 @@ class Containment:
                     continue
                 kept = spared.setdefault(instance, set())
                 try:
-                    found.extend(self._reclaim(instance, directory, kept, spare, v2=parent == self._parent))
+                    found.extend(
+                        self._reclaim(
+                            instance, directory, kept, spare, answered_for, v2=parent == self._parent
+                        )
+                    )
                 except OSError as exc:
                     log.warning("cannot reclaim cgroup %s: %s", directory, exc)
         return found
 
     def _reclaim(
-        self, instance: str, top: Path, kept: set[str], spare: Collection[str], *, v2: bool
+        self,
+        instance: str,
+        top: Path,
+        kept: set[str],
+        spare: Collection[str],
+        answered_for: Callable[[int], bool],
+        *,
+        v2: bool,
     ) -> list[Reclaimed]:
         found: list[Reclaimed] = []
         for directory in subdirectories(top) if v2 else []:
@@ -303,6 +320,15 @@ class Containment:
             # Only its cgroup2 side is killed: a process in the v1 directories is in these too.
             cgroup = WorkloadCgroup(directory.name, directory, {}, Limits(), relative)
             try:
+                if waiting := [pid for pid in cgroup.members() if answered_for(pid)]:
+                    log.info(
+                        "cgroup %s of a stopped executor is left as it is: its workload (pid %s) waits "
+                        "to be adopted, and ends itself if it is not",
+                        directory,
+                        ", ".join(map(str, waiting)),
+                    )
+                    kept.add(directory.name)
+                    continue
                 if cgroup.populated():
                     killed = cgroup.kill()
                     if not cgroup.wait_empty(RECLAIM_GUARD):
