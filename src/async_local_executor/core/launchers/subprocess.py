@@ -32,10 +32,10 @@ from async_local_executor.core.launchers.output import LineSplitter, discard, dr
 from async_local_executor.core.launchers.pidfd_child import PidfdChild, pidfds_work
 from async_local_executor.core.launchers.tree import GroupSignaller
 
-# The Popen objects of children released alive, kept for as long as we live: a collected Popen whose
-# child has not been reaped calls waitpid on it (in ``__del__``, or later through ``subprocess._active``),
-# which would reap a workload that is no longer ours to reap.
-_HANDED_OVER: list[subprocess.Popen[bytes]] = []
+# What a released child's Popen holds as its returncode: none was read, but one is set so that Popen never
+# waits for the child (in ``__del__``, or later through ``subprocess._active``), which would reap a workload
+# that is no longer ours to reap, nor warns at its collection that the child still runs.
+_NOT_OURS_TO_REAP = 0
 
 
 def _why(program: str, exc: OSError) -> str:
@@ -201,8 +201,8 @@ class SubprocessChild(PidfdChild):
     """A workload started by :class:`SubprocessLauncher`: our child, watched and reaped through a pidfd.
 
     Its :class:`subprocess.Popen` is held until it is reaped, and its ``returncode`` then set, so that
-    Popen never calls waitpid on it (which would take its status); one released alive keeps its Popen
-    for as long as we live (:data:`_HANDED_OVER`).
+    Popen never calls waitpid on it (which would take its status); one released alive gets a returncode
+    too (:data:`_NOT_OURS_TO_REAP`), for the same reason.
     """
 
     def __init__(
@@ -225,7 +225,7 @@ class SubprocessChild(PidfdChild):
         if status is not None:
             process.returncode = status  # reaped here: Popen must never wait for it
         elif self._released:
-            _HANDED_OVER.append(process)
+            process.returncode = _NOT_OURS_TO_REAP
         # Otherwise not reaped yet after a kill: Popen's own waitpid reaps it once collected.
 
 
