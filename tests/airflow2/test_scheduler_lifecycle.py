@@ -3,6 +3,8 @@
 - SIGTERM: a bounded shutdown (shutdown_timeout, then SIGTERM, grace, SIGKILL), exit 0, nothing left.
 - kill -9: what the parent-death chain reaches dies within seconds; a BashOperator's shell (its own
   session) is killed by the restarted scheduler before it launches anything; the run then succeeds.
+  Airflow's DAG file processor manager, which the scheduler forks after the executor started, ends
+  with the scheduler too (the executor tied it to the scheduler's life).
 - [scheduler] task_queued_timeout: Airflow 2.11 calls revoke_task for a task waiting inside the
   executor; it is forgotten there, rescheduled by Airflow, and runs once a slot frees.
 """
@@ -125,20 +127,24 @@ def test_nothing_outlives_a_killed_scheduler_and_a_restart_finishes(make: Make) 
     assert escaped, [" ".join(cmdline(pid)) for pid in launched]
     described = {pid: " ".join(cmdline(pid)) for pid in launched}
 
-    # Airflow's own helpers of the scheduler (its DAG file processor manager, its log server) survive a
-    # kill -9 of it; the manager, forked with the scheduler's database connection open, keeps that
-    # connection and any transaction the kill interrupted, with its row locks, so a new scheduler may
-    # never queue the reset tasks (seen on 2.10.5). A service manager kills them with the scheduler
-    # (systemd's KillMode=mixed, docs/operations.md); so does this test. They are not the executor's.
-    airflow_helpers = [
+    # Airflow's own helpers of the scheduler. Its DAG file processor manager, forked after the executor
+    # started, dies with it: the executor tied it to the scheduler (SIGTERM at its death). Left running,
+    # it would keep the database connection it inherited and any transaction the kill interrupted, with
+    # its row locks, so a new scheduler might never queue the reset tasks (seen on 2.10.5). Its log
+    # server, forked before the executor existed, survives a kill -9; a service manager kills it with
+    # the scheduler (systemd's KillMode=mixed, docs/operations.md), and so does this test.
+    helpers = [
         child
         for child in psutil.Process(sandbox.pids["scheduler"]).children()
         if child.pid not in launched and "forkserver.helper" not in " ".join(cmdline(child.pid))
     ]
+    [manager] = [h for h in helpers if "DagFileProcessorManager" in " ".join(cmdline(h.pid))]
     sandbox.kill("scheduler")
-    for helper in airflow_helpers:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            helper.kill()
+    for helper in helpers:
+        if helper is not manager:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                helper.kill()
+    poll("the DAG file processor manager to end with the scheduler", lambda: not alive(manager.pid), guard=30)
     deadline = time.monotonic() + ORPHAN_DEADLINE
     while survivors := [pid for pid in chained if alive(pid)]:
         assert time.monotonic() < deadline, [" ".join(cmdline(pid)) for pid in survivors]

@@ -55,3 +55,45 @@ def test_a_direct_child_dies_with_its_owner_and_later_forks_are_left_alone() -> 
     finally:
         with contextlib.suppress(psutil.NoSuchProcess):
             psutil.Process(grandchild).kill()
+
+
+# Tied from the main thread only: a fork from another thread is left alone (it would otherwise die with
+# that thread, not with the process).
+THREADS = """
+import os, sys, threading, time
+from async_local_executor.core.lifeline import tie_direct_children
+tie_direct_children(main_thread_only=True)
+
+def fork_sleeper():
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(60)
+        os._exit(0)
+    return pid
+
+from_thread = []
+worker = threading.Thread(target=lambda: from_thread.append(fork_sleeper()))
+worker.start()
+worker.join()
+print(fork_sleeper(), from_thread[0], flush=True)
+sys.stdin.readline()
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_tied_from_the_main_thread_only_a_fork_from_another_thread_outlives_its_owner() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", THREADS], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    from_main, from_thread = (int(x) for x in proc.stdout.readline().split())
+    try:
+        proc.kill()
+        assert proc.wait(GUARD) == -signal.SIGKILL
+        assert exits(from_main, GUARD), "the main thread's child outlived its owner"
+        assert not _dead(from_thread)
+    finally:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            psutil.Process(from_thread).kill()
+        if proc.stdin is not None:
+            proc.stdin.close()

@@ -58,6 +58,7 @@ from async_local_executor.adapter.slots import Prefetch
 from async_local_executor.adapter.submissions import Mailbox, Started, Submission, Ticket, describe
 from async_local_executor.adapter.validation import KNOWN_KEYS, Checked, shown
 from async_local_executor.adapter.workload import entry
+from async_local_executor.core import lifeline
 from async_local_executor.core.cgroups import Containment
 from async_local_executor.core.clock import SYSTEM, Clock
 from async_local_executor.core.errors import LaunchError, RuntimeNotRunning
@@ -189,6 +190,19 @@ def _unshare_db_connections() -> None:
     engine = getattr(settings, "engine", None)
     if engine is not None:
         engine.dispose()  # closes what is checked in; a checked-out connection is closed when returned
+
+
+def _tie_helpers_to_scheduler() -> None:
+    """Airflow 2: what the scheduler's main thread forks from now on (its DAG file processor manager, and
+    that manager again if it has to be restarted) gets SIGTERM when the scheduler dies.
+
+    Airflow 2 leaves the manager running after a scheduler killed outright: it parses on beside the next
+    scheduler's own, and keeps the database connections (with any transaction the kill cut short, and its
+    row locks) it inherited. A service manager's ``KillMode=process``, which a handover needs, no longer
+    kills it with the scheduler's unit. SIGTERM is the manager's own way to stop: it ends its parsing
+    processes and exits. The log server, forked before the executor exists, is not reached.
+    """
+    lifeline.tie_direct_children(signal.SIGTERM, main_thread_only=True)
 
 
 class AsyncLocalExecutor(BaseExecutor):
@@ -327,7 +341,9 @@ class AsyncLocalExecutor(BaseExecutor):
             "uvloop" if wired.use_uvloop else "asyncio",
         )
         if not AIRFLOW_V3:
-            _unshare_db_connections()  # last: the scheduler forks its DAG file processor manager next
+            # Last: the scheduler forks its DAG file processor manager next.
+            _unshare_db_connections()
+            _tie_helpers_to_scheduler()
 
     def _child_argv(self) -> tuple[str, ...]:
         """The command that runs one workload; it reads the workload (or Airflow 2 command) from stdin."""

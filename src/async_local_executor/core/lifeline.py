@@ -6,6 +6,7 @@ import ctypes
 import os
 import signal
 import sys
+import threading
 
 _PR_SET_PDEATHSIG = 1
 
@@ -40,26 +41,36 @@ def prctl(option: int, arg: int | bytes) -> None:
 
 
 EXIT_ORPHANED = 3
-# Which process's direct forks are tied to it (0: none), and the pid a fork in progress was armed for.
-_tie = {"owner": 0, "armed_for": 0, "signal": int(signal.SIGKILL)}
+# Which process's direct forks are tied to it (0: none), and the pid a fork in progress was armed for;
+# main_only (1): only forks from its main thread are.
+_tie = {"owner": 0, "armed_for": 0, "signal": int(signal.SIGKILL), "main_only": 0}
 
 
-def tie_direct_children(sig: int = signal.SIGKILL) -> None:
+def tie_direct_children(sig: int = signal.SIGKILL, *, main_thread_only: bool = False) -> None:
     """Make every process this process forks from now on die with it (only its direct children).
 
     The task SDK's supervisor forks the task process into a process group of its own, where signals to
     ours never reach it; without this, a supervisor killed outright (or dying with the executor)
     leaves its task process running as an orphan. Later forks by those children are left alone.
+    Forks through ``os.fork`` (``multiprocessing``'s fork) only: ``subprocess`` runs no fork hooks.
+
+    :param main_thread_only: tie only what the main thread forks. The kernel sends ``sig`` when the
+        forking *thread* exits, so a child another thread forked would die with that thread, not
+        with the process, where the process does not own every thread it runs
     """
     first = not _tie["owner"]
     _tie["owner"] = os.getpid()
     if first:
         os.register_at_fork(before=_arm, after_in_parent=_disarm, after_in_child=_tie_child)
     _tie["signal"] = int(sig)
+    _tie["main_only"] = int(main_thread_only)
 
 
 def _arm() -> None:
-    _tie["armed_for"] = os.getpid() if os.getpid() == _tie["owner"] else 0
+    mine = os.getpid() == _tie["owner"]
+    if mine and _tie["main_only"]:
+        mine = threading.current_thread() is threading.main_thread()
+    _tie["armed_for"] = os.getpid() if mine else 0
 
 
 def _disarm() -> None:
