@@ -2,10 +2,14 @@
 
 With the defaults (``on_stop = handover``, ``handover_timeout = 300``), a stopped scheduler exits within
 seconds and a killed one leaves its tasks running; the next scheduler adopts them, so every task runs
-once, at try 1, and its end is reported once. Each task records every execution it starts and ends
-(dags/handover2.py), so the tests count executions from the tasks themselves, not from the database
-alone. Nothing is mocked: Airflow 2.11's scheduler (which parses the DAGs itself) on PostgreSQL, the
-default fork-server launcher, real task processes.
+once, at try 1, and its end is reported once. An adopted task's run-time limit (``task_timeout``)
+counts from its launch, not from its adoption: the new scheduler holds it to what was left, and the one
+end it reports is a failure. A handed-over task whose processes are gone by the restart is not adopted:
+Airflow 2 resets its task instance in the same pass and it runs again, at try 2. Each task records every
+execution it starts and ends (dags/handover2.py, dags/handover_overrun2.py), so the tests count
+executions from the tasks themselves, not from the database alone. Nothing is mocked: Airflow 2.11's
+scheduler (which parses the DAGs itself) on PostgreSQL, the default fork-server launcher, real task
+processes.
 
 What Airflow 2 does meanwhile, and why none of it stops an adopted task:
 
@@ -32,16 +36,25 @@ What Airflow 2 does meanwhile, and why none of it stops an adopted task:
   connections open, they used to keep the transaction the kill cut short open, with its row locks: a
   task ending blocks on its run's row, and the run never finished. The executor closes the pool at its
   start (``_unshare_db_connections``); the crash test kills the scheduler at that worst moment.
+- A timeout's end. The executor's limit SIGTERMs the workload's processes; the task process fails its
+  task instance itself (``AirflowTaskTerminated``; not retried: ``failed``) and the run ends with it,
+  before the workload's exit reaches the executor: its event (``failed``) comes after the run's end.
+- A reset. The executor returns the task instance whose workload it does not hold; the scheduler sets its
+  state to None (``Reset the following 1 orphaned TaskInstances``) and schedules it again, which raises
+  its try number to 2. Its first try's LocalTaskJob must be gone by then: one still running sees its
+  state changed and fails the task instance, at its new try (retries=1: for good).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Protocol
 
 import psutil
 import pytest
@@ -49,7 +62,7 @@ import sqlalchemy as sa
 
 from harness.airflow2 import Airflow2Sandbox
 from tests.core.helpers import alive
-from tests.e2e.helpers import cmdline, poll
+from tests.e2e.helpers import cmdline, first_tries, poll, task_pid
 
 pytestmark = pytest.mark.e2e
 
@@ -70,7 +83,12 @@ QUICK_ORPHANS = {
 }
 LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's error code for a NOWAIT lock another transaction holds
 
-Make = Callable[[], Airflow2Sandbox]
+
+class Make(Protocol):
+    def __call__(self, config: Mapping[str, str] | None = None) -> Airflow2Sandbox:
+        """A started sandbox; ``config`` adds to its environment (``AIRFLOW__...`` options)."""
+
+
 # A task instance: its map index, state, try, LocalTaskJob and the scheduler job that queued it.
 Row = tuple[int, str, int, int, int]
 
@@ -79,12 +97,12 @@ Row = tuple[int, str, int, int, int]
 def make(tmp_path: Path) -> Iterator[Make]:
     made: list[Airflow2Sandbox] = []
 
-    def build() -> Airflow2Sandbox:
+    def build(config: Mapping[str, str] | None = None) -> Airflow2Sandbox:
         sb = Airflow2Sandbox(
             executor=EXECUTOR,
             dags_folder=DAGS,
             parallelism=4,
-            extra_config={"ALE_HANDOVER_DIR": str(tmp_path), **QUICK_ORPHANS},
+            extra_config={"ALE_HANDOVER_DIR": str(tmp_path), **QUICK_ORPHANS, **(config or {})},
         )
         made.append(sb)
         sb.start()
@@ -142,14 +160,19 @@ def _last_scheduler_job(sandbox: Airflow2Sandbox) -> int:
     return int(sandbox.query("SELECT max(id) FROM job WHERE job_type = 'SchedulerJob'")[0][0])
 
 
-def _final_events(log: str) -> list[tuple[str, int]]:
-    """The scheduler's executor events for this DAG's task instances that say how a try ended."""
+def _final_events(log: str, dag_id: str = DAG_ID) -> list[tuple[str, int, int]]:
+    """The scheduler's executor events for a DAG's task instances that say how a try ended: (state, map
+    index, try)."""
     events = re.findall(
-        rf"Received executor event with state (\w+) for task instance TaskInstanceKey\(dag_id='{DAG_ID}'"
-        r".*?map_index=(\d+)\)",
+        rf"Received executor event with state (\w+) for task instance TaskInstanceKey\(dag_id='{dag_id}'"
+        r".*?try_number=(\d+), map_index=(-?\d+)\)",
         log,
     )
-    return [(state, int(index)) for state, index in events if state not in ("queued", "running")]
+    return [
+        (state, int(index), int(attempt))
+        for state, attempt, index in events
+        if state not in ("queued", "running")
+    ]
 
 
 def _finish_after_adoption(
@@ -184,7 +207,7 @@ def _finish_after_adoption(
     # the task instances' own, so the events may still be on their way.
     poll("both final events", lambda: len(_final_events(log.read_text(errors="replace"))) >= TASKS, guard=60)
     text = log.read_text(errors="replace")
-    assert sorted(_final_events(text)) == [("success", i) for i in range(TASKS)], _final_events(text)
+    assert sorted(_final_events(text)) == [("success", i, 1) for i in range(TASKS)], _final_events(text)
     assert "Detected zombie job" not in text
     assert "Reset the following" not in text
     # Each LocalTaskJob ran to its own end (it had, before its workload exited).
@@ -287,3 +310,175 @@ def test_a_killed_scheduler_s_tasks_wait_for_the_next_which_adopts_them(make: Ma
 
     sandbox.restart("scheduler")
     _finish_after_adoption(sandbox, tmp_path, run_id, launched, before)
+
+
+def _since(sandbox: Airflow2Sandbox, offset: int) -> str:
+    """The scheduler's log from ``offset`` on."""
+    return sandbox.process_logs["scheduler"].read_bytes()[offset:].decode(errors="replace")
+
+
+def _stop(sandbox: Airflow2Sandbox, running: int) -> None:
+    """SIGTERM the scheduler, which hands its ``running`` task workloads over and exits."""
+    offset = sandbox.process_logs["scheduler"].stat().st_size
+    assert sandbox.signal_and_wait("scheduler", signal.SIGTERM, timeout=120) == 0
+    stopped = _since(sandbox, offset)
+    assert f"handed over {running} running task workload(s)" in stopped, stopped
+
+
+def _restart(sandbox: Airflow2Sandbox) -> int:
+    """Start the scheduler again; where its log begins."""
+    offset = sandbox.process_logs["scheduler"].stat().st_size
+    sandbox.restart("scheduler")
+    return offset
+
+
+def _adopts_hold1_only(sandbox: Airflow2Sandbox, offset: int, workload1: int) -> None:
+    """The new scheduler adopts hold1 and has Airflow reset hold0, whose try 1 it does not hold."""
+    poll(
+        "the new scheduler to adopt hold1 only",
+        lambda: "adopted 1 task instance(s)" in _since(sandbox, offset),
+        guard=120,
+    )
+    started = _since(sandbox, offset)
+    assert f"holding 1 running workload(s) a stopped scheduler handed over (pid {workload1})" in started
+    assert "1 others are left for the scheduler to reset" in started, started
+    # Airflow 2 resets what the executor refused in the same pass (state None): it is scheduled again.
+    reset = r"Reset the following 1 orphaned TaskInstances:\s+<TaskInstance: handover2\.hold \S+ map_index=0 "
+    assert re.search(reset, started), started
+
+
+def _rerun_after_reset(
+    sandbox: Airflow2Sandbox,
+    tmp_path: Path,
+    run_id: str,
+    offset: int,
+    gone: tuple[int, int],
+    adopted: tuple[int, int],
+) -> None:
+    """hold0 was reset and runs again (try 2), hold1 was adopted; both end once the gate opens, each end is
+    reported once, and nothing any of their executions started is left running.
+
+    :param offset: where the new scheduler's log begins
+    :param gone: hold0's first task and workload processes
+    :param adopted: hold1's task and workload processes
+    """
+    poll("hold0 to run again", lambda: any(tmp_path.glob("hold0.try2.pid*.start")), guard=120)
+    assert all(alive(pid) for pid in adopted), {pid: alive(pid) for pid in adopted}
+    assert not any(alive(pid) for pid in gone), {pid: cmdline(pid) for pid in gone}
+    retried = task_pid(tmp_path, "hold0.try2")
+    relaunched = psutil.Process(retried).ppid()  # its LocalTaskJob, the new scheduler's workload
+    assert psutil.Process(relaunched).ppid() == sandbox.pids["scheduler"], cmdline(relaunched)
+    launched = [*gone, *adopted, retried, relaunched]
+    (tmp_path / "gate").write_text("")
+    poll("the run to end", lambda: sandbox.run_state(DAG_ID, run_id) in ("success", "failed"), guard=180)
+    rows = sandbox.task_instances(DAG_ID, run_id)
+    assert sandbox.run_state(DAG_ID, run_id) == "success", rows
+    assert [(r.map_index, r.state, r.try_number) for r in rows] == [(0, "success", 2), (1, "success", 1)]
+    # hold0's first execution ended with its process; its second and hold1's one ran to their end.
+    first, kept = f"hold0.try1.pid{gone[0]}", f"hold1.try1.pid{adopted[0]}"
+    again = f"hold0.try2.pid{retried}"
+    assert _marks(tmp_path, ".start") == [first, again, kept]
+    assert _marks(tmp_path, ".end") == [again, kept]
+    # One final event per try that ended here: none for hold0's first, which nobody held.
+    poll("both final events", lambda: len(_final_events(_since(sandbox, offset))) >= TASKS, guard=60)
+    text = _since(sandbox, offset)
+    assert sorted(_final_events(text)) == [("success", 0, 2), ("success", 1, 1)], _final_events(text)
+    assert "Detected zombie job" not in text
+    poll("every process of every execution to end", lambda: not any(alive(pid) for pid in launched), guard=60)
+
+
+def test_a_handed_over_task_whose_process_vanished_before_the_restart_is_reset_and_runs_again(
+    make: Make, tmp_path: Path
+) -> None:
+    sandbox = make()
+    run_id, _ = _running(sandbox, tmp_path)
+    (task0, workload0), (task1, workload1) = first_tries(tmp_path)
+    _stop(sandbox, TASKS)
+    # While no scheduler runs, hold0's LocalTaskJob (its workload) and its task vanish (the task process
+    # leads a group of its own).
+    for group in {os.getpgid(workload0), os.getpgid(task0)}:
+        os.killpg(group, signal.SIGKILL)
+    poll("hold0's processes to be gone", lambda: not alive(workload0) and not alive(task0), guard=30)
+
+    offset = _restart(sandbox)
+    _adopts_hold1_only(sandbox, offset, workload1)
+    _rerun_after_reset(sandbox, tmp_path, run_id, offset, (task0, workload0), (task1, workload1))
+
+
+OVERRUN_DAG_ID = "handover_overrun2"
+OVERRUN_TIMEOUT = 40.0  # the executor's run-time limit per task (task_timeout)
+OVERRUN_GRACE = 5.0  # termination_grace_period: SIGTERM, then SIGKILL this much later
+# How long after its launch the task is left without a scheduler at least: a limit counted from the
+# adoption would end it at least this much later than one counted from the launch.
+WITHOUT_SCHEDULER = 20.0
+SLACK = 10.0  # the polls', and the killed processes' time to go
+
+
+def test_an_adopted_task_times_out_when_what_was_left_of_its_limit_runs_out(
+    make: Make, tmp_path: Path
+) -> None:
+    sandbox = make(
+        {
+            "AIRFLOW__ASYNC_LOCAL_EXECUTOR__TASK_TIMEOUT": str(OVERRUN_TIMEOUT),
+            "AIRFLOW__ASYNC_LOCAL_EXECUTOR__TERMINATION_GRACE_PERIOD": str(OVERRUN_GRACE),
+        }
+    )
+    sandbox.wait_for_dag(OVERRUN_DAG_ID, timeout=120)
+    run_id = sandbox.trigger(OVERRUN_DAG_ID)
+    poll("the task running", lambda: any(tmp_path.glob("overrun.try1.pid*.start")), guard=180)
+    task = task_pid(tmp_path, "overrun.try1")
+    workload = psutil.Process(task).ppid()  # its LocalTaskJob, which the executor launched
+    assert psutil.Process(workload).ppid() == sandbox.pids["scheduler"], cmdline(workload)
+    # Its workload was launched before the task wrote this (wall clock, as the file's time is).
+    [mark] = tmp_path.glob("overrun.try1.pid*.start")
+    launched_by = mark.stat().st_mtime
+    _stop(sandbox, 1)
+    # Time passes with no scheduler at all: it counts against the limit as any other time it runs.
+    poll(
+        "the time without a scheduler to pass",
+        lambda: time.time() > launched_by + WITHOUT_SCHEDULER,
+        guard=WITHOUT_SCHEDULER + SLACK,
+    )
+    assert alive(workload)
+    assert alive(task)
+    restarted = time.time()
+    offset = _restart(sandbox)
+    poll(
+        "the new scheduler to adopt it",
+        lambda: "adopted 1 task instance(s)" in _since(sandbox, offset),
+        guard=120,
+    )
+    adopted_by = time.time()  # it was held (and its limit armed) before this
+    poll(
+        "its processes to be ended by the limit",
+        lambda: not alive(workload) and not alive(task),
+        guard=OVERRUN_TIMEOUT + OVERRUN_GRACE + SLACK,
+    )
+    ended = time.time()
+
+    # Ended once its limit from its launch had run out, or at once if it had by the time the new scheduler
+    # held it (a slow start), within the grace period; a limit counted from its adoption would have let it
+    # run OVERRUN_TIMEOUT seconds past that.
+    deadline = max(launched_by + OVERRUN_TIMEOUT, adopted_by)
+    assert ended - deadline < OVERRUN_GRACE + SLACK, (ended - launched_by, adopted_by - launched_by)
+    poll(
+        "the run to end",
+        lambda: sandbox.run_state(OVERRUN_DAG_ID, run_id) in ("success", "failed"),
+        guard=120,
+    )
+    rows = sandbox.task_instances(OVERRUN_DAG_ID, run_id)
+    assert sandbox.run_state(OVERRUN_DAG_ID, run_id) == "failed", rows
+    assert [(r.state, r.try_number) for r in rows] == [("failed", 1)], rows
+    # One execution, which never reached its end; nothing ran again.
+    assert sorted(p.name for p in tmp_path.glob("overrun*")) == [mark.name]
+    # On Airflow 2 the task process fails its task instance itself (SIGTERM: AirflowTaskTerminated), and
+    # the run ends with it; the workload's exit, and the executor's event, come after.
+    poll("its final event", lambda: _final_events(_since(sandbox, offset), OVERRUN_DAG_ID) != [], guard=60)
+    text = _since(sandbox, offset)
+    found = re.search(r"overrun try 1 ran longer than its ([0-9.e+-]+)s timeout; terminating it", text)
+    assert found is not None, text
+    # The limit it was held to here was what was left of it at the restart at most.
+    assert float(found[1]) < OVERRUN_TIMEOUT - (restarted - launched_by), found[0]
+    assert f"workload {OVERRUN_DAG_ID}.overrun try 1 failed: timed out after {found[1]}s" in text, text
+    # Its end is reported once, by the scheduler that adopted it.
+    assert _final_events(text, OVERRUN_DAG_ID) == [("failed", -1, 1)], _final_events(text, OVERRUN_DAG_ID)

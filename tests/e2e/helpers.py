@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -43,6 +44,39 @@ def cmdline(pid: int) -> list[str]:
         return list(psutil.Process(pid).cmdline())
     except psutil.Error:
         return []
+
+
+def task_pid(folder: Path, execution: str) -> int:
+    """The task process's pid of one execution (``hold0.try1``), from the start mark it left in ``folder``
+    (``<execution>.pid<P>.start``, as the handover DAGs write it)."""
+    [mark] = folder.glob(f"{execution}.pid*.start")
+    return int(mark.name.removesuffix(".start").rsplit(".pid", 1)[1])
+
+
+def first_tries(folder: Path) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The handover DAG's two tasks' first tries as ``(task pid, workload pid)``: each task process and its
+    parent, the workload process the executor launched (Airflow 2: the LocalTaskJob that forked it)."""
+    task0, task1 = task_pid(folder, "hold0.try1"), task_pid(folder, "hold1.try1")
+    return (task0, psutil.Process(task0).ppid()), (task1, psutil.Process(task1).ppid())
+
+
+def move_record(journal: Path, recorded: int, to: int) -> int:
+    """Rewrite a stopped scheduler's journal so that launch ``recorded`` names pid ``to`` instead, its
+    start ticks left as they were: what the journal says when the workload is gone and its pid reused.
+
+    :return: how many lines it changed
+    """
+    lines = journal.read_text().splitlines()
+    moved = 0
+    for number, line in enumerate(lines):
+        entry = json.loads(line)
+        for field in ("+", "handover", "of"):  # its launch line, its handover line, its descendants'
+            if entry.get(field) == recorded:
+                entry[field] = to
+                lines[number] = json.dumps(entry)
+                moved += 1
+    journal.write_text("".join(f"{line}\n" for line in lines))
+    return moved
 
 
 @contextmanager

@@ -15,7 +15,6 @@ fork-server launcher, real task processes.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -30,7 +29,7 @@ import pytest
 from async_local_executor.core.proc_identity import start_ticks
 from harness.sandbox import AirflowSandbox
 from tests.core.helpers import alive
-from tests.e2e.helpers import QUICK_ORPHANS, cmdline, poll
+from tests.e2e.helpers import QUICK_ORPHANS, cmdline, first_tries, move_record, poll, task_pid
 
 TASKS = 2
 pytestmark = [pytest.mark.e2e, pytest.mark.sandbox(parallelism=4, config=QUICK_ORPHANS)]
@@ -120,12 +119,6 @@ def test_without_a_next_scheduler_nothing_a_task_started_outlives_the_handover_t
     assert _marks(tmp_path, ".end") == []
 
 
-def _task_pid(tmp_path: Path, execution: str) -> int:
-    """The task process's pid of one execution (``hold0.try1``), from its start mark."""
-    [mark] = tmp_path.glob(f"{execution}.pid*.start")
-    return int(mark.name.removesuffix(".start").rsplit(".pid", 1)[1])
-
-
 def _stop(sandbox: AirflowSandbox) -> None:
     """SIGTERM the scheduler, which hands both running tasks over."""
     log = sandbox.process_logs["scheduler"]
@@ -158,7 +151,7 @@ def _rerun_after_reset(
     poll("hold0 to run again", lambda: any(tmp_path.glob("hold0.try2.pid*.start")))
     assert all(alive(pid) for pid in adopted), {pid: alive(pid) for pid in adopted}
     assert not any(alive(pid) for pid in gone), {pid: cmdline(pid) for pid in gone}
-    retried = _task_pid(tmp_path, "hold0.try2")
+    retried = task_pid(tmp_path, "hold0.try2")
     launched = [*gone, *adopted, retried, psutil.Process(retried).ppid()]
     (tmp_path / "gate").write_text("")
     poll("the run to end", lambda: sandbox.run_state("handover", run_id) in ("success", "failed"))
@@ -173,17 +166,11 @@ def _rerun_after_reset(
     poll("every process of every execution to end", lambda: not any(alive(pid) for pid in launched))
 
 
-def _first_tries(tmp_path: Path) -> tuple[tuple[int, int], tuple[int, int]]:
-    """Each task's first try as ``(task pid, workload pid)``: the task process and its parent."""
-    task0, task1 = _task_pid(tmp_path, "hold0.try1"), _task_pid(tmp_path, "hold1.try1")
-    return (task0, psutil.Process(task0).ppid()), (task1, psutil.Process(task1).ppid())
-
-
 def test_a_handed_over_task_whose_process_vanished_before_the_restart_is_reset_and_runs_again(
     sandbox: AirflowSandbox, tmp_path: Path
 ) -> None:
     run_id, _ = _running(sandbox, tmp_path)
-    (task0, workload0), (task1, workload1) = _first_tries(tmp_path)
+    (task0, workload0), (task1, workload1) = first_tries(tmp_path)
     _stop(sandbox)
     # While no scheduler runs, hold0's workload and its task vanish (the task leads a group of its own).
     for group in {os.getpgid(workload0), os.getpgid(task0)}:
@@ -204,28 +191,12 @@ def test_a_handed_over_task_whose_process_vanished_before_the_restart_is_reset_a
 HANDOVER_TIMEOUT_REUSED = 60.0
 
 
-def _move_record(journal: Path, recorded: int, to: int) -> int:
-    """Rewrite a stopped scheduler's journal so that launch ``recorded`` names pid ``to`` instead, its
-    start ticks left as they were: what the journal says when the workload is gone and its pid reused."""
-    lines = journal.read_text().splitlines()
-    moved = 0
-    for number, line in enumerate(lines):
-        entry = json.loads(line)
-        for field in ("+", "handover", "of"):  # its launch line, its handover line, its descendants'
-            if entry.get(field) == recorded:
-                entry[field] = to
-                lines[number] = json.dumps(entry)
-                moved += 1
-    journal.write_text("".join(f"{line}\n" for line in lines))
-    return moved
-
-
 @pytest.mark.sandbox(config={"AIRFLOW__ASYNC_LOCAL_EXECUTOR__HANDOVER_TIMEOUT": str(HANDOVER_TIMEOUT_REUSED)})
 def test_a_recorded_pid_another_process_runs_now_is_neither_adopted_nor_killed(
     sandbox: AirflowSandbox, tmp_path: Path
 ) -> None:
     run_id, _ = _running(sandbox, tmp_path)
-    (task0, workload0), (task1, workload1) = _first_tries(tmp_path)
+    (task0, workload0), (task1, workload1) = first_tries(tmp_path)
     _stop(sandbox)
     stopped = time.monotonic()
     # Another process, nothing of Airflow's nor of any executor's, runs under the pid the journal records
@@ -239,7 +210,7 @@ def test_a_recorded_pid_another_process_runs_now_is_neither_adopted_nor_killed(
         try:
             other_start = start_ticks(other.pid)
             [journal] = (sandbox.home / "async_local_executor").glob("*.launches")
-            assert _move_record(journal, workload0, other.pid) >= 2  # at least its launch and its handover
+            assert move_record(journal, workload0, other.pid) >= 2  # at least its launch and its handover
 
             offset = _restart(sandbox)
             poll(
@@ -287,7 +258,7 @@ def test_an_adopted_task_times_out_when_what_was_left_of_its_limit_runs_out(
     sandbox.wait_for_dag("handover_overrun", timeout=120)
     run_id = sandbox.trigger("handover_overrun")
     poll("the task running", lambda: any(tmp_path.glob("overrun.try1.pid*.start")))
-    task = _task_pid(tmp_path, "overrun.try1")
+    task = task_pid(tmp_path, "overrun.try1")
     workload = psutil.Process(task).ppid()
     assert psutil.Process(workload).ppid() == sandbox.pids["scheduler"]
     # Its workload was launched before the task wrote this (wall clock, as the file's time is).
