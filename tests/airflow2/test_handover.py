@@ -5,7 +5,10 @@ seconds and a killed one leaves its tasks running; the next scheduler adopts the
 once, at try 1, and its end is reported once. An adopted task's run-time limit (``task_timeout``)
 counts from its launch, not from its adoption: the new scheduler holds it to what was left, and the one
 end it reports is a failure. A handed-over task whose processes are gone by the restart is not adopted:
-Airflow 2 resets its task instance in the same pass and it runs again, at try 2. Each task records every
+Airflow 2 resets its task instance in the same pass and it runs again, at try 2; so is one whose recorded
+pid another process runs now, which is left alone, while the workload the record no longer names is
+killed before the reset (its LocalTaskJob, left running, would write its end over the next try's). Each
+task records every
 execution it starts and ends (dags/handover2.py, dags/handover_overrun2.py), so the tests count
 executions from the tasks themselves, not from the database alone. Nothing is mocked: Airflow 2.11's
 scheduler (which parses the DAGs itself) on PostgreSQL, the default fork-server launcher, real task
@@ -51,6 +54,8 @@ import os
 import re
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -60,9 +65,10 @@ import psutil
 import pytest
 import sqlalchemy as sa
 
+from async_local_executor.core.proc_identity import start_ticks
 from harness.airflow2 import Airflow2Sandbox
 from tests.core.helpers import alive
-from tests.e2e.helpers import cmdline, first_tries, poll, task_pid
+from tests.e2e.helpers import cmdline, first_tries, move_record, poll, task_pid
 
 pytestmark = pytest.mark.e2e
 
@@ -403,6 +409,48 @@ def test_a_handed_over_task_whose_process_vanished_before_the_restart_is_reset_a
     offset = _restart(sandbox)
     _adopts_hold1_only(sandbox, offset, workload1)
     _rerun_after_reset(sandbox, tmp_path, run_id, offset, (task0, workload0), (task1, workload1))
+
+
+HANDOVER_TIMEOUT_REUSED = 60.0
+
+
+def test_a_recorded_pid_another_process_runs_now_is_neither_adopted_nor_killed(
+    make: Make, tmp_path: Path
+) -> None:
+    sandbox = make({"AIRFLOW__ASYNC_LOCAL_EXECUTOR__HANDOVER_TIMEOUT": str(HANDOVER_TIMEOUT_REUSED)})
+    run_id, _ = _running(sandbox, tmp_path)
+    (task0, workload0), (task1, workload1) = first_tries(tmp_path)
+    _stop(sandbox, TASKS)
+    stopped = time.monotonic()
+    # Another process, nothing of Airflow's nor of any executor's, runs under the pid the journal records
+    # for hold0's workload: the journal's record of it is moved to that process's pid, as a pid reuse
+    # leaves it (the same pid, another start). hold0's real workload is no longer what the record names.
+    with subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"],  # runs until the test closes its stdin
+        stdin=subprocess.PIPE,
+        start_new_session=True,
+    ) as other:
+        try:
+            other_start = start_ticks(other.pid)
+            [journal] = (sandbox.home / "async_local_executor").glob("*.launches")
+            assert move_record(journal, workload0, other.pid) >= 2  # at least its launch and its handover
+
+            offset = _restart(sandbox)
+            _adopts_hold1_only(sandbox, offset, workload1)
+            # hold0's real workload is no handed-over workload any more, only a process the stopped
+            # executor left running: killed as any such survivor (found by its cgroup or its mark), or,
+            # if none finds it, by itself once nobody claimed it within its handover_timeout.
+            poll(
+                "hold0's processes to be gone",
+                lambda: not alive(workload0) and not alive(task0),
+                guard=HANDOVER_TIMEOUT_REUSED + 10.0 - (time.monotonic() - stopped),
+            )
+            _rerun_after_reset(sandbox, tmp_path, run_id, offset, (task0, workload0), (task1, workload1))
+            # The process under the recorded pid was neither taken for the workload nor touched.
+            assert other.poll() is None
+            assert start_ticks(other.pid) == other_start
+        finally:
+            other.kill()
 
 
 OVERRUN_DAG_ID = "handover_overrun2"

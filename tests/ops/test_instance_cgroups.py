@@ -36,6 +36,7 @@ from tests.core.cgroup_helpers import MiB, Scratch, gone, read_line
 from tests.core.clock_step import step_wall_clock
 from tests.core.helpers import GUARD, alive
 from tests.core.test_custody import Handed
+from tests.processes import exits
 
 cgroups = pytest.mark.skipif(bool(cgroup_helpers.unusable()), reason=cgroup_helpers.unusable())
 
@@ -314,19 +315,23 @@ def test_a_held_workloads_cgroup_is_spared_while_another_dead_instances_is_recla
 
 
 @cgroups
-def test_another_deployments_workload_waiting_in_custody_is_spared_and_the_rest_of_its_instance_reclaimed(
-    box: Scratch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("judged_here", [False, True], ids=["another deployment's", "reclaimed here"])
+def test_a_workload_waiting_in_custody_is_spared_unless_its_instance_was_reclaimed_here(
+    box: Scratch, tmp_path: Path, caplog: pytest.LogCaptureFixture, judged_here: bool
 ) -> None:
-    # A crashed scheduler of another deployment (its journal is in a state directory of its own, so none is
-    # here to ask): one of its workloads waits in custody for that deployment's next scheduler, another
-    # process of the same instance is a plain survivor.
-    dead = instance_name(uuid4().hex, pid=_dead_pid())
+    # A crashed scheduler's instance with no journal left to ask: one of its workloads waits in custody,
+    # another process of the same instance is a plain survivor. Either another deployment's (its journal
+    # is in a state directory of its own): the waiting workload is its own successor's to adopt and its
+    # own watchdog's to end. Or this state directory's, whose journal this executor has just reclaimed
+    # without holding that workload: then it is not ours to keep, in custody or not.
+    journal_id = uuid4().hex
+    dead = instance_name(journal_id, pid=_dead_pid())
     dead_cgroups = box.open(dead)
     waiting_cgroup, left_cgroup = dead_cgroups.create("w1"), dead_cgroups.create("w2")
     assert waiting_cgroup is not None
     assert left_cgroup is not None
-    elsewhere = tmp_path / "other-deployment" / "custody"
-    elsewhere.mkdir(parents=True, mode=0o700)
+    elsewhere = tmp_path / "custody"
+    elsewhere.mkdir(mode=0o700)
     waiting = Handed(elsewhere, timeout=600.0)
     try:
         waiting_cgroup.join(waiting.pid)
@@ -338,22 +343,33 @@ def test_another_deployments_workload_waiting_in_custody_is_spared_and_the_rest_
 
         with caplog.at_level(logging.INFO, logger="async_local_executor"):
             containment = open_containment(
-                "c0ffee", enabled=True, root=box.root, limits=Limits(), journals=journals
+                "c0ffee",
+                enabled=True,
+                root=box.root,
+                limits=Limits(),
+                journals=journals,
+                reclaimed=frozenset({journal_id}) if judged_here else frozenset(),
             )
         box.instances.append(containment.instance)
         try:
             left.wait(cgroup_helpers.EMPTY_GUARD)
             assert gone(left.pid)
             assert not left_cgroup.path.exists()
-            # Left to its own watchdog, or to its own deployment's next scheduler.
-            assert alive(waiting.pid)
-            assert waiting_cgroup.members() == [waiting.pid]
-            assert dead_cgroups.path is not None
-            assert dead_cgroups.path.is_dir()
-            assert (
+            spared = (
                 f"cgroup {waiting_cgroup.path} of a stopped executor is left as it is: its workload "
                 f"(pid {waiting.pid}) waits to be adopted, and ends itself if it is not"
-            ) in caplog.text
+            )
+            if judged_here:
+                assert exits(waiting.pid, cgroup_helpers.EMPTY_GUARD)
+                assert spared not in caplog.text
+                assert dead_cgroups.path is not None
+                assert not dead_cgroups.path.exists()
+            else:
+                assert alive(waiting.pid)
+                assert waiting_cgroup.members() == [waiting.pid]
+                assert dead_cgroups.path is not None
+                assert dead_cgroups.path.is_dir()
+                assert spared in caplog.text
         finally:
             containment.close()
     finally:

@@ -284,6 +284,7 @@ class AsyncLocalExecutor(BaseExecutor):
             journals=launches.directory,
             # What a stopped predecessor handed over runs on in its cgroups until it is adopted.
             spare=frozenset(held.cgroup for held in recovered.held if held.cgroup),
+            reclaimed=recovered.reclaimed,
         )
         # [workers] is not a team's section: the deployment's own configuration holds it.
         timeout = client_timeout(airflow_conf, os.environ)

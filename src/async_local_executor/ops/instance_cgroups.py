@@ -9,10 +9,11 @@ before its cgroups are looked at) is judged by its name: dead once no process ru
 its start. Names of older versions, ``<pid>-<start>-<id>`` with psutil's start time in hundredths of a
 second, are judged as those versions judged them. The cgroups of workloads a dead instance handed over
 (held by the journals' reclaim, which runs first) are spared, processes and all, with their instance's
-directory; so is any workload cgroup that holds a process in custody (:func:`~async_local_executor.core.
-custody.watched`): another deployment's handed-over workload, which its own successor may adopt and its
-own watchdog ends otherwise. A workload of this state directory's instances in custody that the journals'
-reclaim did not hold was killed by that reclaim already. Nothing here knows Airflow.
+directory. So is a workload cgroup that holds a process in custody (:func:`~async_local_executor.core.
+custody.watched`) when its instance was not judged by the journals' reclaim here: another deployment's
+handed-over workload (its journal is in a state directory of its own), which its own successor may adopt
+and its own watchdog ends otherwise. A workload of an instance reclaimed here that the reclaim did not
+hold is not ours to keep: it is killed. Nothing here knows Airflow.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 
 # pid, "t" for a start in ticks (none: an older version's, in hundredths of a second), start, journal id
 _OWNED = re.compile(r"^(\d+)-(t?)(\d+)-([0-9a-f]+)$")
+_NAMED_ID = 12  # how much of the journal's id an instance's cgroup name holds (instance_name)
 _CONTROLLER_OF = {"memory": "task_memory_limit", "cpu": "task_cpu_limit", "pids": "task_pids_limit"}
 
 
@@ -44,7 +46,7 @@ class LimitsUnavailable(ValueError):
 def instance_name(instance: str, pid: int | None = None) -> str:
     """The cgroup name of instance ``instance`` owned by process ``pid`` (this one by default)."""
     pid = os.getpid() if pid is None else pid
-    return f"{pid}-t{start_ticks(pid) or 0}-{instance[:12]}"
+    return f"{pid}-t{start_ticks(pid) or 0}-{instance[:_NAMED_ID]}"
 
 
 def owner_lives(name: str) -> bool:
@@ -105,6 +107,7 @@ def open_containment(
     journals: Path,
     mountinfo: str = MOUNTINFO,
     spare: frozenset[str] = frozenset(),
+    reclaimed: frozenset[str] = frozenset(),
 ) -> Containment:
     """This instance's cgroups, after killing what dead instances left in theirs.
 
@@ -117,6 +120,9 @@ def open_containment(
     :param spare: the cgroup2 directories (or ``/proc/<pid>/cgroup`` paths) of workloads a dead instance
         handed over (:attr:`~async_local_executor.ops.reclaim.Held.cgroup`): what is in them runs on, and
         they and their instance's directory stay
+    :param reclaimed: the instances whose journals this executor has just reclaimed
+        (:attr:`~async_local_executor.ops.reclaim.ReclaimResult.instances`): what the reclaim did not
+        hold of theirs is killed, in custody or not
     :raises ContainmentError: ``root`` was set and cannot be used
     :raises LimitsUnavailable: a limit is set whose controller is not available
     """
@@ -126,7 +132,13 @@ def open_containment(
     else:
         containment = Containment.open(name, root=root or None, mountinfo=mountinfo)
         lives = functools.partial(instance_lives, journals=journals)
-        for found in containment.reclaim(lives, spare=spare, answered_for=custody.watched):
+        judged = {instance[:_NAMED_ID] for instance in reclaimed}
+
+        def answered_for(name: str, pid: int) -> bool:
+            match = _OWNED.match(name)
+            return match is not None and match.group(4)[:_NAMED_ID] not in judged and custody.watched(pid)
+
+        for found in containment.reclaim(lives, spare=spare, answered_for=answered_for):
             log.warning(
                 "killed %d process(es) left in cgroup %s of a stopped executor (instance %s)",
                 found.killed,

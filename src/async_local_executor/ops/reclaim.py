@@ -125,10 +125,12 @@ class Held:
 
 @dataclass(frozen=True)
 class ReclaimResult:
-    """What :func:`reclaim` did: the processes it killed and the workloads it held."""
+    """What :func:`reclaim` did: the processes it killed, the workloads it held, the instances it reclaimed
+    (their journals' ids: the instances whose processes it judged)."""
 
     killed: list[Survivor] = field(default_factory=list)
     held: list[Held] = field(default_factory=list)
+    instances: list[str] = field(default_factory=list)
 
 
 def reclaim(
@@ -212,7 +214,7 @@ def _reclaim_in(folder: StateDir, timeout: float, hold: Callable[[list[Held]], N
                 folder.unlink(each.name)
             except OSError as exc:
                 log.warning("cannot remove the launch journal %s: %s", folder.shown(each.name), exc)
-    return ReclaimResult([each.survivor for each in found], held)
+    return ReclaimResult([each.survivor for each in found], held, [each.instance for each in dead])
 
 
 @contextlib.contextmanager

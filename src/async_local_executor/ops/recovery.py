@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from async_local_executor.ops import custody_dir, journal, state_dir, status
-from async_local_executor.ops.reclaim import Held, reclaim
+from async_local_executor.ops.reclaim import Held, ReclaimResult, reclaim
 
 __all__ = ["Held", "Recovered", "reclaim_then_open"]
 
@@ -38,6 +38,8 @@ class Recovered:
     """Recorded in :attr:`journal` as open launches; their custody files name this process."""
     custody: Path
     """The custody directory (``<state_dir>/custody``, 0700)."""
+    reclaimed: frozenset[str] = frozenset()
+    """The dead instances whose journals were reclaimed here: what of theirs runs on was judged."""
 
 
 def reclaim_then_open(directory: Path, *, owner: str) -> Recovered:
@@ -56,14 +58,14 @@ def reclaim_then_open(directory: Path, *, owner: str) -> Recovered:
         custody = custody_dir.ensure(folder)
         launches = journal.LaunchJournal.open(directory, owner=owner)
         try:
-            held = _clean_up(folder, launches, custody)
+            result = _clean_up(folder, launches, custody)
         except BaseException:
             launches.hand_on()  # what it holds already stays on record for the next start
             raise
-        return Recovered(launches, held, custody)
+        return Recovered(launches, result.held, custody, frozenset(result.instances))
 
 
-def _clean_up(folder: state_dir.StateDir, launches: journal.LaunchJournal, custody: Path) -> list[Held]:
+def _clean_up(folder: state_dir.StateDir, launches: journal.LaunchJournal, custody: Path) -> ReclaimResult:
     def take_over(held: list[Held]) -> None:
         # Journalled first: once this process names itself, a crash of it must leave a record of them.
         for each in held:
@@ -120,4 +122,4 @@ def _clean_up(folder: state_dir.StateDir, launches: journal.LaunchJournal, custo
                     log.warning(
                         "cannot remove %s, a stopped executor's status file: %s", folder.shown(each), exc
                     )
-    return result.held
+    return result

@@ -256,7 +256,7 @@ class Containment:
         is_live: Callable[[str], bool],
         *,
         spare: Collection[str] = frozenset(),
-        answered_for: Callable[[int], bool] = lambda _: False,
+        answered_for: Callable[[str, int], bool] = lambda _instance, _pid: False,
     ) -> list[Reclaimed]:
         """Kill and remove what dead instances under the same parents left; this instance is never touched.
 
@@ -265,8 +265,9 @@ class Containment:
             workload handed over to this instance): each a cgroup2 directory, or its path as
             ``/proc/<pid>/cgroup`` shows it; one below a workload cgroup spares that one. Their instance's
             directories stay too
-        :param answered_for: whether a process is somebody else's to end (a workload another executor
-            may adopt, whose own watchdog ends it otherwise): a workload cgroup holding one is spared too
+        :param answered_for: whether a process in a cgroup of the dead instance of that name is somebody
+            else's to end (a workload another executor may adopt, whose own watchdog ends it otherwise):
+            a workload cgroup holding one is spared too
         :returns: one entry per workload cgroup that had processes
         """
         if self.mode is Mode.NONE or self._parent is None:
@@ -303,7 +304,7 @@ class Containment:
         top: Path,
         kept: set[str],
         spare: Collection[str],
-        answered_for: Callable[[int], bool],
+        answered_for: Callable[[str, int], bool],
         *,
         v2: bool,
     ) -> list[Reclaimed]:
@@ -320,7 +321,7 @@ class Containment:
             # Only its cgroup2 side is killed: a process in the v1 directories is in these too.
             cgroup = WorkloadCgroup(directory.name, directory, {}, Limits(), relative)
             try:
-                if waiting := [pid for pid in cgroup.members() if answered_for(pid)]:
+                if waiting := [pid for pid in cgroup.members() if answered_for(instance, pid)]:
                     log.info(
                         "cgroup %s of a stopped executor is left as it is: its workload (pid %s) waits "
                         "to be adopted, and ends itself if it is not",
