@@ -68,7 +68,7 @@ import sqlalchemy as sa
 from async_local_executor.core.proc_identity import start_ticks
 from harness.airflow2 import Airflow2Sandbox
 from tests.core.helpers import alive
-from tests.e2e.helpers import cmdline, first_tries, move_record, poll, task_pid
+from tests.e2e.helpers import cmdline, first_tries, marks, move_record, poll, since, task_pid
 
 pytestmark = pytest.mark.e2e
 
@@ -127,17 +127,13 @@ def make(tmp_path: Path) -> Iterator[Make]:
         sb.stop()
 
 
-def _marks(tmp_path: Path, suffix: str) -> list[str]:
-    return sorted(p.stem for p in tmp_path.glob(f"hold*{suffix}"))
-
-
 def _running(sandbox: Airflow2Sandbox, tmp_path: Path) -> tuple[str, list[int]]:
     """Trigger the DAG; once both tasks run, the pids of their processes and of their workloads."""
     sandbox.wait_for_dag(DAG_ID, timeout=120)
     run_id = sandbox.trigger(DAG_ID)
-    poll("both tasks running", lambda: len(_marks(tmp_path, ".start")) == TASKS, guard=180)
+    poll("both tasks running", lambda: len(marks(tmp_path, ".start")) == TASKS, guard=180)
     scheduler = sandbox.pids["scheduler"]
-    tasks = [int(mark.rsplit(".pid", 1)[1]) for mark in _marks(tmp_path, ".start")]
+    tasks = [int(mark.rsplit(".pid", 1)[1]) for mark in marks(tmp_path, ".start")]
     assert len(tasks) == TASKS, tasks
     # The task's own process (`tasks run --raw`, forked) -> the workload process running `tasks run
     # --local` (its LocalTaskJob), which the executor launched as the scheduler's child.
@@ -207,8 +203,8 @@ def _finish_after_adoption(
     assert sandbox.run_state(DAG_ID, run_id) == "success", rows
     assert [(r.state, r.try_number) for r in rows] == [("success", 1)] * TASKS, rows
     # One execution per task, which ran to its end: nothing was killed and nothing ran again.
-    assert _marks(tmp_path, ".start") == _marks(tmp_path, ".end")
-    assert [m.split(".")[1] for m in _marks(tmp_path, ".start")] == ["try1"] * TASKS
+    assert marks(tmp_path, ".start") == marks(tmp_path, ".end")
+    assert [m.split(".")[1] for m in marks(tmp_path, ".start")] == ["try1"] * TASKS
     # One final event per task instance, from the scheduler that adopted it. The run's state comes from
     # the task instances' own, so the events may still be on their way.
     poll("both final events", lambda: len(_final_events(log.read_text(errors="replace"))) >= TASKS, guard=60)
@@ -312,22 +308,17 @@ def test_a_killed_scheduler_s_tasks_wait_for_the_next_which_adopts_them(make: Ma
         guard=120,
     )
     assert all(alive(pid) for pid in launched), {pid: alive(pid) for pid in launched}
-    assert _marks(tmp_path, ".end") == []
+    assert marks(tmp_path, ".end") == []
 
     sandbox.restart("scheduler")
     _finish_after_adoption(sandbox, tmp_path, run_id, launched, before)
-
-
-def _since(sandbox: Airflow2Sandbox, offset: int) -> str:
-    """The scheduler's log from ``offset`` on."""
-    return sandbox.process_logs["scheduler"].read_bytes()[offset:].decode(errors="replace")
 
 
 def _stop(sandbox: Airflow2Sandbox, running: int) -> None:
     """SIGTERM the scheduler, which hands its ``running`` task workloads over and exits."""
     offset = sandbox.process_logs["scheduler"].stat().st_size
     assert sandbox.signal_and_wait("scheduler", signal.SIGTERM, timeout=120) == 0
-    stopped = _since(sandbox, offset)
+    stopped = since(sandbox, offset)
     assert f"handed over {running} running task workload(s)" in stopped, stopped
 
 
@@ -342,10 +333,10 @@ def _adopts_hold1_only(sandbox: Airflow2Sandbox, offset: int, workload1: int) ->
     """The new scheduler adopts hold1 and has Airflow reset hold0, whose try 1 it does not hold."""
     poll(
         "the new scheduler to adopt hold1 only",
-        lambda: "adopted 1 task instance(s)" in _since(sandbox, offset),
+        lambda: "adopted 1 task instance(s)" in since(sandbox, offset),
         guard=120,
     )
-    started = _since(sandbox, offset)
+    started = since(sandbox, offset)
     assert f"holding 1 running workload(s) a stopped scheduler handed over (pid {workload1})" in started
     assert "1 others are left for the scheduler to reset" in started, started
     # Airflow 2 resets what the executor refused in the same pass (state None): it is scheduled again.
@@ -383,11 +374,11 @@ def _rerun_after_reset(
     # hold0's first execution ended with its process; its second and hold1's one ran to their end.
     first, kept = f"hold0.try1.pid{gone[0]}", f"hold1.try1.pid{adopted[0]}"
     again = f"hold0.try2.pid{retried}"
-    assert _marks(tmp_path, ".start") == [first, again, kept]
-    assert _marks(tmp_path, ".end") == [again, kept]
+    assert marks(tmp_path, ".start") == [first, again, kept]
+    assert marks(tmp_path, ".end") == [again, kept]
     # One final event per try that ended here: none for hold0's first, which nobody held.
-    poll("both final events", lambda: len(_final_events(_since(sandbox, offset))) >= TASKS, guard=60)
-    text = _since(sandbox, offset)
+    poll("both final events", lambda: len(_final_events(since(sandbox, offset))) >= TASKS, guard=60)
+    text = since(sandbox, offset)
     assert sorted(_final_events(text)) == [("success", 0, 2), ("success", 1, 1)], _final_events(text)
     assert "Detected zombie job" not in text
     poll("every process of every execution to end", lambda: not any(alive(pid) for pid in launched), guard=60)
@@ -493,7 +484,7 @@ def test_an_adopted_task_times_out_when_what_was_left_of_its_limit_runs_out(
     offset = _restart(sandbox)
     poll(
         "the new scheduler to adopt it",
-        lambda: "adopted 1 task instance(s)" in _since(sandbox, offset),
+        lambda: "adopted 1 task instance(s)" in since(sandbox, offset),
         guard=120,
     )
     adopted_by = time.time()  # it was held (and its limit armed) before this
@@ -521,8 +512,8 @@ def test_an_adopted_task_times_out_when_what_was_left_of_its_limit_runs_out(
     assert sorted(p.name for p in tmp_path.glob("overrun*")) == [mark.name]
     # On Airflow 2 the task process fails its task instance itself (SIGTERM: AirflowTaskTerminated), and
     # the run ends with it; the workload's exit, and the executor's event, come after.
-    poll("its final event", lambda: _final_events(_since(sandbox, offset), OVERRUN_DAG_ID) != [], guard=60)
-    text = _since(sandbox, offset)
+    poll("its final event", lambda: _final_events(since(sandbox, offset), OVERRUN_DAG_ID) != [], guard=60)
+    text = since(sandbox, offset)
     found = re.search(r"overrun try 1 ran longer than its ([0-9.e+-]+)s timeout; terminating it", text)
     assert found is not None, text
     # The limit it was held to here was what was left of it at the restart at most.

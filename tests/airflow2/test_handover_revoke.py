@@ -14,7 +14,6 @@ fork-server launcher, real task processes.
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import signal
@@ -25,7 +24,7 @@ import pytest
 
 from harness.airflow2 import Airflow2Sandbox
 from tests.core.helpers import alive
-from tests.e2e.helpers import poll
+from tests.e2e.helpers import launched_workloads, marks, poll, since
 
 pytestmark = pytest.mark.e2e
 
@@ -58,26 +57,7 @@ def sandbox(tmp_path: Path) -> Iterator[Airflow2Sandbox]:
         sb.stop()
 
 
-def _marks(tmp_path: Path, suffix: str) -> list[str]:
-    return sorted(p.stem for p in tmp_path.glob(f"hold*{suffix}"))
-
-
-def _launched(sandbox: Airflow2Sandbox) -> dict[str, int]:
-    """The workloads the executor launched, from its launch journals: ``{label: pid}``."""
-    found: dict[str, int] = {}
-    for journal in (sandbox.home / "async_local_executor").glob("*.launches"):
-        for line in journal.read_text().splitlines():
-            entry = json.loads(line)
-            if "+" in entry:
-                found[str(entry["key"])] = int(entry["+"])
-    return found
-
-
-def _since(sandbox: Airflow2Sandbox, offset: int) -> str:
-    return sandbox.process_logs["scheduler"].read_bytes()[offset:].decode(errors="replace")
-
-
-def _states(sandbox: Airflow2Sandbox, run_id: str) -> list[str]:
+def _states(sandbox: Airflow2Sandbox, run_id: str) -> list[str | None]:
     return [r.state for r in sandbox.task_instances(DAG_ID, run_id)]
 
 
@@ -88,13 +68,13 @@ def test_an_adopted_task_still_queued_is_revoked_by_the_next_scheduler_and_its_p
     hold_import.write_text("")
     sandbox.wait_for_dag(DAG_ID, timeout=120)
     run_id = sandbox.trigger(DAG_ID)
-    poll("both tries launched", lambda: len(_launched(sandbox)) == TASKS, guard=180)
-    workloads = sorted(_launched(sandbox).values())
+    poll("both tries launched", lambda: len(launched_workloads(sandbox)) == TASKS, guard=180)
+    workloads = sorted(launched_workloads(sandbox).values())
     assert _states(sandbox, run_id) == ["queued"] * TASKS
     log = sandbox.process_logs["scheduler"]
     before = log.stat().st_size
     assert sandbox.signal_and_wait("scheduler", signal.SIGTERM, timeout=120) == 0
-    assert f"handed over {TASKS} running task workload(s)" in _since(sandbox, before)
+    assert f"handed over {TASKS} running task workload(s)" in since(sandbox, before)
     assert all(alive(pid) for pid in workloads), {pid: alive(pid) for pid in workloads}
 
     sandbox.reconfigure(
@@ -107,7 +87,7 @@ def test_an_adopted_task_still_queued_is_revoked_by_the_next_scheduler_and_its_p
     sandbox.restart("scheduler")
     poll(
         "the new scheduler to adopt both",
-        lambda: f"adopted {TASKS} task instance(s)" in _since(sandbox, offset),
+        lambda: f"adopted {TASKS} task instance(s)" in since(sandbox, offset),
         guard=120,
     )
     assert all(alive(pid) for pid in workloads), {pid: alive(pid) for pid in workloads}
@@ -115,22 +95,22 @@ def test_an_adopted_task_still_queued_is_revoked_by_the_next_scheduler_and_its_p
     # Still queued past task_queued_timeout: the scheduler revokes each adopted try and requeues it.
     poll(
         "both adopted tries revoked",
-        lambda: len(REVOKED.findall(_since(sandbox, offset))) == TASKS,
+        lambda: len(REVOKED.findall(since(sandbox, offset))) == TASKS,
         guard=QUEUED_TIMEOUT + 60,
     )
     poll("the adopted workloads stopped", lambda: not any(alive(pid) for pid in workloads))
     # The adopted tries never started their task. Requeued, each runs once its DAG file imports.
-    assert _marks(tmp_path, ".start") == []
+    assert marks(tmp_path, ".start") == []
     hold_import.unlink()
-    poll("both requeued tries running", lambda: len(_marks(tmp_path, ".start")) == TASKS, guard=180)
+    poll("both requeued tries running", lambda: len(marks(tmp_path, ".start")) == TASKS, guard=180)
     (tmp_path / "gate").write_text("")
     poll("the run to end", lambda: sandbox.run_state(DAG_ID, run_id) in ("success", "failed"), guard=180)
     rows = sandbox.task_instances(DAG_ID, run_id)
     assert sandbox.run_state(DAG_ID, run_id) == "success", rows
     assert _states(sandbox, run_id) == ["success"] * TASKS, rows
-    assert _marks(tmp_path, ".start") == _marks(tmp_path, ".end")
+    assert marks(tmp_path, ".start") == marks(tmp_path, ".end")
     # Each adopted try's end was the executor's to note, not to report: no executor event for it.
-    text = _since(sandbox, offset)
+    text = since(sandbox, offset)
     assert len(re.findall(rf"revoked workload {DAG_ID}\.hold\S* try \d+ ended", text)) == TASKS, text
     assert not re.search(r"Received executor event with state failed", text), text
     assert len(REVOKED.findall(text)) == TASKS, text  # nothing else was revoked

@@ -46,6 +46,28 @@ def cmdline(pid: int) -> list[str]:
         return []
 
 
+def marks(folder: Path, suffix: str) -> list[str]:
+    """The marks the handover DAGs' ``hold`` tasks left in ``folder`` (``.start`` or ``.end``), sorted:
+    ``hold<i>.try<N>.pid<P>``, one per execution."""
+    return sorted(p.stem for p in folder.glob(f"hold*{suffix}"))
+
+
+def since(sandbox: AirflowSandbox, offset: int) -> str:
+    """The scheduler's log from byte ``offset`` on."""
+    return sandbox.process_logs["scheduler"].read_bytes()[offset:].decode(errors="replace")
+
+
+def launched_workloads(sandbox: AirflowSandbox) -> dict[str, int]:
+    """Every workload the sandbox's executors launched, from their launch journals: ``{label: pid}``."""
+    found: dict[str, int] = {}
+    for journal in (sandbox.home / "async_local_executor").glob("*.launches"):
+        for line in journal.read_text().splitlines():
+            entry = json.loads(line)
+            if "+" in entry:
+                found[str(entry["key"])] = int(entry["+"])
+    return found
+
+
 def task_pid(folder: Path, execution: str) -> int:
     """The task process's pid of one execution (``hold0.try1``), from the start mark it left in ``folder``
     (``<execution>.pid<P>.start``, as the handover DAGs write it)."""

@@ -29,7 +29,7 @@ import pytest
 from async_local_executor.core.proc_identity import start_ticks
 from harness.sandbox import AirflowSandbox
 from tests.core.helpers import alive
-from tests.e2e.helpers import QUICK_ORPHANS, cmdline, first_tries, move_record, poll, task_pid
+from tests.e2e.helpers import QUICK_ORPHANS, cmdline, first_tries, marks, move_record, poll, since, task_pid
 
 TASKS = 2
 pytestmark = [pytest.mark.e2e, pytest.mark.sandbox(parallelism=4, config=QUICK_ORPHANS)]
@@ -37,18 +37,14 @@ pytestmark = [pytest.mark.e2e, pytest.mark.sandbox(parallelism=4, config=QUICK_O
 EXIT_BOUND = 10.0
 
 
-def _marks(tmp_path: Path, suffix: str) -> list[str]:
-    return sorted(p.stem for p in tmp_path.glob(f"hold*{suffix}"))
-
-
 def _running(sandbox: AirflowSandbox, tmp_path: Path) -> tuple[str, list[int]]:
     """Trigger the DAG; once both tasks run, the pids of what the scheduler launched for them."""
     sandbox.wait_for_dag("handover", timeout=120)
     run_id = sandbox.trigger("handover")
-    poll("both tasks running", lambda: len(_marks(tmp_path, ".start")) == TASKS)
+    poll("both tasks running", lambda: len(marks(tmp_path, ".start")) == TASKS)
     scheduler = psutil.Process(sandbox.pids["scheduler"])
     # Each task process and the workload process that supervises it, which the scheduler launched.
-    tasks = [int(mark.rsplit(".pid", 1)[1]) for mark in _marks(tmp_path, ".start")]
+    tasks = [int(mark.rsplit(".pid", 1)[1]) for mark in marks(tmp_path, ".start")]
     assert len(tasks) == TASKS, tasks
     workloads = [psutil.Process(pid).ppid() for pid in tasks]
     assert all(psutil.Process(pid).ppid() == scheduler.pid for pid in workloads), workloads
@@ -68,8 +64,8 @@ def _finish_after_adoption(sandbox: AirflowSandbox, tmp_path: Path, run_id: str,
     assert sandbox.run_state("handover", run_id) == "success", rows
     assert [(r.state, r.try_number) for r in rows] == [("success", 1)] * TASKS, rows
     # One execution per task, which ran to its end: nothing was killed and nothing ran again.
-    assert _marks(tmp_path, ".start") == _marks(tmp_path, ".end")
-    assert [m.split(".")[1] for m in _marks(tmp_path, ".start")] == ["try1"] * TASKS
+    assert marks(tmp_path, ".start") == marks(tmp_path, ".end")
+    assert [m.split(".")[1] for m in marks(tmp_path, ".start")] == ["try1"] * TASKS
 
 
 def test_a_stopped_scheduler_hands_its_running_tasks_to_the_next_which_adopts_them(
@@ -116,7 +112,7 @@ def test_without_a_next_scheduler_nothing_a_task_started_outlives_the_handover_t
         time.sleep(0.1)
     # They waited for a successor first: not killed with the scheduler.
     assert time.monotonic() - killed >= HANDOVER_TIMEOUT - 1.0
-    assert _marks(tmp_path, ".end") == []
+    assert marks(tmp_path, ".end") == []
 
 
 def _stop(sandbox: AirflowSandbox) -> None:
@@ -133,10 +129,6 @@ def _restart(sandbox: AirflowSandbox) -> int:
     before = sandbox.process_logs["scheduler"].stat().st_size
     sandbox.restart("scheduler")
     return before
-
-
-def _since(sandbox: AirflowSandbox, offset: int) -> str:
-    return sandbox.process_logs["scheduler"].read_bytes()[offset:].decode(errors="replace")
 
 
 def _rerun_after_reset(
@@ -161,8 +153,8 @@ def _rerun_after_reset(
     # hold0's first execution ended with its process; its second and hold1's one ran to their end.
     first, kept = f"hold0.try1.pid{gone[1]}", f"hold1.try1.pid{adopted[1]}"
     again = f"hold0.try2.pid{retried}"
-    assert _marks(tmp_path, ".start") == [first, again, kept]
-    assert _marks(tmp_path, ".end") == [again, kept]
+    assert marks(tmp_path, ".start") == [first, again, kept]
+    assert marks(tmp_path, ".end") == [again, kept]
     poll("every process of every execution to end", lambda: not any(alive(pid) for pid in launched))
 
 
@@ -180,9 +172,9 @@ def test_a_handed_over_task_whose_process_vanished_before_the_restart_is_reset_a
     offset = _restart(sandbox)
     poll(
         "the new scheduler to adopt hold1 only",
-        lambda: "adopted 1 task instance(s)" in _since(sandbox, offset),
+        lambda: "adopted 1 task instance(s)" in since(sandbox, offset),
     )
-    started = _since(sandbox, offset)
+    started = since(sandbox, offset)
     assert f"holding 1 running workload(s) a stopped scheduler handed over (pid {workload1})" in started
     assert "1 others are left for the scheduler to reset" in started, started
     _rerun_after_reset(sandbox, tmp_path, run_id, (workload0, task0), (workload1, task1))
@@ -215,9 +207,9 @@ def test_a_recorded_pid_another_process_runs_now_is_neither_adopted_nor_killed(
             offset = _restart(sandbox)
             poll(
                 "the new scheduler to adopt hold1 only",
-                lambda: "adopted 1 task instance(s)" in _since(sandbox, offset),
+                lambda: "adopted 1 task instance(s)" in since(sandbox, offset),
             )
-            started = _since(sandbox, offset)
+            started = since(sandbox, offset)
             assert (
                 f"holding 1 running workload(s) a stopped scheduler handed over (pid {workload1})" in started
             )
@@ -266,12 +258,12 @@ def test_an_adopted_task_times_out_when_what_was_left_of_its_limit_runs_out(
     launched_by = mark.stat().st_mtime
     before = sandbox.process_logs["scheduler"].stat().st_size
     assert sandbox.signal_and_wait("scheduler", signal.SIGTERM, timeout=120) == 0
-    assert "handed over 1 running task workload(s)" in _since(sandbox, before)
+    assert "handed over 1 running task workload(s)" in since(sandbox, before)
     # Time passes with no scheduler at all: it counts against the limit as any other time it runs.
     poll("the time without a scheduler to pass", lambda: time.time() > launched_by + WITHOUT_SCHEDULER)
     restarted = time.time()
     offset = _restart(sandbox)
-    poll("the new scheduler to adopt it", lambda: "adopted 1 task instance(s)" in _since(sandbox, offset))
+    poll("the new scheduler to adopt it", lambda: "adopted 1 task instance(s)" in since(sandbox, offset))
     adopted_by = time.time()  # it was held (and its limit armed) before this
     poll("its processes to be ended by the limit", lambda: not alive(workload) and not alive(task))
     ended = time.time()
@@ -282,7 +274,7 @@ def test_an_adopted_task_times_out_when_what_was_left_of_its_limit_runs_out(
     deadline = max(launched_by + OVERRUN_TIMEOUT, adopted_by)
     assert ended - deadline < OVERRUN_GRACE + SLACK, (ended - launched_by, adopted_by - launched_by)
     poll("the run to end", lambda: sandbox.run_state("handover_overrun", run_id) in ("success", "failed"))
-    text = _since(sandbox, offset)
+    text = since(sandbox, offset)
     found = re.search(r"overrun try 1 ran longer than its ([0-9.e+-]+)s timeout; terminating it", text)
     assert found is not None, text
     # The limit it was held to here was what was left of it at the restart at most.

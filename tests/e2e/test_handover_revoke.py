@@ -13,7 +13,6 @@ fork-server launcher, real task processes (dags/handover.py records each executi
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -23,7 +22,7 @@ import pytest
 
 from harness.sandbox import AirflowSandbox
 from tests.core.helpers import alive
-from tests.e2e.helpers import QUICK_ORPHANS, poll
+from tests.e2e.helpers import QUICK_ORPHANS, launched_workloads, marks, poll, since
 
 TASKS = 2
 pytestmark = [
@@ -43,25 +42,6 @@ QUEUED_TIMEOUT = 15
 REVOKED = re.compile(r"revoking handover\.hold\S* try \d+: stopping it if it started")
 
 
-def _marks(tmp_path: Path, suffix: str) -> list[str]:
-    return sorted(p.stem for p in tmp_path.glob(f"hold*{suffix}"))
-
-
-def _launched(sandbox: AirflowSandbox) -> dict[str, int]:
-    """The workloads the executor launched, from its launch journals: ``{label: pid}``."""
-    found: dict[str, int] = {}
-    for journal in (sandbox.home / "async_local_executor").glob("*.launches"):
-        for line in journal.read_text().splitlines():
-            entry = json.loads(line)
-            if "+" in entry:
-                found[str(entry["key"])] = int(entry["+"])
-    return found
-
-
-def _since(sandbox: AirflowSandbox, offset: int) -> str:
-    return sandbox.process_logs["scheduler"].read_bytes()[offset:].decode(errors="replace")
-
-
 def test_an_adopted_task_still_queued_is_revoked_by_the_next_scheduler_and_its_process_stopped(
     sandbox: AirflowSandbox, tmp_path: Path
 ) -> None:
@@ -75,13 +55,13 @@ def test_an_adopted_task_still_queued_is_revoked_by_the_next_scheduler_and_its_p
     os.killpg(api, signal.SIGSTOP)
     try:
         sandbox.restart("scheduler")
-        poll("both tries launched", lambda: len(_launched(sandbox)) == TASKS)
-        workloads = sorted(_launched(sandbox).values())
+        poll("both tries launched", lambda: len(launched_workloads(sandbox)) == TASKS)
+        workloads = sorted(launched_workloads(sandbox).values())
         assert [r.state for r in sandbox.task_instances("handover", run_id)] == ["queued"] * TASKS
         log = sandbox.process_logs["scheduler"]
         before = log.stat().st_size
         assert sandbox.signal_and_wait("scheduler", signal.SIGTERM, timeout=120) == 0
-        assert f"handed over {TASKS} running task workload(s)" in _since(sandbox, before)
+        assert f"handed over {TASKS} running task workload(s)" in since(sandbox, before)
         assert all(alive(pid) for pid in workloads), {pid: alive(pid) for pid in workloads}
 
         sandbox.reconfigure(
@@ -94,27 +74,27 @@ def test_an_adopted_task_still_queued_is_revoked_by_the_next_scheduler_and_its_p
         sandbox.restart("scheduler")
         poll(
             "the new scheduler to adopt both",
-            lambda: f"adopted {TASKS} task instance(s)" in _since(sandbox, offset),
+            lambda: f"adopted {TASKS} task instance(s)" in since(sandbox, offset),
         )
         assert all(alive(pid) for pid in workloads), {pid: alive(pid) for pid in workloads}
         assert [r.state for r in sandbox.task_instances("handover", run_id)] == ["queued"] * TASKS
         # Still queued past task_queued_timeout: the scheduler revokes each adopted try and requeues it.
-        poll("both adopted tries revoked", lambda: len(REVOKED.findall(_since(sandbox, offset))) == TASKS)
+        poll("both adopted tries revoked", lambda: len(REVOKED.findall(since(sandbox, offset))) == TASKS)
         poll("the adopted workloads stopped", lambda: not any(alive(pid) for pid in workloads))
-        revoked = _since(sandbox, offset)
+        revoked = since(sandbox, offset)
     finally:
         os.killpg(api, signal.SIGCONT)
     # The adopted tries never started their task. Requeued, each runs once the api-server answers.
-    assert _marks(tmp_path, ".start") == []
-    poll("both requeued tries running", lambda: len(_marks(tmp_path, ".start")) == TASKS)
+    assert marks(tmp_path, ".start") == []
+    poll("both requeued tries running", lambda: len(marks(tmp_path, ".start")) == TASKS)
     (tmp_path / "gate").write_text("")
     poll("the run to end", lambda: sandbox.run_state("handover", run_id) in ("success", "failed"))
     rows = sandbox.task_instances("handover", run_id)
     assert sandbox.run_state("handover", run_id) == "success", rows
     assert [r.state for r in rows] == ["success"] * TASKS, rows
-    assert _marks(tmp_path, ".start") == _marks(tmp_path, ".end")
+    assert marks(tmp_path, ".start") == marks(tmp_path, ".end")
     # Each adopted try's end was the executor's to note, not to report: no executor event for it.
-    text = _since(sandbox, offset)
+    text = since(sandbox, offset)
     assert len(re.findall(r"revoked workload handover\.hold\S* try \d+ ended", text)) == TASKS, text
     assert "Received executor event with state failed" not in text, text
     assert len(REVOKED.findall(text)) == TASKS, revoked  # nothing else was revoked

@@ -333,6 +333,14 @@ def test_a_held_workload_is_recorded_in_the_new_journal_and_named_in_its_custody
         assert json.loads(owner_file.read_text()) == {"owner_pid": me[0], "owner_start": me[1]}
         assert (owner_file.stat().st_mode & 0o777) == 0o600
         (custody / f"{stale}.exit").write_text('{"status": 0}')
+        # Its supervision starts here: the launch its adopter reports keeps the line that holds it (what
+        # was recorded at its real launch), which a crash of this executor leaves to the next one.
+        recovered.journal.started(held_pid, "dag.held try 1", handover_timeout=TIMEOUT, info={"adopted": 1})
+        fd = os.open(recovered.journal.path, os.O_RDONLY)
+        try:
+            assert journal_file.read_all(fd)[3] == handovers
+        finally:
+            os.close(fd)
     finally:
         # As if this executor died: the journal stays, unlocked, without a handover line.
         recovered.journal.hand_on()

@@ -142,10 +142,17 @@ class LaunchJournal:
         :param handover_timeout: how long the workload outlives its scheduler (0: it dies with it); more
             than 0 makes it one a crash hands over to the next executor
         :param info: the adapter's data for whoever adopts it after a crash (JSON)
+
+        A workload already on record here under the same pid and start (one :meth:`hold` recorded,
+        whose supervision starts now) keeps its line: it says when the workload really started and
+        what was left of its limit then, which a line written at its adoption would not.
         """
         start = start_ticks(pid)
         if start is None:
             return  # already gone: nothing could survive it
+        with self._lock:
+            if self._starts.get(pid) == start and pid in self._live:
+                return
         entry: dict[str, object] = {"+": pid, START_KEY: start, "key": label}
         if handover_timeout > 0:
             entry[HANDOVER_TIMEOUT_KEY] = handover_timeout
