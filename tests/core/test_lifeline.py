@@ -97,3 +97,53 @@ def test_tied_from_the_main_thread_only_a_fork_from_another_thread_outlives_its_
             psutil.Process(from_thread).kill()
         if proc.stdin is not None:
             proc.stdin.close()
+
+
+# Another thread forks while the main thread's fork runs its before-fork hooks (as the runtime's hook
+# lets the loop thread run while it waits for it to park): the main thread's child is tied all the same.
+INTERLEAVED = """
+import os, signal, sys, threading, time
+from async_local_executor.core.lifeline import tie_direct_children
+
+go, done, other = threading.Event(), threading.Event(), []
+
+def fork_sleeper():
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(60)
+        os._exit(0)
+    return pid
+
+def fork_from_another_thread():
+    go.wait()
+    other.append(fork_sleeper())
+    done.set()
+
+threading.Thread(target=fork_from_another_thread, daemon=True).start()
+
+def interleave():
+    if threading.current_thread() is threading.main_thread() and not done.is_set():
+        go.set()
+        done.wait(10)
+
+os.register_at_fork(before=interleave)  # before-fork hooks run last registered first: after the tie's
+tie_direct_children(main_thread_only=True)
+child = fork_sleeper()
+print(child, other[0], flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_fork_from_another_thread_during_the_main_threads_fork_leaves_the_main_threads_child_tied() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", INTERLEAVED], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    from_main, from_thread = (int(x) for x in proc.stdout.readline().split())
+    try:
+        assert proc.wait(GUARD) == -signal.SIGKILL
+        assert exits(from_main, GUARD), "the main thread's child outlived its owner"
+        assert not _dead(from_thread)
+    finally:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            psutil.Process(from_thread).kill()
+        proc.stdout.close()

@@ -41,9 +41,12 @@ def prctl(option: int, arg: int | bytes) -> None:
 
 
 EXIT_ORPHANED = 3
-# Which process's direct forks are tied to it (0: none), and the pid a fork in progress was armed for;
-# main_only (1): only forks from its main thread are.
-_tie = {"owner": 0, "armed_for": 0, "signal": int(signal.SIGKILL), "main_only": 0}
+# Which process's direct forks are tied to it (0: none); main_only (1): only forks from its main thread are.
+_tie = {"owner": 0, "signal": int(signal.SIGKILL), "main_only": 0}
+# Per forking thread, the pid its fork in progress was armed for. Per thread, because two threads' forks
+# interleave: the before-fork hooks of one run while another's wait (the runtime's parks its loop
+# thread), and a single value one thread disarmed left the other's child untied.
+_armed: dict[int, int] = {}
 
 
 def tie_direct_children(sig: int = signal.SIGKILL, *, main_thread_only: bool = False) -> None:
@@ -70,15 +73,17 @@ def _arm() -> None:
     mine = os.getpid() == _tie["owner"]
     if mine and _tie["main_only"]:
         mine = threading.current_thread() is threading.main_thread()
-    _tie["armed_for"] = os.getpid() if mine else 0
+    if mine:
+        _armed[threading.get_ident()] = os.getpid()
 
 
 def _disarm() -> None:
-    _tie["armed_for"] = 0
+    _armed.pop(threading.get_ident(), None)
 
 
 def _tie_child() -> None:
-    parent = _tie["armed_for"]
-    _tie["armed_for"] = 0
+    # The child runs as a copy of the forking thread, under the same ident.
+    parent = _armed.pop(threading.get_ident(), 0)
+    _armed.clear()
     if parent and not die_with_parent(parent, _tie["signal"]):
         os._exit(EXIT_ORPHANED)
