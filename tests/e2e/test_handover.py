@@ -4,7 +4,7 @@ With the defaults (``on_stop = handover``, ``handover_timeout = 300``), a stoppe
 seconds and a killed one leaves its tasks running; the next scheduler adopts them, so every task runs
 once, at try 1, and its end is reported. Without a successor, the tasks kill themselves once
 ``handover_timeout`` has passed. An adopted task's run-time limit counts from its launch, not from its
-adoption. A handed-over task whose process is gone by the restart, or whose recorded pid another process
+adoption, also when its adopter crashes and the next scheduler adopts it again. A handed-over task whose process is gone by the restart, or whose recorded pid another process
 runs now, is not adopted: the scheduler resets it and it runs again, and the other process is left alone.
 Each task records every execution it starts and ends (dags/handover.py, dags/handover_overrun.py), so the
 tests count executions from the tasks themselves, not from Airflow's database alone.
@@ -284,4 +284,50 @@ def test_an_adopted_task_times_out_when_what_was_left_of_its_limit_runs_out(
     assert sandbox.run_state("handover_overrun", run_id) == "failed", rows
     assert [(r.state, r.try_number) for r in rows] == [("failed", 1)], rows
     # One execution, which never reached its end; nothing ran again.
+    assert sorted(p.name for p in tmp_path.glob("overrun*")) == [mark.name]
+
+
+TWICE_TIMEOUT = 90.0  # the executor's run-time limit per task, for a task adopted twice
+
+
+@pytest.mark.sandbox(
+    config={
+        "AIRFLOW__ASYNC_LOCAL_EXECUTOR__TASK_TIMEOUT": str(TWICE_TIMEOUT),
+        "AIRFLOW__ASYNC_LOCAL_EXECUTOR__TERMINATION_GRACE_PERIOD": str(OVERRUN_GRACE),
+    }
+)
+def test_a_task_adopted_twice_after_its_adopter_crashed_keeps_the_limit_counted_from_its_launch(
+    sandbox: AirflowSandbox, tmp_path: Path
+) -> None:
+    # Handed over by a stop, adopted, then left behind by a crash of its adopter and adopted again: what
+    # the adopter recorded of it is what its launch said (its start, what was left of its limit), not
+    # its adoption.
+    sandbox.wait_for_dag("handover_overrun", timeout=120)
+    run_id = sandbox.trigger("handover_overrun")
+    poll("the task running", lambda: any(tmp_path.glob("overrun.try1.pid*.start")))
+    task = task_pid(tmp_path, "overrun.try1")
+    workload = psutil.Process(task).ppid()
+    [mark] = tmp_path.glob("overrun.try1.pid*.start")
+    launched_by = mark.stat().st_mtime
+    before = sandbox.process_logs["scheduler"].stat().st_size
+    assert sandbox.signal_and_wait("scheduler", signal.SIGTERM, timeout=120) == 0
+    assert "handed over 1 running task workload(s)" in since(sandbox, before)
+    offset = _restart(sandbox)
+    poll("the first adoption", lambda: "adopted 1 task instance(s)" in since(sandbox, offset))
+    sandbox.kill("scheduler")
+    assert alive(workload)
+    assert alive(task)
+    offset = _restart(sandbox)
+    poll("the second adoption", lambda: "adopted 1 task instance(s)" in since(sandbox, offset))
+    adopted_by = time.time()
+    poll("its processes to be ended by the limit", lambda: not alive(workload) and not alive(task))
+    ended = time.time()
+
+    deadline = max(launched_by + TWICE_TIMEOUT, adopted_by)
+    assert ended - deadline < OVERRUN_GRACE + SLACK, (ended - launched_by, adopted_by - launched_by)
+    poll("the run to end", lambda: sandbox.run_state("handover_overrun", run_id) in ("success", "failed"))
+    text = since(sandbox, offset)
+    assert re.search(r"overrun try 1 ran longer than its [0-9.e+-]+s timeout; terminating it", text), text
+    rows = sandbox.task_instances("handover_overrun", run_id)
+    assert [(r.state, r.try_number) for r in rows] == [("failed", 1)], rows
     assert sorted(p.name for p in tmp_path.glob("overrun*")) == [mark.name]
