@@ -238,6 +238,25 @@ WITHOUT_SCHEDULER = 20.0
 SLACK = 10.0  # the polls', and the killed processes' time to go
 
 
+def _overrun_handed_over(sandbox: AirflowSandbox, tmp_path: Path) -> tuple[str, int, int, Path]:
+    """Trigger handover_overrun, and once its task runs, SIGTERM the scheduler, which hands it over.
+
+    :returns: the run, the task's process, its workload process, and the task's start mark, written
+        after its workload's launch (wall clock, as the file's time is)
+    """
+    sandbox.wait_for_dag("handover_overrun", timeout=120)
+    run_id = sandbox.trigger("handover_overrun")
+    poll("the task running", lambda: any(tmp_path.glob("overrun.try1.pid*.start")))
+    task = task_pid(tmp_path, "overrun.try1")
+    workload = psutil.Process(task).ppid()
+    assert psutil.Process(workload).ppid() == sandbox.pids["scheduler"]
+    [mark] = tmp_path.glob("overrun.try1.pid*.start")
+    before = sandbox.process_logs["scheduler"].stat().st_size
+    assert sandbox.signal_and_wait("scheduler", signal.SIGTERM, timeout=120) == 0
+    assert "handed over 1 running task workload(s)" in since(sandbox, before)
+    return run_id, task, workload, mark
+
+
 @pytest.mark.sandbox(
     config={
         "AIRFLOW__ASYNC_LOCAL_EXECUTOR__TASK_TIMEOUT": str(OVERRUN_TIMEOUT),
@@ -247,18 +266,8 @@ SLACK = 10.0  # the polls', and the killed processes' time to go
 def test_an_adopted_task_times_out_when_what_was_left_of_its_limit_runs_out(
     sandbox: AirflowSandbox, tmp_path: Path
 ) -> None:
-    sandbox.wait_for_dag("handover_overrun", timeout=120)
-    run_id = sandbox.trigger("handover_overrun")
-    poll("the task running", lambda: any(tmp_path.glob("overrun.try1.pid*.start")))
-    task = task_pid(tmp_path, "overrun.try1")
-    workload = psutil.Process(task).ppid()
-    assert psutil.Process(workload).ppid() == sandbox.pids["scheduler"]
-    # Its workload was launched before the task wrote this (wall clock, as the file's time is).
-    [mark] = tmp_path.glob("overrun.try1.pid*.start")
+    run_id, task, workload, mark = _overrun_handed_over(sandbox, tmp_path)
     launched_by = mark.stat().st_mtime
-    before = sandbox.process_logs["scheduler"].stat().st_size
-    assert sandbox.signal_and_wait("scheduler", signal.SIGTERM, timeout=120) == 0
-    assert "handed over 1 running task workload(s)" in since(sandbox, before)
     # Time passes with no scheduler at all: it counts against the limit as any other time it runs.
     poll("the time without a scheduler to pass", lambda: time.time() > launched_by + WITHOUT_SCHEDULER)
     restarted = time.time()
@@ -302,16 +311,8 @@ def test_a_task_adopted_twice_after_its_adopter_crashed_keeps_the_limit_counted_
     # Handed over by a stop, adopted, then left behind by a crash of its adopter and adopted again: what
     # the adopter recorded of it is what its launch said (its start, what was left of its limit), not
     # its adoption.
-    sandbox.wait_for_dag("handover_overrun", timeout=120)
-    run_id = sandbox.trigger("handover_overrun")
-    poll("the task running", lambda: any(tmp_path.glob("overrun.try1.pid*.start")))
-    task = task_pid(tmp_path, "overrun.try1")
-    workload = psutil.Process(task).ppid()
-    [mark] = tmp_path.glob("overrun.try1.pid*.start")
+    run_id, task, workload, mark = _overrun_handed_over(sandbox, tmp_path)
     launched_by = mark.stat().st_mtime
-    before = sandbox.process_logs["scheduler"].stat().st_size
-    assert sandbox.signal_and_wait("scheduler", signal.SIGTERM, timeout=120) == 0
-    assert "handed over 1 running task workload(s)" in since(sandbox, before)
     offset = _restart(sandbox)
     poll("the first adoption", lambda: "adopted 1 task instance(s)" in since(sandbox, offset))
     sandbox.kill("scheduler")
