@@ -54,8 +54,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -68,7 +66,7 @@ import sqlalchemy as sa
 from async_local_executor.core.proc_identity import start_ticks
 from harness.airflow2 import Airflow2Sandbox
 from tests.core.helpers import alive
-from tests.e2e.helpers import cmdline, first_tries, marks, move_record, poll, since, task_pid
+from tests.e2e.helpers import bystander_at_recorded_pid, cmdline, first_tries, marks, poll, since, task_pid
 
 pytestmark = pytest.mark.e2e
 
@@ -413,35 +411,22 @@ def test_a_recorded_pid_another_process_runs_now_is_neither_adopted_nor_killed(
     (task0, workload0), (task1, workload1) = first_tries(tmp_path)
     _stop(sandbox, TASKS)
     stopped = time.monotonic()
-    # Another process, nothing of Airflow's nor of any executor's, runs under the pid the journal records
-    # for hold0's workload: the journal's record of it is moved to that process's pid, as a pid reuse
-    # leaves it (the same pid, another start). hold0's real workload is no longer what the record names.
-    with subprocess.Popen(
-        [sys.executable, "-c", "import sys; sys.stdin.read()"],  # runs until the test closes its stdin
-        stdin=subprocess.PIPE,
-        start_new_session=True,
-    ) as other:
-        try:
-            other_start = start_ticks(other.pid)
-            [journal] = (sandbox.home / "async_local_executor").glob("*.launches")
-            assert move_record(journal, workload0, other.pid) >= 2  # at least its launch and its handover
-
-            offset = _restart(sandbox)
-            _adopts_hold1_only(sandbox, offset, workload1)
-            # hold0's real workload is no handed-over workload any more, only a process the stopped
-            # executor left running: killed as any such survivor (found by its cgroup or its mark), or,
-            # if none finds it, by itself once nobody claimed it within its handover_timeout.
-            poll(
-                "hold0's processes to be gone",
-                lambda: not alive(workload0) and not alive(task0),
-                guard=HANDOVER_TIMEOUT_REUSED + 10.0 - (time.monotonic() - stopped),
-            )
-            _rerun_after_reset(sandbox, tmp_path, run_id, offset, (task0, workload0), (task1, workload1))
-            # The process under the recorded pid was neither taken for the workload nor touched.
-            assert other.poll() is None
-            assert start_ticks(other.pid) == other_start
-        finally:
-            other.kill()
+    # Another process runs under the pid the journal records for hold0's workload (a pid reuse).
+    with bystander_at_recorded_pid(sandbox, workload0) as (other, other_start):
+        offset = _restart(sandbox)
+        _adopts_hold1_only(sandbox, offset, workload1)
+        # hold0's real workload is no handed-over workload any more, only a process the stopped
+        # executor left running: killed as any such survivor (found by its cgroup or its mark), or,
+        # if none finds it, by itself once nobody claimed it within its handover_timeout.
+        poll(
+            "hold0's processes to be gone",
+            lambda: not alive(workload0) and not alive(task0),
+            guard=HANDOVER_TIMEOUT_REUSED + 10.0 - (time.monotonic() - stopped),
+        )
+        _rerun_after_reset(sandbox, tmp_path, run_id, offset, (task0, workload0), (task1, workload1))
+        # The process under the recorded pid was neither taken for the workload nor touched.
+        assert other.poll() is None
+        assert start_ticks(other.pid) == other_start
 
 
 OVERRUN_DAG_ID = "handover_overrun2"

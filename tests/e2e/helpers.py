@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -14,8 +17,10 @@ from typing import Any
 
 import psutil
 
+from async_local_executor.core.proc_identity import start_ticks
 from async_local_executor.ops.status_read import read_all
 from harness.sandbox import AirflowSandbox
+from tests.core.helpers import alive
 
 GUARD = 600.0
 DAGS = Path(__file__).with_name("dags")
@@ -99,6 +104,31 @@ def move_record(journal: Path, recorded: int, to: int) -> int:
                 moved += 1
     journal.write_text("".join(f"{line}\n" for line in lines))
     return moved
+
+
+@contextmanager
+def bystander_at_recorded_pid(
+    sandbox: AirflowSandbox, recorded: int
+) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """Another process, nothing of Airflow's nor of any executor's, under the pid the stopped scheduler's
+    journal records for workload ``recorded``: the record is moved to its pid, as a pid reuse leaves it
+    (the same pid, another start). The workload itself is no longer what the record names.
+
+    :returns: that process, running until the block ends, and its start ticks
+    """
+    with subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"],  # runs until its stdin closes
+        stdin=subprocess.PIPE,
+        start_new_session=True,
+    ) as other:
+        try:
+            start = start_ticks(other.pid)
+            assert start is not None
+            [journal] = (sandbox.home / "async_local_executor").glob("*.launches")
+            assert move_record(journal, recorded, other.pid) >= 2  # at least its launch and its handover
+            yield other, start
+        finally:
+            other.kill()
 
 
 @contextmanager
@@ -197,3 +227,77 @@ def write_learned_dag(dags: Path, value: int) -> None:
     """The DAG file and its DAGs-folder module, both returning ``value`` (edited by writing again)."""
     (dags / "learned_helper.py").write_text(f"def helper_value():\n    return {value}\n")
     (dags / "learned_dag.py").write_text(LEARNED_DAG.format(value=value))
+
+
+# The revoke of adopted tries: the stuck-in-queued check of the scheduler that adopted them.
+# Its [scheduler] task_queued_timeout. Long enough for a requeued try to start once whatever held the
+# first ones back lets go, so that only the adopted tries are revoked (they were queued before the first
+# scheduler's stop and the second one's start, so they reach it first).
+QUEUED_TIMEOUT = 15
+
+
+def revoking(dag_id: str) -> re.Pattern[str]:
+    """The executor's line for each revoke of a ``hold`` try of ``dag_id``."""
+    return re.compile(rf"revoking {re.escape(dag_id)}\.hold\S* try \d+: stopping it if it started")
+
+
+def adopted_while_queued_then_revoked(sandbox: AirflowSandbox, dag_id: str, run_id: str, tries: int) -> int:
+    """With ``tries`` tries of the run launched and held back before they mark themselves running: stop
+    the scheduler, which hands them over; start the next with a short ``task_queued_timeout``; wait until
+    it has adopted them, revoked each (still queued) and the executor has stopped each workload.
+
+    :returns: where the new scheduler's log begins
+    """
+    poll("the tries launched", lambda: len(launched_workloads(sandbox)) == tries)
+    workloads = sorted(launched_workloads(sandbox).values())
+
+    def states() -> list[str | None]:
+        return [r.state for r in sandbox.task_instances(dag_id, run_id)]
+
+    assert states() == ["queued"] * tries
+    log = sandbox.process_logs["scheduler"]
+    before = log.stat().st_size
+    assert sandbox.signal_and_wait("scheduler", signal.SIGTERM, timeout=120) == 0
+    assert f"handed over {tries} running task workload(s)" in since(sandbox, before)
+    assert all(alive(pid) for pid in workloads), {pid: alive(pid) for pid in workloads}
+
+    sandbox.reconfigure(
+        {
+            "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": str(QUEUED_TIMEOUT),
+            "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT_CHECK_INTERVAL": "2",
+        }
+    )
+    offset = log.stat().st_size
+    sandbox.restart("scheduler")
+    poll(
+        "the new scheduler to adopt them",
+        lambda: f"adopted {tries} task instance(s)" in since(sandbox, offset),
+    )
+    assert all(alive(pid) for pid in workloads), {pid: alive(pid) for pid in workloads}
+    assert states() == ["queued"] * tries
+    # Still queued past task_queued_timeout: the scheduler revokes each adopted try and requeues it.
+    revoked = revoking(dag_id)
+    poll("the adopted tries revoked", lambda: len(revoked.findall(since(sandbox, offset))) == tries)
+    poll("the adopted workloads stopped", lambda: not any(alive(pid) for pid in workloads))
+    return offset
+
+
+def requeued_tries_run_once(
+    sandbox: AirflowSandbox, folder: Path, dag_id: str, run_id: str, offset: int, tries: int
+) -> None:
+    """After :func:`adopted_while_queued_then_revoked`, once nothing holds the tries back any more: each
+    requeued try runs to its end once, the run succeeds, and the revoked tries got no executor event."""
+    poll("the requeued tries running", lambda: len(marks(folder, ".start")) == tries)
+    (folder / "gate").write_text("")
+    poll("the run to end", lambda: sandbox.run_state(dag_id, run_id) in ("success", "failed"))
+    rows = sandbox.task_instances(dag_id, run_id)
+    assert sandbox.run_state(dag_id, run_id) == "success", rows
+    assert [r.state for r in rows] == ["success"] * tries, rows
+    assert marks(folder, ".start") == marks(folder, ".end")
+    # Each adopted try's end was the executor's to note, not to report: no executor event for it.
+    text = since(sandbox, offset)
+    assert len(re.findall(rf"revoked workload {re.escape(dag_id)}\.hold\S* try \d+ ended", text)) == tries, (
+        text
+    )
+    assert "Received executor event with state failed" not in text, text
+    assert len(revoking(dag_id).findall(text)) == tries, text  # nothing else was revoked

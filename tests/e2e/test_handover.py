@@ -18,8 +18,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -29,7 +27,16 @@ import pytest
 from async_local_executor.core.proc_identity import start_ticks
 from harness.sandbox import AirflowSandbox
 from tests.core.helpers import alive
-from tests.e2e.helpers import QUICK_ORPHANS, cmdline, first_tries, marks, move_record, poll, since, task_pid
+from tests.e2e.helpers import (
+    QUICK_ORPHANS,
+    bystander_at_recorded_pid,
+    cmdline,
+    first_tries,
+    marks,
+    poll,
+    since,
+    task_pid,
+)
 
 TASKS = 2
 pytestmark = [pytest.mark.e2e, pytest.mark.sandbox(parallelism=4, config=QUICK_ORPHANS)]
@@ -191,43 +198,28 @@ def test_a_recorded_pid_another_process_runs_now_is_neither_adopted_nor_killed(
     (task0, workload0), (task1, workload1) = first_tries(tmp_path)
     _stop(sandbox)
     stopped = time.monotonic()
-    # Another process, nothing of Airflow's nor of any executor's, runs under the pid the journal records
-    # for hold0's workload: the journal's record of it is moved to that process's pid, as a pid reuse
-    # leaves it (the same pid, another start). hold0's real workload is no longer what the record names.
-    with subprocess.Popen(
-        [sys.executable, "-c", "import sys; sys.stdin.read()"],  # runs until the test closes its stdin
-        stdin=subprocess.PIPE,
-        start_new_session=True,
-    ) as other:
-        try:
-            other_start = start_ticks(other.pid)
-            [journal] = (sandbox.home / "async_local_executor").glob("*.launches")
-            assert move_record(journal, workload0, other.pid) >= 2  # at least its launch and its handover
-
-            offset = _restart(sandbox)
-            poll(
-                "the new scheduler to adopt hold1 only",
-                lambda: "adopted 1 task instance(s)" in since(sandbox, offset),
-            )
-            started = since(sandbox, offset)
-            assert (
-                f"holding 1 running workload(s) a stopped scheduler handed over (pid {workload1})" in started
-            )
-            assert "1 others are left for the scheduler to reset" in started, started
-            # hold0's real workload is no handed-over workload any more, only a process the stopped
-            # executor left running: killed as any such survivor (found by its cgroup or its mark), or,
-            # if none finds it, by itself once nobody claimed it within its handover_timeout.
-            poll(
-                "hold0's processes to be gone",
-                lambda: not alive(workload0) and not alive(task0),
-                guard=HANDOVER_TIMEOUT_REUSED + 10.0 - (time.monotonic() - stopped),
-            )
-            _rerun_after_reset(sandbox, tmp_path, run_id, (workload0, task0), (workload1, task1))
-            # The process under the recorded pid was neither taken for the workload nor touched.
-            assert other.poll() is None
-            assert start_ticks(other.pid) == other_start
-        finally:
-            other.kill()
+    # Another process runs under the pid the journal records for hold0's workload (a pid reuse).
+    with bystander_at_recorded_pid(sandbox, workload0) as (other, other_start):
+        offset = _restart(sandbox)
+        poll(
+            "the new scheduler to adopt hold1 only",
+            lambda: "adopted 1 task instance(s)" in since(sandbox, offset),
+        )
+        started = since(sandbox, offset)
+        assert f"holding 1 running workload(s) a stopped scheduler handed over (pid {workload1})" in started
+        assert "1 others are left for the scheduler to reset" in started, started
+        # hold0's real workload is no handed-over workload any more, only a process the stopped
+        # executor left running: killed as any such survivor (found by its cgroup or its mark), or,
+        # if none finds it, by itself once nobody claimed it within its handover_timeout.
+        poll(
+            "hold0's processes to be gone",
+            lambda: not alive(workload0) and not alive(task0),
+            guard=HANDOVER_TIMEOUT_REUSED + 10.0 - (time.monotonic() - stopped),
+        )
+        _rerun_after_reset(sandbox, tmp_path, run_id, (workload0, task0), (workload1, task1))
+        # The process under the recorded pid was neither taken for the workload nor touched.
+        assert other.poll() is None
+        assert start_ticks(other.pid) == other_start
 
 
 OVERRUN_TIMEOUT = 40.0  # the executor's run-time limit per task (task_timeout)
