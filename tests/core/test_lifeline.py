@@ -57,12 +57,11 @@ def test_a_direct_child_dies_with_its_owner_and_later_forks_are_left_alone() -> 
             psutil.Process(grandchild).kill()
 
 
-# Tied from the main thread only: a fork from another thread is left alone (it would otherwise die with
-# that thread, not with the process).
-THREADS = """
-import os, sys, threading, time
+# Each script below ties its main thread's forks, then forks a sleeper from its main thread and one from
+# another thread, prints both pids and is killed outright.
+SLEEPER = """
+import os, signal, sys, threading, time
 from async_local_executor.core.lifeline import tie_direct_children
-tie_direct_children(main_thread_only=True)
 
 def fork_sleeper():
     pid = os.fork()
@@ -70,49 +69,29 @@ def fork_sleeper():
         time.sleep(60)
         os._exit(0)
     return pid
+"""
 
+# Tied from the main thread only: a fork from another thread is left alone (it would otherwise die with
+# that thread, not with the process).
+THREADS = (
+    SLEEPER
+    + """
+tie_direct_children(main_thread_only=True)
 from_thread = []
 worker = threading.Thread(target=lambda: from_thread.append(fork_sleeper()))
 worker.start()
 worker.join()
 print(fork_sleeper(), from_thread[0], flush=True)
-sys.stdin.readline()
+os.kill(os.getpid(), signal.SIGKILL)
 """
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
-def test_tied_from_the_main_thread_only_a_fork_from_another_thread_outlives_its_owner() -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", THREADS], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    assert proc.stdout is not None
-    from_main, from_thread = (int(x) for x in proc.stdout.readline().split())
-    try:
-        proc.kill()
-        assert proc.wait(GUARD) == -signal.SIGKILL
-        assert exits(from_main, GUARD), "the main thread's child outlived its owner"
-        assert not _dead(from_thread)
-    finally:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            psutil.Process(from_thread).kill()
-        if proc.stdin is not None:
-            proc.stdin.close()
-
+)
 
 # Another thread forks while the main thread's fork runs its before-fork hooks (as the runtime's hook
 # lets the loop thread run while it waits for it to park): the main thread's child is tied all the same.
-INTERLEAVED = """
-import os, signal, sys, threading, time
-from async_local_executor.core.lifeline import tie_direct_children
-
+INTERLEAVED = (
+    SLEEPER
+    + """
 go, done, other = threading.Event(), threading.Event(), []
-
-def fork_sleeper():
-    pid = os.fork()
-    if pid == 0:
-        time.sleep(60)
-        os._exit(0)
-    return pid
 
 def fork_from_another_thread():
     go.wait()
@@ -132,11 +111,11 @@ child = fork_sleeper()
 print(child, other[0], flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """
+)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
-def test_a_fork_from_another_thread_during_the_main_threads_fork_leaves_the_main_threads_child_tied() -> None:
-    proc = subprocess.Popen([sys.executable, "-c", INTERLEAVED], stdout=subprocess.PIPE, text=True)
+def _main_threads_child_dies_with_its_owner_and_the_others_does_not(script: str) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     from_main, from_thread = (int(x) for x in proc.stdout.readline().split())
     try:
@@ -147,3 +126,13 @@ def test_a_fork_from_another_thread_during_the_main_threads_fork_leaves_the_main
         with contextlib.suppress(psutil.NoSuchProcess):
             psutil.Process(from_thread).kill()
         proc.stdout.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_tied_from_the_main_thread_only_a_fork_from_another_thread_outlives_its_owner() -> None:
+    _main_threads_child_dies_with_its_owner_and_the_others_does_not(THREADS)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_fork_from_another_thread_during_the_main_threads_fork_leaves_the_main_threads_child_tied() -> None:
+    _main_threads_child_dies_with_its_owner_and_the_others_does_not(INTERLEAVED)

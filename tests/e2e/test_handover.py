@@ -249,6 +249,27 @@ def _overrun_handed_over(sandbox: AirflowSandbox, tmp_path: Path) -> tuple[str, 
     return run_id, task, workload, mark
 
 
+def _ended_by_its_limit_from_launch(
+    sandbox: AirflowSandbox,
+    offset: int,
+    run_id: str,
+    processes: tuple[int, int],
+    launched_by: float,
+    limit: float,
+) -> None:
+    """The scheduler whose log begins at ``offset`` adopts the overrunning task and ends its processes
+    once ``limit`` from its launch has run out, or at once if it had by the time the new scheduler held
+    it (a slow start), within the grace period: a limit counted from its adoption would have let it run
+    ``limit`` seconds past that. Then the run ends."""
+    poll("the new scheduler to adopt it", lambda: "adopted 1 task instance(s)" in since(sandbox, offset))
+    adopted_by = time.time()  # it was held (and its limit armed) before this
+    poll("its processes to be ended by the limit", lambda: not any(alive(pid) for pid in processes))
+    ended = time.time()
+    deadline = max(launched_by + limit, adopted_by)
+    assert ended - deadline < OVERRUN_GRACE + SLACK, (ended - launched_by, adopted_by - launched_by)
+    poll("the run to end", lambda: sandbox.run_state("handover_overrun", run_id) in ("success", "failed"))
+
+
 @pytest.mark.sandbox(
     config={
         "AIRFLOW__ASYNC_LOCAL_EXECUTOR__TASK_TIMEOUT": str(OVERRUN_TIMEOUT),
@@ -264,17 +285,7 @@ def test_an_adopted_task_times_out_when_what_was_left_of_its_limit_runs_out(
     poll("the time without a scheduler to pass", lambda: time.time() > launched_by + WITHOUT_SCHEDULER)
     restarted = time.time()
     offset = _restart(sandbox)
-    poll("the new scheduler to adopt it", lambda: "adopted 1 task instance(s)" in since(sandbox, offset))
-    adopted_by = time.time()  # it was held (and its limit armed) before this
-    poll("its processes to be ended by the limit", lambda: not alive(workload) and not alive(task))
-    ended = time.time()
-
-    # Ended once its limit from its launch had run out, or at once if it had by the time the new scheduler
-    # held it (a slow start), within the grace period; a limit counted from its adoption would have let it
-    # run OVERRUN_TIMEOUT seconds past that.
-    deadline = max(launched_by + OVERRUN_TIMEOUT, adopted_by)
-    assert ended - deadline < OVERRUN_GRACE + SLACK, (ended - launched_by, adopted_by - launched_by)
-    poll("the run to end", lambda: sandbox.run_state("handover_overrun", run_id) in ("success", "failed"))
+    _ended_by_its_limit_from_launch(sandbox, offset, run_id, (task, workload), launched_by, OVERRUN_TIMEOUT)
     text = since(sandbox, offset)
     found = re.search(r"overrun try 1 ran longer than its ([0-9.e+-]+)s timeout; terminating it", text)
     assert found is not None, text
@@ -311,14 +322,7 @@ def test_a_task_adopted_twice_after_its_adopter_crashed_keeps_the_limit_counted_
     assert alive(workload)
     assert alive(task)
     offset = _restart(sandbox)
-    poll("the second adoption", lambda: "adopted 1 task instance(s)" in since(sandbox, offset))
-    adopted_by = time.time()
-    poll("its processes to be ended by the limit", lambda: not alive(workload) and not alive(task))
-    ended = time.time()
-
-    deadline = max(launched_by + TWICE_TIMEOUT, adopted_by)
-    assert ended - deadline < OVERRUN_GRACE + SLACK, (ended - launched_by, adopted_by - launched_by)
-    poll("the run to end", lambda: sandbox.run_state("handover_overrun", run_id) in ("success", "failed"))
+    _ended_by_its_limit_from_launch(sandbox, offset, run_id, (task, workload), launched_by, TWICE_TIMEOUT)
     text = since(sandbox, offset)
     assert re.search(r"overrun try 1 ran longer than its [0-9.e+-]+s timeout; terminating it", text), text
     rows = sandbox.task_instances("handover_overrun", run_id)
