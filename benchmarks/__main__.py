@@ -47,6 +47,7 @@ KEY_FIGURES = {
         "executions_killed",
         "makespan_s",
     ),
+    "chaos": ("sequences_failed", "violations", "task_instances_run_twice", "seconds_per_sequence"),
 }
 NOTES_BEGIN, NOTES_END = "<!-- observations -->", "<!-- /observations -->"
 
@@ -112,6 +113,14 @@ def _parser() -> argparse.ArgumentParser:
         "--cases", default="", help="comma list of case names to keep (e.g. k5000-p256); default: all"
     )
     p.add_argument("--repeat", type=int, help="repetitions per variant (default: smoke 1, quick 1, full 3)")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="runs at once, in order (a case's variants side by side); above 1 the runs slow each other "
+        "down and their figures are not for comparing: it only proves the harness works sooner "
+        "(default 1)",
+    )
     p.add_argument(
         "--database",
         help="sqlite, postgres, or a SQLAlchemy URL of an empty DB, for every case (default: each "
@@ -184,13 +193,19 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"no such case(s) in this profile: {', '.join(sorted(unknown))}")
             cases = [case for case in cases if case.name in wanted]
         repeat = args.repeat or runner.DEFAULT_REPEAT[args.profile]
-        plan = runner.Plan(args.profile, cases, variants, repeat, args.database or None, args.airflow_cfg)
+        if args.jobs < 1:
+            raise SystemExit(f"--jobs must be at least 1, got {args.jobs}")
+        plan = runner.Plan(
+            args.profile, cases, variants, repeat, args.database or None, args.airflow_cfg, args.jobs
+        )
         if installed_airflow_major() < 3 and any(plan.database_for(c).startswith("sqlite") for c in cases):
             raise SystemExit("Airflow 2 refuses SQLite for parallel executors: use --database postgres")
         display = LiveDisplay(console, len(plan.runs()))
         console.print(
             f"profile [b]{args.profile}[/b]: {len(cases)} case(s) x {repeat} repetition(s) x "
-            f"{len(variants)} variant(s) = {len(plan.runs())} runs; results appended to {out}"
+            f"{len(variants)} variant(s) = {len(plan.runs())} runs"
+            + (f", {plan.jobs} at a time" if plan.jobs > 1 else "")
+            + f"; results appended to {out}"
         )
         for case in cases:
             console.print(f"  {case.scenario}/{case.name}: database [b]{plan.database_for(case)}[/b]")

@@ -336,6 +336,32 @@ METRICS: Final[dict[str, dict[str, Metric]]] = {
             "the first task's start (its execution's file) to the DAG run's end (dag_run.end_date)",
         ),
     },
+    "chaos": {
+        "seed": Metric(
+            "", "none", "the seed the sequences were drawn from (ALE_CHAOS_SEED replays it)", word=True
+        ),
+        "sequences": Metric("", "none", "sequences played (one DAG run each)"),
+        "sequences_failed": Metric("", "lower", "sequences that broke at least one invariant"),
+        "violations": Metric(
+            "", "lower", "invariant violations over all sequences, one per task instance and rule broken"
+        ),
+        "seconds_per_sequence": Metric("s", "none", "median time of one sequence, trigger to its checks"),
+        "executions": Metric("", "none", "executions the tasks recorded (one per start of a task's code)"),
+        "task_instances_run_twice": Metric(
+            "",
+            "lower",
+            "task instances whose code started more than once (handover_timeout without a live owner explains "
+            "some: their workload killed itself, unadopted, and the next try ran)",
+        ),
+        "gaps_over_handover_timeout": Metric(
+            "", "none", "times no scheduler ran for longer than handover_timeout (a step's choice)"
+        ),
+        "crowded_sequences": Metric(
+            "", "none", "sequences in which an executor ran its crowd threshold of workloads at once"
+        ),
+        "peak_running": Metric("", "none", "the most executions running at once, over all sequences"),
+        "sigterm_exit_max_s": Metric("s", "lower", "the longest a SIGTERM'd scheduler took to exit"),
+    },
 }
 
 

@@ -520,6 +520,13 @@ def write_markdown(
     digests = sorted({r.get("source_digest", "?") for r in records})
     when = min(r["started_at"] for r in records)
     wall = sum(float(r["wall_s"]) for r in records)
+    jobs = max(int(r.get("jobs", 1)) for r in records)
+    shared = (
+        f"\n- {jobs} runs at a time (`--jobs {jobs}`): runs shared the machine and slowed each other down; "
+        "these figures only show that the suite works, not how the variants compare."
+        if jobs > 1
+        else ""
+    )
     airflow2 = str(vers.get("apache-airflow") or "").startswith("2.")
     deployment = (
         "Airflow 2.11 (a scheduler, which parses DAG files itself, on a fresh PostgreSQL database and "
@@ -535,7 +542,7 @@ $ .venv-airflow2/bin/python -m benchmarks --profile full --variants stock,ours -
         if airflow2
         else """$ make bench        # quick profile (about 10 minutes on 2 cores), writes this page and the charts
 $ make bench-full   # every scenario at full size, 3 repetitions
-$ make bench-smoke  # a few tasks, one repetition: proves the harness works (CI runs this via make test)
+$ make bench-smoke  # a few tasks, one repetition, two runs at a time: proves the harness works (CI runs it)
 $ .venv/bin/python -m benchmarks --profile quick --scenarios throughput,dispatch \\
       --variants stock,ours,ours-forkserver --repeat 3 --database postgres --out results.jsonl
 $ .venv/bin/python -m benchmarks --profile full --scenarios burst \\
@@ -547,7 +554,9 @@ $ .venv/bin/python -m benchmarks --profile full --scenarios imports \\
 $ .venv/bin/python -m benchmarks --profile quick --scenarios starvation \\
       --variants stock,ours --repeat 3 --out build/bench/starvation.jsonl  # a CPU task started in a crowd
 $ .venv/bin/python -m benchmarks --profile full --scenarios restart \\
-      --variants stock,ours --repeat 1 --out build/bench/restart.jsonl     # scheduler SIGTERM / kill -9"""
+      --variants stock,ours --repeat 1 --out build/bench/restart.jsonl     # scheduler SIGTERM / kill -9
+$ .venv/bin/python -m benchmarks --profile full --scenarios chaos \\
+      --variants ours --repeat 1 --out build/bench/chaos.jsonl             # restart chaos, seeded"""
     )
     imports_chart = (
         f"\n![imports]({charts_rel}/{IMPORTS_CHART})\n"
@@ -591,7 +600,7 @@ default, as on a real deployment); `--airflow-cfg empty` runs on an empty file i
 - Date: {when[:19].replace("T", " ")} UTC; profile `{first["profile"]}`; {_databases(records)};
   {"; ".join(sorted({_airflow_cfg(r) for r in records}))};
   {max(r["repetition"] for r in records) + 1} repetition(s); {len(records)} runs, {
-        wall / 60:.1f} minutes in total.
+        wall / 60:.1f} minutes in total.{shared}
 - Machine: {m["cpu_model"]}, {m["cpus"]} cores, {m["memory_gb"]} GB, {m["platform"]}.
 - Versions: Python {vers["python"]}, apache-airflow {vers["apache-airflow"]}, task SDK
   {vers["apache-airflow-task-sdk"]}, async-local-executor {vers["async-local-executor"]} (git
@@ -708,6 +717,19 @@ Scenarios:
   those files and from the benchmark's watch of their processes (every 0.5 s), the figures about task
   instances from the database. The chart draws every execution of every task of each variant's median
   run, with the signal, the old scheduler's exit, the restart and the run's end.
+- **chaos**: the restart chaos test (`tests/e2e/chaos.py`) at full size, on PostgreSQL, full profile
+  only, this executor only (stock is recorded `n/a`). Each sequence is one run of `chaos` (tasks that
+  succeed, fail on purpose, or run past the executor's `task_timeout` or Airflow's `execution_timeout`,
+  some just inside it) with more tasks than parallelism every other sequence, and seeded steps: SIGTERM
+  and SIGKILL of the scheduler with a gap none, under or over `handover_timeout` (20 s), a second
+  scheduler beside the first for a while, and a retried adoption (the one injected fault: an
+  `OperationalError` after the real `try_adopt_task_instances`). After each run the invariants are
+  checked: the state its code decides, at try 1 with one execution (unless it spent the timeout
+  without a live owner, summed over the schedulers that claimed it and died within it), no two executions at once, limits neither early nor missed, nothing outliving the
+  timeout by 10 s without a scheduler, no CPU share left lowered after a crowd, a SIGTERM'd scheduler
+  gone within 10 s. Default: 20 sequences of 100 tasks at parallelism 16 over the host's crowd
+  threshold; `ALE_CHAOS_SEQUENCES`, `ALE_CHAOS_TASKS`, `ALE_CHAOS_PARALLELISM`, `ALE_CHAOS_STEPS`
+  and `ALE_CHAOS_SEED` change it. The notes hold the seed and the first violations.
 
 How the executor heartbeat is timed in a deployment: Airflow 3.3 only emits
 `scheduler.executor_heartbeat_duration` to StatsD/OpenTelemetry, so the deployment runs

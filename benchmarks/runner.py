@@ -8,9 +8,11 @@ import os
 import platform
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib import metadata
@@ -22,6 +24,7 @@ import psutil
 from benchmarks.deployment import REPO_ROOT, Variant
 from benchmarks.scenarios import (
     burst,
+    chaos,
     dispatch,
     footprint,
     imports,
@@ -44,6 +47,8 @@ SCENARIOS: Final[dict[str, Callable[[str], list[Case]]]] = {
     "starvation": starvation.cases,
     # Full profile only: its cases have no smaller size.
     "restart": restart.cases,
+    # Full profile only: the restart chaos test (tests/e2e/chaos.py) at full size.
+    "chaos": chaos.cases,
 }
 PROFILES: Final[tuple[str, ...]] = ("smoke", "quick", "full")
 DEFAULT_REPEAT: Final[dict[str, int]] = {"smoke": 1, "quick": 1, "full": 3}
@@ -137,6 +142,10 @@ class Plan:
     database: str | None = None
     # --airflow-cfg: what every deployment's airflow.cfg is (harness.environment.AIRFLOW_CFG_KINDS).
     airflow_cfg: str = "generated"
+    # --jobs: how many runs at once. One for figures to compare; more only proves the harness works
+    # sooner (the smoke test runs a case's A and B side by side), as runs sharing the cores slow each
+    # other down.
+    jobs: int = 1
 
     def runs(self) -> list[tuple[Case, int, Variant]]:
         # Paired runs sit next to each other in time: A B A B per case, so drift hits both sides.
@@ -157,60 +166,89 @@ class Listener:
 
 
 def run_plan(plan: Plan, out: Path, listener: Listener, *, keep_home: bool = False) -> list[Record]:
-    """Run every (case, repetition, variant) once; append each record to ``out`` as it finishes."""
+    """Run every (case, repetition, variant) once; append each record to ``out`` as it finishes.
+
+    With ``plan.jobs`` above one, that many runs go at once, in the plan's order (a case's variants side
+    by side); the records come back in that order whichever finished first.
+    """
     out.parent.mkdir(parents=True, exist_ok=True)
     session = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     host, vers = machine(), versions()
-    records: list[Record] = []
     runs = plan.runs()
-    for index, (case, rep, variant) in enumerate(runs):
-        listener.run_started(index, len(runs), case, rep, variant)
-        database = plan.database_for(case)
-        ctx = RunContext(variant, database, listener.line, keep_home, plan.airflow_cfg)
-        started_at = datetime.now(timezone.utc)
-        began = time.monotonic()
-        load = os.getloadavg()
-        digest = source_digest()
-        try:
-            outcome = case.run(ctx)
-            metrics, series, status, notes = outcome.metrics, outcome.series, outcome.status, outcome.notes
-            info, text = outcome.info, outcome.text
-        except Exception as exc:  # noqa: BLE001 - one failed run is a result, not the end of the suite
-            metrics, series, status, info, text = {}, {}, "error", {}, {}
-            notes = [f"{type(exc).__name__}: {exc}"[:4000], traceback.format_exc(limit=8)[-4000:]]
-        record: Record = {
-            "schema": SCHEMA,
-            "session": session,
-            "profile": plan.profile,
-            "scenario": case.scenario,
-            "case": case.name,
-            "variant": variant.label,
-            "executor": variant.executor,
-            "variant_env": dict(variant.env),
-            "executor_info": info,
-            # Changes when the executor's source changed between runs (someone working on it).
-            "source_digest": digest,
-            "repetition": rep,
-            "database": database,
-            "airflow_cfg": plan.airflow_cfg,
-            "command": python_command(),
-            "started_at": started_at.isoformat(),
-            "wall_s": round(time.monotonic() - began, 2),
-            "load_avg_before": [round(x, 2) for x in load],
-            "machine": host,
-            "versions": vers,
-            "config": dict(case.config),
-            "status": status,
-            "notes": notes,
-            "metrics": metrics,
-            "text": text,
-            "series": series,
-        }
-        with out.open("a") as fh:
-            fh.write(json.dumps(record, default=str) + "\n")
-        records.append(record)
-        listener.run_finished(record)
-    return records
+    # The listener (a live terminal display) and the results file take one run's news at a time.
+    lock = threading.Lock()
+
+    def one(index: int) -> Record:
+        case, rep, variant = runs[index]
+        with lock:
+            listener.run_started(index, len(runs), case, rep, variant)
+        record = _run_one(plan, case, rep, variant, session, host, vers, listener, keep_home)
+        with lock:
+            with out.open("a") as fh:
+                fh.write(json.dumps(record, default=str) + "\n")
+            listener.run_finished(record)
+        return record
+
+    if plan.jobs <= 1:
+        return [one(index) for index in range(len(runs))]
+    with ThreadPoolExecutor(max_workers=plan.jobs, thread_name_prefix="bench-run") as pool:
+        return list(pool.map(one, range(len(runs))))
+
+
+def _run_one(
+    plan: Plan,
+    case: Case,
+    rep: int,
+    variant: Variant,
+    session: str,
+    host: dict[str, Any],
+    vers: dict[str, Any],
+    listener: Listener,
+    keep_home: bool,
+) -> Record:
+    database = plan.database_for(case)
+    ctx = RunContext(variant, database, listener.line, keep_home, plan.airflow_cfg)
+    started_at = datetime.now(timezone.utc)
+    began = time.monotonic()
+    load = os.getloadavg()
+    digest = source_digest()
+    try:
+        outcome = case.run(ctx)
+        metrics, series, status, notes = outcome.metrics, outcome.series, outcome.status, outcome.notes
+        info, text = outcome.info, outcome.text
+    except Exception as exc:  # noqa: BLE001 - one failed run is a result, not the end of the suite
+        metrics, series, status, info, text = {}, {}, "error", {}, {}
+        notes = [f"{type(exc).__name__}: {exc}"[:4000], traceback.format_exc(limit=8)[-4000:]]
+    return {
+        "schema": SCHEMA,
+        "session": session,
+        "profile": plan.profile,
+        "scenario": case.scenario,
+        "case": case.name,
+        "variant": variant.label,
+        "executor": variant.executor,
+        "variant_env": dict(variant.env),
+        "executor_info": info,
+        # Changes when the executor's source changed between runs (someone working on it).
+        "source_digest": digest,
+        "repetition": rep,
+        "database": database,
+        "airflow_cfg": plan.airflow_cfg,
+        # How many runs shared the machine at most: above one, the figures are not for comparing.
+        "jobs": plan.jobs,
+        "command": python_command(),
+        "started_at": started_at.isoformat(),
+        "wall_s": round(time.monotonic() - began, 2),
+        "load_avg_before": [round(x, 2) for x in load],
+        "machine": host,
+        "versions": vers,
+        "config": dict(case.config),
+        "status": status,
+        "notes": notes,
+        "metrics": metrics,
+        "text": text,
+        "series": series,
+    }
 
 
 def load_records(path: Path) -> list[Record]:

@@ -77,7 +77,7 @@ class Airflow2Sandbox(AirflowSandbox):
             return age is not None and age < _HEARTBEAT_FRESH
 
         try:
-            self._wait("a heartbeating scheduler", probe, timeout, "scheduler", interval=0.5)
+            self._wait("a heartbeating scheduler", probe, timeout, "scheduler", interval=0.2)
         except SandboxTimeout:
             raise SandboxTimeout(
                 f"timed out after {timeout:.0f}s waiting for the scheduler's heartbeat (last age {age})\n"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from uuid import uuid4
 
@@ -67,6 +68,37 @@ def remove(root: str) -> None:
                     and not any(custody.watched(pid) for pid in _members(directory))
                 ):
                     _remove_tree(directory)
+
+
+@contextlib.contextmanager
+def own_v1_cgroups(name: str) -> Iterator[None]:
+    """Run this process in a cgroup ``name`` of its own in each cgroup v1 hierarchy an executor uses,
+    under the one it is in; at the end move it back and remove that cgroup with whatever is left in it.
+
+    Executors make their cgroups v1 under the cgroup of the process that runs them, and reclaim there
+    those of instances whose owner runs no more: test processes side by side (pytest-xdist's workers)
+    reclaimed each other's. cgroup2 needs none of this: there each gets a root (:func:`sandbox_env`).
+    """
+    own = own_cgroups()
+    moved: list[tuple[Path, Path]] = []
+    for controller, point in v1_mounts().items():
+        if controller not in own:
+            continue
+        parent = directory_of(point, mount_root(point), own[controller])
+        mine = parent / name
+        try:
+            mine.mkdir(exist_ok=True)
+            (mine / "cgroup.procs").write_text(str(os.getpid()))
+        except OSError:
+            continue
+        moved.append((parent, mine))
+    try:
+        yield
+    finally:
+        for parent, mine in moved:
+            with contextlib.suppress(OSError):
+                (parent / "cgroup.procs").write_text(str(os.getpid()))
+            _remove_tree(mine)
 
 
 def _members(top: Path) -> list[int]:

@@ -87,6 +87,10 @@ class SandboxLifecycle:
         process for this kind of home (:mod:`harness.templates`), which is what ``airflow db migrate``
         would leave; False runs ``airflow db migrate`` in this home. A database given by URL is always
         migrated.
+    :param nofile: ``RLIMIT_NOFILE`` as (soft, hard) for some processes by name, e.g.
+        ``{"scheduler": (100, 100)}``: the others keep this process's. Each start (and restart) of that
+        process runs under ``prlimit`` (:mod:`harness.processes` says why); raising a hard limit above
+        this process's needs privilege.
     :param progress: called with one line per startup/shutdown step; default prints to stderr.
     """
 
@@ -111,6 +115,7 @@ class SandboxLifecycle:
         airflow_cfg: str = "generated",
         users: Mapping[str, str] | None = None,
         template: bool = True,
+        nofile: Mapping[str, tuple[int, int]] | None = None,
         progress: Progress | None = _log,
     ) -> None:
         if parallelism < 1:
@@ -166,6 +171,7 @@ class SandboxLifecycle:
             marker=self.marker,
             stop_timeout=stop_timeout,
             say=self._say,
+            nofile=nofile,
         )
         admin = next((name for name, role in (users or {}).items() if role.lower() == "admin"), None)
         if users and admin is None:
@@ -300,7 +306,8 @@ class SandboxLifecycle:
         if self._processes.started:
             with self._step("stopping airflow processes"):
                 self._processes.terminate_all()
-        self._processes.kill_leftovers()
+        with self._step("killing leftovers"):
+            self._processes.kill_leftovers()
         cgroups.remove_from(self._env)
         self._processes.close_logs()
         self._db.dispose()

@@ -4,23 +4,38 @@ Each long-running process (api-server, scheduler, dag-processor, any extra one) 
 of its own and a log file with its stdout and stderr. Task processes move to process groups of their
 own, so a process group is not enough to find everything a sandbox started: every child also carries
 the sandbox's marker variable, and :func:`live_pids` looks for it in ``/proc``.
+
+A process may be started with a descriptor limit of its own (``nofile``: a scheduler whose
+``RLIMIT_NOFILE`` is lower than the test's, as a systemd unit's ``LimitNOFILE=`` or a container's
+``--ulimit nofile=`` sets it). It is run under ``prlimit --nofile=SOFT:HARD --``, which sets the limit
+on itself and then execs the command: the limit is there before the first line of Airflow runs, only
+that process (and what it starts) has it, and its pid is the one the sandbox knows it by. Not a
+``preexec_fn``, which is unsafe in a process with threads (the tests' and benchmarks' probes), nor a
+``prlimit(pid)`` after the start, which would race with the scheduler reading its limit at start.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import resource
+import shutil
 import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Final
 
 from harness.environment import SANDBOX_MARKER_ENV
 from harness.waits import SandboxError
 
-__all__ = ["Processes", "live_pids", "tail"]
+__all__ = ["FINISHED", "Processes", "live_pids", "tail"]
+
+# What a process writes to its log once it has done all it does before its interpreter exits, after a
+# SIGTERM. The api-server's (uvicorn's last line, after the application's shutdown) is followed by one to
+# two seconds of CPU spent collecting its garbage at exit, which nobody waits for: the stop kills it then.
+FINISHED: Final[Mapping[str, str]] = {"api-server": "Finished server process [{pid}]"}
 
 
 class Processes:
@@ -31,6 +46,8 @@ class Processes:
     :param logs: log file per process name; a name not in it cannot be started.
     :param commands: ``airflow`` CLI arguments per process name, for names that are not the command.
     :param stop_timeout: how long :meth:`terminate_all` waits for each process after SIGTERM.
+    :param nofile: ``RLIMIT_NOFILE`` (soft, hard) per process name, for the processes that must not have
+        this process's (the module's docstring says how it is set); each start of that name gets it.
     """
 
     def __init__(
@@ -44,6 +61,7 @@ class Processes:
         marker: str,
         stop_timeout: float,
         say: Callable[[str], None],
+        nofile: Mapping[str, tuple[int, int]] | None = None,
     ) -> None:
         self.env = env
         self.home = home
@@ -53,6 +71,7 @@ class Processes:
         self.marker = marker
         self.stop_timeout = stop_timeout
         self._say = say
+        self.nofile = dict(nofile or {})
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._log_handles: list[IO[bytes]] = []
         self._pgids: set[int] = set()
@@ -72,6 +91,16 @@ class Processes:
         if script.exists():
             return [str(script), *args]
         return [str(self.python), "-m", "airflow", *args]
+
+    def limited(self, name: str, argv: list[str]) -> list[str]:
+        """``argv`` as process ``name`` runs it: under ``prlimit`` when it has a descriptor limit of its own."""
+        if name not in self.nofile:
+            return argv
+        prlimit = shutil.which("prlimit")
+        if prlimit is None:
+            raise SandboxError(f"{name} needs its own RLIMIT_NOFILE, and there is no prlimit (util-linux)")
+        soft, hard = (_limit(value) for value in self.nofile[name])
+        return [prlimit, f"--nofile={soft}:{hard}", "--", *argv]
 
     def migrate(self, timeout: float) -> None:
         """``airflow db migrate``, its output in the ``db-migrate`` log."""
@@ -116,12 +145,20 @@ class Processes:
             )
         return result
 
+    def add(self, name: str, args: Sequence[str], log: Path) -> None:
+        """One more long-running process this sandbox may :meth:`spawn` (a second scheduler), its output
+        in ``log``; it is signalled, restarted and stopped by ``name`` like the others."""
+        if name in self.logs:
+            raise SandboxError(f"the sandbox has a process named {name} already")
+        self.logs[name] = log
+        self.commands[name] = tuple(args)
+
     def spawn(self, name: str) -> None:
         log_path = self.logs[name]
         handle = log_path.open("ab")
         self._log_handles.append(handle)
         proc = subprocess.Popen(
-            self.argv(self.commands.get(name, (name,))),
+            self.limited(name, self.argv(self.commands.get(name, (name,)))),
             env=self.env,
             cwd=self.home,
             stdin=subprocess.DEVNULL,
@@ -184,34 +221,61 @@ class Processes:
                 raise SandboxError(f"{name} exited with code {code}; log tail:\n{self.log_tail(name)}")
 
     def terminate_all(self) -> None:
-        """SIGTERM each process group in turn, SIGABRT then SIGKILL what ignores it; reap them all."""
-        # One at a time, scheduler first: its executor waits for running tasks on shutdown, and those
-        # still need the api-server to report their final state. Stopping everything at once made
-        # tasks retry against a dead api-server until the scheduler was SIGKILLed.
-        # Extra processes (a Celery worker) go before the api-server for the same reason.
-        order: list[str] = [n for n in ("scheduler", "dag-processor") if n in self._procs]
-        order += [name for name in self._procs if name not in (*order, "api-server")]
-        order += [n for n in ("api-server",) if n in self._procs]
-        procs = [(name, self._procs[name]) for name in order]
-        for name, proc in procs:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
-            # Each its own bound: a slow scheduler must not eat the api-server's time to stop.
-            if not _wait_exit(proc, self.stop_timeout):
-                self._say(
-                    f"{name} ignored SIGTERM for {self.stop_timeout:.0f}s; sending SIGABRT (its threads' "
-                    f"stacks go to {self.logs[name]}), then SIGKILL"
-                )
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(proc.pid, signal.SIGABRT)
-                _wait_exit(proc, 5.0)
-        for _, proc in procs:
+        """SIGTERM the process groups stage by stage, SIGABRT then SIGKILL what ignores it; reap them all."""
+        # Scheduler first: its executor waits for running tasks on shutdown, and those still need the
+        # api-server to report their final state. Stopping everything at once made tasks retry against a
+        # dead api-server until the scheduler was SIGKILLed. The dag-processor needs neither, so it stops
+        # beside the scheduler. Extra processes (a Celery worker) go before the api-server, one at a time,
+        # for the same reason as the scheduler.
+        first: list[str] = [name for name in ("scheduler", "dag-processor") if name in self._procs]
+        stages: list[list[str]] = [first] if first else []
+        stages += [[name] for name in self._procs if name not in ("scheduler", "dag-processor", "api-server")]
+        stages += [["api-server"]] if "api-server" in self._procs else []
+        took: list[str] = []
+        for stage in stages:
+            began = time.monotonic()
+            finished = {name: self._finished(name) for name in stage}
+            for name in stage:
+                if self._procs[name].poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(self._procs[name].pid, signal.SIGTERM)
+            # Each stage its own bound: a slow scheduler must not eat the api-server's time to stop.
+            deadline = began + self.stop_timeout
+            for name in stage:
+                proc = self._procs[name]
+                if not _wait_exit(proc, deadline - time.monotonic(), finished[name]):
+                    self._say(
+                        f"{name} ignored SIGTERM for {self.stop_timeout:.0f}s; sending SIGABRT (its threads' "
+                        f"stacks go to {self.logs[name]}), then SIGKILL"
+                    )
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(proc.pid, signal.SIGABRT)
+                    _wait_exit(proc, 5.0)
+                took.append(f"{name} {time.monotonic() - began:.1f}s")
+        began = time.monotonic()
+        for proc in self._procs.values():
             # Also reaps group members (executor workers, uvicorn) that outlived their leader.
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             _wait_exit(proc, 5.0)
+        self._say(f"stopped {', '.join(took)}; their groups killed in {time.monotonic() - began:.1f}s")
         self._procs.clear()
+
+    def _finished(self, name: str) -> Callable[[], bool] | None:
+        """Whether process ``name`` has written its :data:`FINISHED` line since now (None: it has none)."""
+        if name not in FINISHED:
+            return None
+        log = self.logs[name]
+        line = FINISHED[name].format(pid=self._procs[name].pid).encode()
+        offset = log.stat().st_size if log.exists() else 0
+
+        def said() -> bool:
+            with contextlib.suppress(FileNotFoundError), log.open("rb") as file:
+                file.seek(offset)
+                return line in file.read()
+            return False
+
+        return said
 
     def kill_leftovers(self) -> None:
         """SIGKILL every live process still carrying the marker or in one of our process groups."""
@@ -270,9 +334,32 @@ def live_pids(marker: str, pgids: Iterable[int]) -> list[int]:
     return found
 
 
-def _wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> bool:
-    try:
-        proc.wait(timeout=max(0.1, timeout))
-    except subprocess.TimeoutExpired:
-        return False
-    return True
+def _limit(value: int) -> str:
+    """A resource limit as ``prlimit`` takes it (``resource.RLIM_INFINITY`` is ``unlimited``)."""
+    return "unlimited" if value == resource.RLIM_INFINITY else str(value)
+
+
+def _wait_exit(
+    proc: subprocess.Popen[bytes], timeout: float, finished: Callable[[], bool] | None = None
+) -> bool:
+    """Wait up to ``timeout`` seconds for ``proc`` to exit; once ``finished()`` says it has done all it does,
+    SIGKILL it instead of waiting for its interpreter's exit. Whether it exited."""
+    if finished is None:
+        try:
+            proc.wait(timeout=max(0.1, timeout))
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+    deadline = time.monotonic() + max(0.1, timeout)
+    while True:
+        try:
+            proc.wait(timeout=0.05)
+            return True
+        except subprocess.TimeoutExpired:
+            pass
+        if finished():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+            return _wait_exit(proc, 5.0)
+        if time.monotonic() >= deadline:
+            return False

@@ -116,6 +116,22 @@ class AirflowSandbox(SandboxLifecycle):
         """Start a process of this kind again (after :meth:`kill`)."""
         self._processes.restart(name)
 
+    def start_another(self, name: str, args: Sequence[str]) -> int:
+        """Start one more long-running Airflow process beside the others (``airflow <args>``), in a process
+        group and a log (``proc_logs_dir/<name>.log``) of its own, with the same environment: a second
+        ``scheduler`` on the same database and state directory, as a high-availability deployment runs
+        two. From then on it is signalled, killed and restarted by ``name`` like the others, and
+        :meth:`stop` stops it with them.
+
+        :return: its pid
+        """
+        if name in ("db-migrate", *PROCESS_NAMES, *self.extra_processes) or not name or "/" in name:
+            raise SandboxError(f"invalid or existing process name: {name!r}")
+        self.extra_processes[name] = tuple(args)
+        self._processes.add(name, self.extra_processes[name], self._layout.process_log(name))
+        self._processes.spawn(name)
+        return self.pids[name]
+
     def live_pids(self) -> list[int]:
         """Every live process this sandbox started, directly or not (task processes included)."""
         return self._processes.live_pids()
@@ -192,7 +208,7 @@ class AirflowSandbox(SandboxLifecycle):
         return self._db.run_state(dag_id, run_id)
 
     def wait_for_run(
-        self, dag_id: str, run_id: str, timeout: float = 300.0, poll_interval: float = 0.5
+        self, dag_id: str, run_id: str, timeout: float = 300.0, poll_interval: float = 0.2
     ) -> str:
         """Poll the metadata DB until the run is success/failed; return that state."""
         return waits.wait_for_run(self, dag_id, run_id, timeout, poll_interval)

@@ -132,7 +132,9 @@ def wait_healthy(sandbox: HasHealth, timeout: float) -> dict[str, Any]:
         return "dag-processor"
 
     try:
-        sandbox._wait("a healthy deployment", probe, timeout, "api-server", interval=0.5)
+        # A refused connection or one small document per round: every tenth of a second costs nothing,
+        # and a test starts as soon as the deployment serves.
+        sandbox._wait("a healthy deployment", probe, timeout, "api-server", interval=0.1)
     except SandboxTimeout:
         name = which_log()
         raise SandboxTimeout(
@@ -157,7 +159,7 @@ def wait_for_dag(sandbox: HasDags, dag_id: str, timeout: float | None) -> None:
         lambda: sandbox.dag_is_parsed(dag_id),
         timeout if timeout is not None else sandbox.startup_timeout,
         "dag-processor",
-        interval=0.5,
+        interval=0.2,
         detail=detail,
     )
 

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+import os
+from collections.abc import Callable, Iterator, Mapping
 from importlib.metadata import version
 
 import pytest
 
+from harness.cgroups import own_v1_cgroups
 from tests.processes import spawned  # noqa: F401 - a fixture, for every test directory
 
 # One suite, two Airflow majors: each environment collects what its Airflow can run. tests/core knows
@@ -19,6 +21,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # pytest-xdist's workers (make test) they start early and no worker is left with one at the end.
     # The sort is stable: a module's tests keep their order, and its module-scoped Airflow runs once.
     items.sort(key=lambda item: item.get_closest_marker("e2e") is None)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def worker_v1_cgroups() -> Iterator[None]:
+    """Each pytest-xdist worker in cgroup v1 hierarchies of its own: executors reclaim there the cgroups
+    of instances whose owner is gone, and workers sharing one parent reclaimed each other's."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        yield
+        return
+    with own_v1_cgroups(f"pytest-{worker}-{os.getpid()}"):
+        yield
 
 
 def pytest_asyncio_loop_factories(

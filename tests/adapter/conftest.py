@@ -37,15 +37,29 @@ def cgroup_root() -> Iterator[None]:
             os.environ.pop(name, None)
 
 
-@pytest.fixture(autouse=True, params=["forkserver", "subprocess"])
-def launcher(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every adapter test runs on both launch paths."""
-    monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__LAUNCHER", str(request.param))
+LAUNCHER_ENV = "AIRFLOW__ASYNC_LOCAL_EXECUTOR__LAUNCHER"
+# What a test that did not ask for a launch path runs with: no launch path at all, so an executor it
+# starts refuses to (``[async_local_executor] launcher must be one of ...``) instead of running on the
+# default path alone.
+UNCHOSEN = "unchosen-ask-for-the-launcher-fixture"
+
+
+@pytest.fixture(autouse=True)
+def no_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only a test that starts an executor runs once per launch path: it asks for :func:`launcher`
+    (directly or through :func:`start_executor`); the others run once, with no launch path set."""
+    monkeypatch.setenv(LAUNCHER_ENV, UNCHOSEN)
+
+
+@pytest.fixture(params=["forkserver", "subprocess"])
+def launcher(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, no_launcher: None) -> str:
+    """The launch path of the executors this test starts: every such test runs on both."""
+    monkeypatch.setenv(LAUNCHER_ENV, str(request.param))
     return str(request.param)
 
 
 @pytest.fixture
-def start_executor() -> Iterator[StartExecutor]:
+def start_executor(launcher: str) -> Iterator[StartExecutor]:
     """Start a :class:`~tests.adapter.driver.RecordingExecutor` (keyword arguments as for its constructor,
     and ``argv`` for the workload command); every one started is ended when the test ends.
 

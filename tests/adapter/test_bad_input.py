@@ -25,7 +25,10 @@ from tests.adapter import workloads
 from tests.adapter.driver import RecordingExecutor, Scheduler
 from tests.adapter.test_executor import queue
 
-pytestmark = pytest.mark.parametrize("launcher", ["forkserver"], indirect=True)
+pytestmark = [
+    pytest.mark.usefixtures("launcher"),
+    pytest.mark.parametrize("launcher", ["forkserver"], indirect=True),
+]
 
 OURS = "async_local_executor"
 TIMEOUT_REASON = f'not launched: executor_config["{OURS}"]["task_timeout"] must be a number of seconds >= 0'

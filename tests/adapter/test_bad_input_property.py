@@ -28,7 +28,10 @@ from tests.adapter.test_bad_input import final_events, with_config
 from tests.adapter.test_executor import queue
 
 # The launch path is itself one of the fuzzed options below; for the rest one path is enough.
-pytestmark = pytest.mark.parametrize("launcher", ["forkserver"], indirect=True)
+pytestmark = [
+    pytest.mark.usefixtures("launcher"),
+    pytest.mark.parametrize("launcher", ["forkserver"], indirect=True),
+]
 
 # Hypothesis reuses the function-scoped executor across examples on purpose: one start per test.
 SETTINGS = settings(

@@ -148,7 +148,9 @@ def test_environment_variables_reach_the_executor(monkeypatch: pytest.MonkeyPatc
     from airflow.configuration import conf
 
     monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__SHUTDOWN_TIMEOUT", "7")
-    assert ExecutorConfig.from_conf(conf).shutdown_timeout == 7.0
+    monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__LAUNCHER", "subprocess")  # nothing launches here
+    config = ExecutorConfig.from_conf(conf)
+    assert (config.shutdown_timeout, config.launcher) == (7.0, LauncherKind.SUBPROCESS)
 
 
 def test_every_option_is_documented() -> None:
@@ -254,6 +256,7 @@ def test_a_value_beyond_what_consumes_it_names_the_option(key: str, value: str, 
         ExecutorConfig.from_conf(DictConf({key: value}))
 
 
+@pytest.mark.usefixtures("launcher")
 def test_the_largest_accepted_waits_still_end_cleanly(monkeypatch: pytest.MonkeyPatch) -> None:
     # end() waits on threads for shutdown_timeout + termination_grace_period + a margin: at the limit
     # that sum is threading.TIMEOUT_MAX, one second more and the wait raises OverflowError.
@@ -270,6 +273,15 @@ def test_the_largest_accepted_waits_still_end_cleanly(monkeypatch: pytest.Monkey
     assert 2 * config._THREAD_WAIT_MAX + config.SHUTDOWN_MARGIN <= threading.TIMEOUT_MAX
 
 
+def test_an_executor_started_without_a_launch_path_asked_for_refuses_to_start() -> None:
+    # tests/adapter/conftest.py: a test that starts one asks for `launcher` and runs on both paths.
+    ex = RecordingExecutor(parallelism=1)
+    with pytest.raises(ValueError, match="launcher must be one of forkserver, subprocess, got 'unchosen"):
+        ex.start()
+    ex.end()
+    assert loop_threads() == []
+
+
 @pytest.mark.parametrize(
     ("variable", "value", "message"),
     [
@@ -279,6 +291,7 @@ def test_the_largest_accepted_waits_still_end_cleanly(monkeypatch: pytest.Monkey
         ("SCHEDULER__TASK_QUEUED_TIMEOUT", "soon", r"task_queued_timeout .* got 'soon'"),
     ],
 )
+@pytest.mark.usefixtures("launcher")
 def test_start_refuses_a_value_beyond_its_limit_naming_it(
     variable: str, value: str, message: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

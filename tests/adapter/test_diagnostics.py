@@ -46,7 +46,7 @@ def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
-def executor(state_dir: Path) -> Iterator[RecordingExecutor]:
+def executor(state_dir: Path, launcher: str) -> Iterator[RecordingExecutor]:
     ex = RecordingExecutor(parallelism=2)
     assert ex.get_health() == Health(Verdict.UNKNOWN, ("executor not started",))
     ex.start()
@@ -102,6 +102,7 @@ def _fork_server_pid(ex: RecordingExecutor, other_than: int | None = None) -> in
     return int(helper.pid)
 
 
+@pytest.mark.usefixtures("launcher")
 def test_a_tripped_memory_guard_is_unhealthy_and_says_so(
     state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -119,6 +120,7 @@ def test_a_tripped_memory_guard_is_unhealthy_and_says_so(
         ex.end()
 
 
+@pytest.mark.usefixtures("launcher")
 def test_a_blocked_loop_is_reported_while_blocked_and_after(
     state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -185,7 +187,7 @@ def test_status_cli_shows_a_running_workload_and_the_file_goes_with_the_executor
     [row] = executor_status["running"]
     assert row["key"] == f"adapter_dag.hold:{gate} try 1"
     assert row["pid"] == pid
-    assert row["rss_mb"] > 0
+    assert row["memory_mb"] > 0
     table = subprocess.run(
         [*CLI, "status", "--state-dir", str(state_dir)], capture_output=True, text=True, check=True
     )

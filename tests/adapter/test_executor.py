@@ -24,6 +24,7 @@ from async_local_executor.adapter import startup
 from async_local_executor.adapter.executor import AsyncLocalExecutor
 from async_local_executor.adapter.workload import entry
 from async_local_executor.core.errors import RuntimeNotRunning
+from async_local_executor.core.proc_identity import start_ticks
 from async_local_executor.ops import journal
 from tests.adapter import workloads
 from tests.adapter.conftest import StartExecutor
@@ -541,10 +542,9 @@ def test_start_kills_what_a_crashed_executor_left_running_before_launching(
     recorded = subprocess.Popen(sleep, env=marked, start_new_session=True)
     descendant = subprocess.Popen(sleep, env=marked, start_new_session=True)
     try:
-        start = psutil.Process(recorded.pid).create_time()
         entries = [
             {"instance": "crashed", "owner": "scheduler pid 1", "pid": 1, "opened": 0},
-            {"+": recorded.pid, "start": start, "key": "old.task try 3"},
+            {"+": recorded.pid, "start_ticks": start_ticks(recorded.pid), "key": "old.task try 3"},
         ]
         (state / f"crashed{journal.SUFFIX}").write_text("".join(json.dumps(e) + "\n" for e in entries))
         caplog.set_level(logging.WARNING, logger="async_local_executor.ops.recovery")

@@ -12,6 +12,7 @@ workload's own side (its owner's death, its countdown) is tests/core's and the e
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import time
@@ -24,13 +25,15 @@ from airflow.executors.workloads import ExecuteTask
 from airflow.models.taskinstancekey import TaskInstanceKey
 from airflow.utils.state import TaskInstanceState
 
+from async_local_executor.adapter.config import SECTION
+from async_local_executor.core.clock import SystemClock
 from async_local_executor.core.proc_identity import start_ticks
 from async_local_executor.ops import custody_dir
 from tests.adapter import workloads
 from tests.adapter.driver import CustodyExecutor, Scheduler
 from tests.core.helpers import alive
 
-StartCustody = Callable[[], CustodyExecutor]
+StartCustody = Callable[..., CustodyExecutor]
 # The issue's bound on a stop that hands its tasks over: seconds, not shutdown_timeout.
 END_BOUND = 5.0
 FINAL = (TaskInstanceState.SUCCESS, TaskInstanceState.FAILED)
@@ -45,7 +48,7 @@ def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
-def start(state: Path, tmp_path: Path) -> Iterator[StartCustody]:
+def start(state: Path, tmp_path: Path, launcher: str) -> Iterator[StartCustody]:
     """Start a :class:`CustodyExecutor` on :func:`state`; each is ended when the test ends.
 
     Ending one hands over what still runs, which would outlive the test (its owner, this process, never
@@ -54,8 +57,8 @@ def start(state: Path, tmp_path: Path) -> Iterator[StartCustody]:
     """
     started: list[CustodyExecutor] = []
 
-    def begin() -> CustodyExecutor:
-        executor = CustodyExecutor(parallelism=4)
+    def begin(kind: type[CustodyExecutor] = CustodyExecutor, team: str | None = None) -> CustodyExecutor:
+        executor = kind(parallelism=4, team_name=team)
         started.append(executor)
         executor.start()
         return executor
@@ -76,13 +79,17 @@ def _stub_pids(tmp_path: Path) -> list[int]:
     return sorted(int(path.name.split(".")[-2]) for path in tmp_path.glob("*.started"))
 
 
-def _held_task(tmp_path: Path, name: str, code: int | None = None) -> tuple[ExecuteTask, Path]:
-    """A task whose stub runs until the test removes its gate, then exits with ``code`` (0 by default)."""
+def _held_task(
+    tmp_path: Path, name: str, code: int | None = None, limit: float | None = None
+) -> tuple[ExecuteTask, Path]:
+    """A task whose stub runs until the test removes its gate, then exits with ``code`` (0 by default);
+    ``limit``: its run-time limit (``task_timeout``) in seconds."""
     gate = tmp_path / name
     gate.touch()
     if code is not None:
         gate.with_name(f"{name}.code").write_text(str(code))
-    return workloads.task(f"hold:{gate}"), gate
+    config: dict[str, object] | None = None if limit is None else {SECTION: {"task_timeout": limit}}
+    return workloads.task(f"hold:{gate}", executor_config=config), gate
 
 
 def _stub_pid(gate: Path) -> int:
@@ -143,7 +150,7 @@ def test_a_stop_lets_running_tasks_go_and_the_next_executor_adopts_them_and_repo
     assert all(alive(pid) for pid in stubs)
 
     second = start()
-    assert "holding 2 running workload(s) a stopped scheduler handed over" in caplog.text
+    assert "holding 2 running workload(s) for adoption" in caplog.text
     # The custody files name the executor that answers for each now: this process, started again.
     for pid in stubs:
         owner = custody_dir.read_owner(custody_dir.path(state), pid, start_ticks(pid) or 0)
@@ -239,3 +246,225 @@ def test_offered_task_instances_that_nothing_was_handed_over_for_are_all_returne
     offered = [workloads.Revoked(workloads.task(name).key) for name in ("a", "b")]
     assert executor.try_adopt_task_instances(offered) == offered  # type: ignore[arg-type]
     assert executor.running == set()
+
+
+def test_a_retried_adoption_gets_the_same_answer_and_no_end_twice(
+    start: StartCustody, tmp_path: Path
+) -> None:
+    # Airflow asks inside run_with_db_retries: a failed transaction makes it ask again, with the same task
+    # instances. Refused the second time, they would be reset while their processes run on.
+    running, running_gate = _held_task(tmp_path, "running")
+    early, early_gate = _held_task(tmp_path, "early")
+    _handed_over(start, running_gate, early_gate, tasks=[running, early])
+    second = start()
+    scheduler = Scheduler(second)
+    early_gate.unlink()
+    scheduler.run_until(lambda: _ended_unclaimed(second, early.key))
+    offered = [workloads.Revoked(running.key), workloads.Revoked(early.key)]
+
+    assert second.try_adopt_task_instances(offered) == []  # type: ignore[arg-type]
+    assert second.get_event_buffer() == {early.key: (TaskInstanceState.SUCCESS, None)}
+    assert second.try_adopt_task_instances(offered) == []  # type: ignore[arg-type]
+    assert second.get_event_buffer() == {}  # the early end was given once
+    assert second.running == {running.key}  # and the ended one holds no slot again
+
+    running_gate.unlink()
+    scheduler.run_until(lambda: running.key in scheduler.events)
+    _quiet_for_a_report(second, scheduler)
+    assert _finals(second, running.key) == [TaskInstanceState.SUCCESS]
+    assert _finals(second, early.key) == [TaskInstanceState.SUCCESS]
+    assert second.running == set()
+
+
+def test_each_team_holds_only_what_its_own_executor_handed_over(
+    start: StartCustody, tmp_path: Path, state: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One state directory for both teams, as when neither sets its own (both default to the same one
+    # under AIRFLOW_HOME). Airflow offers each team's task instances to that team's executor alone, so
+    # each must hold only its own team's workloads.
+    monkeypatch.setenv("AIRFLOW__TEAM_A___ASYNC_LOCAL_EXECUTOR__STATE_DIR", str(state))
+    monkeypatch.setenv("AIRFLOW__TEAM_A___ASYNC_LOCAL_EXECUTOR__ON_STOP", "handover")
+    plain, plain_gate = _held_task(tmp_path, "plain")
+    teamed, teamed_gate = _held_task(tmp_path, "teamed")
+    first_plain, first_team = start(), start(team="team_a")
+    _queue(first_plain, plain)
+    _queue(first_team, teamed)
+    Scheduler(first_plain).run_until(lambda: any(tmp_path.glob("plain.*.started")))
+    Scheduler(first_team).run_until(lambda: any(tmp_path.glob("teamed.*.started")))
+    first_plain.end()
+    first_team.end()
+
+    # The team's executor starts first this time: it must leave the other team's journal alone.
+    second_team, second_plain = start(team="team_a"), start()
+    assert second_team._journal is not None
+    assert second_plain._journal is not None
+    assert second_team._journal.directory == second_plain._journal.directory == state
+    assert [held.key for held in second_team._holding.waiting()] == [teamed.key]
+    assert [held.key for held in second_plain._holding.waiting()] == [plain.key]
+    assert second_team.try_adopt_task_instances([workloads.Revoked(teamed.key)]) == []  # type: ignore[list-item]
+    assert second_plain.try_adopt_task_instances([workloads.Revoked(plain.key)]) == []  # type: ignore[list-item]
+    plain_gate.unlink()
+    teamed_gate.unlink()
+    for executor, key in ((second_plain, plain.key), (second_team, teamed.key)):
+        scheduler = Scheduler(executor)
+        scheduler.run_until(functools.partial(_has_event, scheduler, key))
+        assert scheduler.events[key] == (TaskInstanceState.SUCCESS, None)
+
+
+def _has_event(scheduler: Scheduler, key: object) -> bool:
+    return key in scheduler.events
+
+
+class _SteppedClock(SystemClock):
+    """The system clock, but for a wall clock stepped by :attr:`step` seconds (as NTP or an operator does)."""
+
+    step = 0.0
+
+    def time(self) -> float:
+        return time.time() + self.step
+
+
+class _SteppedExecutor(CustodyExecutor):
+    clock = _SteppedClock()
+
+
+def test_a_wall_clock_step_before_a_stop_leaves_an_adopted_task_its_limit(
+    start: StartCustody, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    limited, gate = _held_task(tmp_path, "limited", limit=600)
+    first = start(_SteppedExecutor)
+    _queue(first, limited)
+    Scheduler(first).run_until(lambda: any(tmp_path.glob("limited.*.started")))
+    stub = _stub_pid(gate)
+    _SteppedExecutor.clock.step = 3600.0  # an hour forward while it runs, then the scheduler is stopped
+    try:
+        first.end()
+    finally:
+        _SteppedExecutor.clock.step = 0.0
+
+    second = start()
+    assert second.try_adopt_task_instances([workloads.Revoked(limited.key)]) == []  # type: ignore[list-item]
+    second.until_reported(lambda: stub in second.adopted)
+    scheduler = Scheduler(second)
+    _quiet_for_a_report(second, scheduler)
+    assert alive(stub), "the adopted task was stopped"
+    assert "timeout; terminating it" not in caplog.text
+    gate.unlink()
+    scheduler.run_until(lambda: limited.key in scheduler.events)
+    assert scheduler.events[limited.key] == (TaskInstanceState.SUCCESS, None)
+
+
+LIMIT = 20.0  # a task's run-time limit, for a task handed over twice
+LEFT_AT_STOP = 8.0  # what is left of it when the scheduler is stopped
+
+
+def _crash(executor: CustodyExecutor) -> None:
+    """What a kill -9 of ``executor``'s scheduler leaves: its workloads run on, its journal is unlocked and
+    holds their launches, and no handover line is written."""
+    runtime, journal = executor._runtime, executor._journal
+    assert runtime is not None
+    assert journal is not None
+    executor._runtime = executor._journal = None
+    runtime.release(0.0, timeout=GUARD_RELEASE)
+    journal.hand_on()
+
+
+GUARD_RELEASE = 30.0
+
+
+def test_a_task_handed_over_by_a_stop_then_a_crash_keeps_the_limit_counted_from_its_launch(
+    start: StartCustody, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    twice, gate = _held_task(tmp_path, "twice", limit=LIMIT)
+    first = start()
+    _queue(first, twice)
+    Scheduler(first).run_until(lambda: any(tmp_path.glob("twice.*.started")))
+    stub = _stub_pid(gate)
+    launched = time.monotonic()  # its launch was a little before this: its deadline is no later
+    # The limit must have run in part before the stop: counted twice, what is left would be gone.
+    Scheduler(first).run_until(lambda: time.monotonic() - launched > LIMIT - LEFT_AT_STOP)
+    first.end()
+    second = start()
+    assert second.try_adopt_task_instances([workloads.Revoked(twice.key)]) == []  # type: ignore[list-item]
+    second.until_reported(lambda: stub in second.adopted)
+    _crash(second)
+
+    third = start()
+    assert [held.key for held in third._holding.waiting()] == [twice.key]
+    assert third.try_adopt_task_instances([workloads.Revoked(twice.key)]) == []  # type: ignore[list-item]
+    third.until_reported(lambda: stub in third.adopted)
+    scheduler = Scheduler(third)
+    _quiet_for_a_report(third, scheduler)
+    assert time.monotonic() - launched < LIMIT, "too slow to tell: the limit ran out meanwhile"
+    assert alive(stub), f"stopped before its limit: {caplog.text[-2000:]}"
+    gate.unlink()
+    scheduler.run_until(lambda: twice.key in scheduler.events)
+    assert scheduler.events[twice.key] == (TaskInstanceState.SUCCESS, None)
+
+
+def test_a_running_executor_holds_what_a_scheduler_stopped_after_its_start_handed_over(
+    start: StartCustody, tmp_path: Path
+) -> None:
+    # A second scheduler of the deployment (or a successor started while its predecessor was still inside
+    # its stop) found the journal locked at its start. Offered the stopped one's task instances, it must
+    # take them over, not refuse them: refused, they would be reset and run twice.
+    offered, offered_gate = _held_task(tmp_path, "offered")
+    quiet, quiet_gate = _held_task(tmp_path, "quiet")
+    first = start()
+    _queue(first, offered, quiet)
+    Scheduler(first).run_until(lambda: len(_stub_pids(tmp_path)) == 2)
+    second = start()
+    assert second._holding.waiting() == []  # the first one's journal is locked: it lives
+    first.end()
+
+    assert second.try_adopt_task_instances([workloads.Revoked(offered.key)]) == []  # type: ignore[list-item]
+    # The other one is held too, without an offer: its countdown stops; its offer comes later.
+    assert [held.key for held in second._holding.waiting()] == [quiet.key]
+    assert second.try_adopt_task_instances([workloads.Revoked(quiet.key)]) == []  # type: ignore[list-item]
+    offered_gate.unlink()
+    quiet_gate.unlink()
+    scheduler = Scheduler(second)
+    scheduler.run_until(lambda: {offered.key, quiet.key} <= scheduler.events.keys())
+    assert scheduler.events[offered.key] == scheduler.events[quiet.key] == (TaskInstanceState.SUCCESS, None)
+
+
+def test_a_running_executor_takes_only_a_journal_that_names_a_task_instance_offered_to_it(
+    start: StartCustody, tmp_path: Path
+) -> None:
+    # With two schedulers, Airflow offers a dead one's task instances to whichever checks first: a
+    # journal none of whose workloads were offered here is the other scheduler's to take.
+    held, gate = _held_task(tmp_path, "theirs")
+    first = start()
+    _queue(first, held)
+    Scheduler(first).run_until(lambda: len(_stub_pids(tmp_path)) == 1)
+    second = start()
+    first.end()
+    unrelated = workloads.Revoked(workloads.task("unrelated").key)
+    assert second.try_adopt_task_instances([unrelated]) == [unrelated]  # type: ignore[list-item]
+    assert second._holding.waiting() == []
+    assert second.try_adopt_task_instances([workloads.Revoked(held.key)]) == []  # type: ignore[list-item]
+    gate.unlink()
+    scheduler = Scheduler(second)
+    scheduler.run_until(lambda: held.key in scheduler.events)
+    assert scheduler.events[held.key] == (TaskInstanceState.SUCCESS, None)
+
+
+def test_a_held_workload_never_offered_is_stopped_without_an_event(
+    start: StartCustody, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Airflow offers a dead scheduler's task instances within its orphan check's interval once the dead
+    # job counts as stale; one never offered went to another scheduler, which reset it.
+    held, gate = _held_task(tmp_path, "never_offered")
+    _handed_over(start, gate, tasks=[held])
+    stub = _stub_pid(gate)
+    second = start()
+    assert [h.key for h in second._holding.waiting()] == [held.key]
+    second._hold_bound = 0.0  # Airflow's bounds passed (300 s and more by default)
+    scheduler = Scheduler(second)
+    scheduler.run_until(lambda: not alive(stub))
+    _quiet_for_a_report(second, scheduler)
+    assert held.key not in scheduler.events
+    assert [change for change in second.changes if change[0] == held.key] == []
+    assert second._holding.waiting() == []
+    assert gate.exists()  # it did not end on its own: it was stopped
+    assert "the scheduler never offered its task instance" in caplog.text

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -145,6 +146,7 @@ class Interleavings(RuleBasedStateMachine):
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
+@pytest.mark.usefixtures("launcher")
 def test_every_accepted_workload_gets_exactly_one_final_event() -> None:
     run_state_machine_as_test(
         Interleavings,

@@ -15,7 +15,7 @@ CLIENT_TIMEOUT = "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT"
 
 
 @pytest.fixture
-def executor(monkeypatch: pytest.MonkeyPatch) -> Iterator[RecordingExecutor]:
+def executor(monkeypatch: pytest.MonkeyPatch, launcher: str) -> Iterator[RecordingExecutor]:
     monkeypatch.delenv(CLIENT_TIMEOUT, raising=False)
     ex = RecordingExecutor(parallelism=4)
     ex.start()
@@ -68,6 +68,7 @@ def test_task_processes_get_a_safe_client_timeout_and_it_is_said_once(
     assert all("client_timeout=60" in line for line in started)
 
 
+@pytest.mark.usefixtures("launcher")
 def test_an_operators_own_client_timeout_is_kept(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -25,12 +25,6 @@ LOGGER = "async_local_executor.child"
 CHATTY = "import sys\nfor i in range(100_000):\n    print(f'line {i}')\nsys.exit(1)\n"
 
 
-@pytest.fixture
-def launcher() -> str:
-    """The sink is the same on every launch path; this runs one of its own, on the plain path."""
-    return "subprocess"
-
-
 def describe(key: Hashable) -> str:
     return f"task {key}"
 

@@ -23,7 +23,13 @@ DAGS = Path(__file__).with_name("dags")
 
 @pytest.fixture(
     params=[
-        pytest.param(("async_local_executor.AsyncLocalExecutor", "forkserver", "4"), id="forkserver-p4"),
+        # Also on 2.10: the unlaunched task's log file name, its audit record, `tasks run` forked from a
+        # helper that preloaded 2.10 and the status command differ from 2.11 (tests/airflow2/README.md).
+        pytest.param(
+            ("async_local_executor.AsyncLocalExecutor", "forkserver", "4"),
+            id="forkserver-p4",
+            marks=pytest.mark.airflow210,
+        ),
         pytest.param(
             ("async_local_executor.executor.AsyncLocalExecutor", "subprocess", "0"), id="subprocess-p0"
         ),

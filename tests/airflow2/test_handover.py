@@ -66,6 +66,7 @@ import sqlalchemy as sa
 from async_local_executor.core.proc_identity import start_ticks
 from harness.airflow2 import Airflow2Sandbox
 from tests.core.helpers import alive
+from tests.e2e.dags.chaos_adoption import BASE_ENV, INJECTED, ONCE_ENV
 from tests.e2e.helpers import bystander_at_recorded_pid, cmdline, first_tries, marks, poll, since, task_pid
 
 pytestmark = pytest.mark.e2e
@@ -335,11 +336,14 @@ def _adopts_hold1_only(sandbox: Airflow2Sandbox, offset: int, workload1: int) ->
         guard=120,
     )
     started = since(sandbox, offset)
-    assert f"holding 1 running workload(s) a stopped scheduler handed over (pid {workload1})" in started
+    assert (
+        f"1 handed over by a stopped scheduler, 0 left running by a crashed one (pid {workload1})" in started
+    )
     assert "1 others are left for the scheduler to reset" in started, started
     # Airflow 2 resets what the executor refused in the same pass (state None): it is scheduled again.
     reset = r"Reset the following 1 orphaned TaskInstances:\s+<TaskInstance: handover2\.hold \S+ map_index=0 "
-    assert re.search(reset, started), started
+    # Its line follows the executor's in the same pass, so it may not be in the log yet.
+    poll("Airflow to reset hold0", lambda: re.search(reset, since(sandbox, offset)) is not None, guard=60)
 
 
 def _rerun_after_reset(
@@ -438,12 +442,15 @@ WITHOUT_SCHEDULER = 20.0
 SLACK = 10.0  # the polls', and the killed processes' time to go
 
 
-def test_an_adopted_task_times_out_when_what_was_left_of_its_limit_runs_out(
-    make: Make, tmp_path: Path
-) -> None:
+def _overrun_running(make: Make, tmp_path: Path, limit: float) -> tuple[Airflow2Sandbox, str, int, int, Path]:
+    """A sandbox whose tasks have run-time limit ``limit``, with handover_overrun2's task running.
+
+    :returns: the sandbox, the run, the task's process, its workload (its LocalTaskJob, which the
+        executor launched) and the task's start mark
+    """
     sandbox = make(
         {
-            "AIRFLOW__ASYNC_LOCAL_EXECUTOR__TASK_TIMEOUT": str(OVERRUN_TIMEOUT),
+            "AIRFLOW__ASYNC_LOCAL_EXECUTOR__TASK_TIMEOUT": str(limit),
             "AIRFLOW__ASYNC_LOCAL_EXECUTOR__TERMINATION_GRACE_PERIOD": str(OVERRUN_GRACE),
         }
     )
@@ -451,10 +458,17 @@ def test_an_adopted_task_times_out_when_what_was_left_of_its_limit_runs_out(
     run_id = sandbox.trigger(OVERRUN_DAG_ID)
     poll("the task running", lambda: any(tmp_path.glob("overrun.try1.pid*.start")), guard=180)
     task = task_pid(tmp_path, "overrun.try1")
-    workload = psutil.Process(task).ppid()  # its LocalTaskJob, which the executor launched
+    workload = psutil.Process(task).ppid()
     assert psutil.Process(workload).ppid() == sandbox.pids["scheduler"], cmdline(workload)
-    # Its workload was launched before the task wrote this (wall clock, as the file's time is).
     [mark] = tmp_path.glob("overrun.try1.pid*.start")
+    return sandbox, run_id, task, workload, mark
+
+
+def test_an_adopted_task_times_out_when_what_was_left_of_its_limit_runs_out(
+    make: Make, tmp_path: Path
+) -> None:
+    sandbox, run_id, task, workload, mark = _overrun_running(make, tmp_path, OVERRUN_TIMEOUT)
+    # Its workload was launched before the task wrote this (wall clock, as the file's time is).
     launched_by = mark.stat().st_mtime
     _stop(sandbox, 1)
     # Time passes with no scheduler at all: it counts against the limit as any other time it runs.
@@ -506,3 +520,99 @@ def test_an_adopted_task_times_out_when_what_was_left_of_its_limit_runs_out(
     assert f"workload {OVERRUN_DAG_ID}.overrun try 1 failed: timed out after {found[1]}s" in text, text
     # Its end is reported once, by the scheduler that adopted it.
     assert _final_events(text, OVERRUN_DAG_ID) == [("failed", -1, 1)], _final_events(text, OVERRUN_DAG_ID)
+
+
+TWICE_TIMEOUT = 150.0  # the executor's run-time limit per task, for a task adopted twice
+# How long it runs before the stop: a limit counted twice would be over at TWICE_TIMEOUT - STOP_AFTER.
+STOP_AFTER = 45.0
+OPEN_AFTER = 115.0  # when its gate opens at the earliest: past that point, well inside its limit
+
+
+def test_a_task_adopted_twice_after_its_adopter_crashed_finishes_inside_the_limit_counted_once(
+    make: Make, tmp_path: Path
+) -> None:
+    # Handed over by a stop, adopted, then left behind by a crash of its adopter and adopted again: its
+    # limit is the deadline its launch set, whatever happened since. Its gate opens once a limit counted
+    # twice would have ended it, and well before its own deadline: it must end as it decides, at try 1.
+    sandbox, run_id, task, workload, mark = _overrun_running(make, tmp_path, TWICE_TIMEOUT)
+    launched_by = mark.stat().st_mtime
+    poll("part of its limit to run", lambda: time.time() > launched_by + STOP_AFTER, guard=STOP_AFTER + 30)
+    _stop(sandbox, 1)
+    offset = _restart(sandbox)
+    poll("the first adoption", lambda: "adopted 1 task instance(s)" in since(sandbox, offset), guard=120)
+    sandbox.kill("scheduler")
+    offset = _restart(sandbox)
+    poll("the second adoption", lambda: "adopted 1 task instance(s)" in since(sandbox, offset), guard=120)
+    text = since(sandbox, offset)
+    assert "0 handed over by a stopped scheduler, 1 left running by a crashed one" in text, text
+    poll("the point a limit counted twice is past", lambda: time.time() > launched_by + OPEN_AFTER, guard=120)
+    assert time.time() < launched_by + TWICE_TIMEOUT - SLACK, "too slow to tell: its limit is nearly out"
+    assert alive(task), since(sandbox, offset)
+    assert alive(workload)
+    (tmp_path / "gate").touch()
+    poll(
+        "the run to end",
+        lambda: sandbox.run_state(OVERRUN_DAG_ID, run_id) in ("success", "failed"),
+        guard=120,
+    )
+    rows = sandbox.task_instances(OVERRUN_DAG_ID, run_id)
+    assert [(r.state, r.try_number) for r in rows] == [("success", 1)], rows
+    poll("its final event", lambda: _final_events(since(sandbox, offset), OVERRUN_DAG_ID) != [], guard=60)
+    text = since(sandbox, offset)
+    assert "timeout; terminating it" not in text
+    assert _final_events(text, OVERRUN_DAG_ID) == [("success", -1, 1)], _final_events(text, OVERRUN_DAG_ID)
+    # One execution, which reached its end; nothing ran again.
+    ended = mark.name.replace(".start", ".end")
+    assert sorted(p.name for p in tmp_path.glob("overrun*")) == sorted([mark.name, ended])
+
+
+REPO = Path(__file__).resolve().parents[2]
+# The executor under test through the subclass that injects one retried adoption (loaded by its module
+# path, as Airflow 2 loads any executor), armed only in the scheduler started with ONCE_ENV=1.
+INJECTING = {
+    "AIRFLOW__CORE__EXECUTOR": "tests.e2e.dags.chaos_adoption.RetriedAdoptionExecutor",
+    BASE_ENV: EXECUTOR,  # its base: the class path Airflow 2 configurations name
+    ONCE_ENV: "",
+    # The scheduler imports the subclass from this repository.
+    "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])),
+}
+ADOPTED = re.compile(r"adopted (\d+) task instance\(s\)")
+
+
+def test_a_retried_adoption_gets_the_same_answer(make: Make, tmp_path: Path) -> None:
+    """Airflow 2 calls ``try_adopt_task_instances`` inside ``run_with_db_retries``: when its transaction
+    fails (a deadlock with another scheduler, a dropped connection), it rolls back (the task instances'
+    ``queued_by_job_id`` included) and asks again with the same task instances. The executor must adopt
+    them again; refused, Airflow would reset task instances whose LocalTaskJobs still run, and run them
+    twice.
+
+    Injected: the restarted scheduler loads the executor through a subclass whose
+    ``try_adopt_task_instances`` raises ``OperationalError`` once, right after the real call adopted
+    something (tests/e2e/dags/chaos_adoption.py). A real deadlock at that point of Airflow's transaction
+    cannot be staged reliably. Everything else is real.
+    """
+    sandbox = make(INJECTING)
+    run_id, launched = _running(sandbox, tmp_path)
+    before = _rows(sandbox, run_id)
+    _stop(sandbox, TASKS)
+    sandbox.reconfigure({ONCE_ENV: "1"})
+    try:
+        offset = _restart(sandbox)
+    finally:
+        sandbox.reconfigure({ONCE_ENV: ""})  # for the restarted scheduler alone
+
+    def retried() -> bool:
+        text = since(sandbox, offset)
+        return INJECTED in text and ADOPTED.search(text, text.index(INJECTED)) is not None
+
+    poll("Airflow to offer the task instances again after the injected error", retried, guard=180)
+    text = since(sandbox, offset)
+    assert text.count(INJECTED) == 1, text
+    # The first call adopted both, the error followed it, and the retry adopted the same two again.
+    calls = [(found.start(), found[1]) for found in ADOPTED.finditer(text)]
+    injected = text.index(INJECTED)
+    assert [n for at, n in calls if at < injected] == [str(TASKS)], text
+    assert [n for at, n in calls if at > injected] == [str(TASKS)], text
+    # The retried transaction names the new scheduler's job; each task ends once, at try 1, its one end
+    # reported once; nothing is reset.
+    _finish_after_adoption(sandbox, tmp_path, run_id, launched, before)

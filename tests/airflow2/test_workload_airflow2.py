@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 PRELOAD_PROBE = """
 import json, sys
 from async_local_executor.adapter.workload import airflow2
@@ -18,6 +20,9 @@ print(json.dumps({
     "imported": sorted(m for m in ("airflow.models.serialized_dag", "setproctitle") if m in sys.modules),
 }))
 """
+
+# Also on 2.10: its ORM models differ from 2.11's (tests/airflow2/README.md).
+pytestmark = pytest.mark.airflow210
 
 
 def test_preload_configures_every_mapper_a_forked_task_would_configure_again() -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
+import threading
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -13,11 +15,12 @@ from typing import Any
 import pytest
 
 from benchmarks import deployment as deployment_module
-from benchmarks import report
-from benchmarks.deployment import KNOWN_VARIANTS
+from benchmarks import report, runner
+from benchmarks.deployment import KNOWN_VARIANTS, Variant
 from benchmarks.report import markdown_table
 from benchmarks.runner import PROFILES, Plan, default_database, select_cases
 from benchmarks.scenarios import burst, imports, ordinary, restart, starvation
+from benchmarks.scenarios.base import Case, Outcome, RunContext
 from benchmarks.summary import summarize, words
 from harness.environment import HomeLayout, prepare_home
 from harness.sandbox import AirflowSandbox, SandboxError, TaskInstanceRow
@@ -108,6 +111,37 @@ def test_burst_defaults_to_postgres_and_the_other_scenarios_keep_theirs() -> Non
     }
     override = Plan("smoke", cases, [KNOWN_VARIANTS["stock"]], 1, "sqlite")
     assert {override.database_for(case) for case in cases} == {"sqlite"}
+
+
+def test_runs_two_at_a_time_go_side_by_side_and_come_back_in_the_plan_s_order(tmp_path: Path) -> None:
+    # Each case's run waits for its other variant's to have started: only runs side by side both end.
+    started = {name: {label: threading.Event() for label in ("stock", "ours")} for name in ("a", "b")}
+
+    def run(name: str, ctx: RunContext) -> Outcome:
+        started[name][ctx.variant.label].set()
+        other = "ours" if ctx.variant.label == "stock" else "stock"
+        assert started[name][other].wait(10), "the other variant's run never started beside this one"
+        return Outcome({"makespan_s": 1.0 if ctx.variant.label == "stock" else 2.0})
+
+    cases = [Case("throughput", name, {}, functools.partial(run, name), "sqlite") for name in ("a", "b")]
+    variants = [KNOWN_VARIANTS["stock"], KNOWN_VARIANTS["ours"]]
+    events: list[str] = []
+
+    class Recorder(runner.Listener):
+        def run_started(self, index: int, total: int, case: Case, rep: int, variant: Variant) -> None:
+            events.append(f"start {case.name} {variant.label}")
+
+        def run_finished(self, record: dict[str, Any]) -> None:
+            events.append(f"end {record['case']} {record['variant']}")
+
+    out = tmp_path / "results.jsonl"
+    records = runner.run_plan(Plan("smoke", cases, variants, 1, jobs=2), out, Recorder())
+    order = [("a", "stock"), ("a", "ours"), ("b", "stock"), ("b", "ours")]
+    assert [(r["case"], r["variant"]) for r in records] == order
+    assert {r["status"] for r in records} == {"ok"}
+    assert {r["jobs"] for r in records} == {2}
+    assert sorted((r["case"], r["variant"]) for r in runner.load_records(out)) == sorted(order)
+    assert sorted(events) == sorted(f"{what} {c} {v}" for what in ("start", "end") for c, v in order)
 
 
 def test_the_sandbox_leaves_airflow_cfg_to_airflow_and_the_client_timeout_to_it(tmp_path: Path) -> None:

@@ -1,7 +1,9 @@
 """The benchmark suite's smoke profile runs end to end: both executors, every scenario, real Airflow.
 
 It proves the harness works (JSON lines with every figure, sane values, charts, the results page); the
-numbers themselves are too small to mean anything.
+numbers themselves are too small to mean anything. So the CLI runs two at a time (``--jobs 2``: each
+case's stock and ours side by side), which nearly halves the module's wait: every test here shares that
+one run, and the first (test_the_cli_exits_0) carries it in its setup.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ import pytest
 from benchmarks.metrics import METRICS
 from benchmarks.runner import select_cases
 
-# Seven scenarios (a case each) x two variants of a real Airflow each, one after the other: about 7
-# minutes on 2 cores.
+# Seven scenarios (a case each) x two variants, twelve of them a real Airflow each (dispatch has none),
+# two at a time: about 3.5 minutes on 2 cores (6.5 one after the other).
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,6 +38,7 @@ DATABASES = {
     "starvation": "sqlite",
 }
 VARIANTS = ("stock", "ours")
+JOBS = 2
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -54,7 +57,7 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> Smoke:
     out, charts, markdown = tmp / "results.jsonl", tmp / "charts", tmp / "benchmarks.md"
     argv = [
         sys.executable, "-m", "benchmarks", "--profile", "smoke", "--variants", ",".join(VARIANTS),
-        "--repeat", "1", "--out", str(out), "--charts", str(charts),
+        "--repeat", "1", "--jobs", str(JOBS), "--out", str(out), "--charts", str(charts),
         "--markdown", str(markdown),
     ]  # fmt: skip
     result = subprocess.run(
@@ -87,6 +90,9 @@ def test_one_json_line_per_case_and_variant(smoke: Smoke) -> None:
     assert sorted((r["scenario"], r["case"], r["variant"]) for r in smoke.records) == sorted(
         (s, c, v) for s, c in cases for v in VARIANTS
     )
+    # Each record says how many runs shared the machine, and all are of one session.
+    assert {r["jobs"] for r in smoke.records} == {JOBS}
+    assert len({r["session"] for r in smoke.records}) == 1
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -226,3 +232,5 @@ def test_the_results_page_has_the_table(smoke: Smoke) -> None:
     assert f"burst / {by(smoke, 'burst', 'stock')['case']} `postgres`" in text
     assert "](charts/imports.png)" in text
     assert "](charts/starvation.png)" in text
+    # Runs that shared the machine are said to be no comparison.
+    assert f"{JOBS} runs at a time (`--jobs {JOBS}`)" in text

@@ -21,6 +21,7 @@ from async_local_executor.core.cgroups import (
     Mode,
     Reclaimed,
     cgroup2_mount,
+    workload_cgroup_of,
 )
 from tests.core import cgroup_helpers
 from tests.core.cgroup_helpers import MiB, Scratch, gone, read_line
@@ -322,3 +323,24 @@ def test_no_controller_is_enabled_in_a_parent_that_holds_processes(
     assert workload is not None
     joined = box.start("print(open('/proc/self/cgroup').read().splitlines()[-1], flush=True)\n", workload)
     assert read_line(joined).endswith(f"/service/ale-{containment.instance}/w")
+
+
+def test_the_workload_cgroup_of_a_process_is_found_from_where_it_is(box: Scratch) -> None:
+    # As an executor that adopts a workload finds the cgroup its predecessor made for it.
+    made = box.open().create("w1")
+    assert made is not None
+    inside, outside = box.start(SLEEPER, made), box.start(SLEEPER)
+    assert read_line(inside) == read_line(outside) == "ready"
+    found = workload_cgroup_of(inside.pid)
+    assert found is not None
+    assert (found.name, found.path, found.relative, dict(found.v1)) == (
+        made.name,
+        made.path,
+        made.relative,
+        dict(made.v1),
+    )
+    # In the scheduler's own cgroup (an uncontained workload): that cgroup is not the workload's alone.
+    assert workload_cgroup_of(outside.pid) is None
+    outside.kill()
+    outside.wait(GUARD)
+    assert workload_cgroup_of(outside.pid) is None

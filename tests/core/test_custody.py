@@ -35,12 +35,26 @@ pytestmark = pytest.mark.skipif(not custody.supported(), reason="custody is Linu
 TIMEOUT = 2.0
 
 WORKLOAD = """
-import os, signal, sys
+import json, os, signal, sys
 from async_local_executor.core.custody import Custody
 
+if sys.argv[4:] == ["late"]:  # takes custody only once its owner has exited (released it, say)
+    import select
+    try:
+        owner = os.pidfd_open(int(sys.argv[1]))
+    except ProcessLookupError:  # exited and reaped already
+        pass
+    else:
+        select.select([owner], [], [])
 held = Custody.start(int(sys.argv[1]), float(sys.argv[2]), sys.argv[3])
 if held is None:
     sys.exit(3)
+
+def tell(lines):  # where the entry point would write the task's log
+    with open(f"{sys.argv[3]}.{os.getpid()}.told", "a") as f:
+        f.write(json.dumps(lines) + "\\n")
+
+held.tell = tell
 
 def sleep_for_ever():
     while True:
@@ -92,6 +106,16 @@ if sys.argv[4] == "leak":  # a process that holds the pipe's read end and never 
 for line in workload.stdout:
     print("relayed", line.decode().rstrip(), flush=True)
 print("exited", workload.wait(), flush=True)
+"""
+
+# An owner that exits as soon as it has started the workload, before the workload takes custody.
+OWNER_GONE = """
+import os, subprocess, sys
+workload = subprocess.Popen(
+    [sys.executable, "-c", sys.argv[1], str(os.getpid()), sys.argv[2], sys.argv[3], "late"],
+    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+)
+print("workload", workload.pid, flush=True)
 """
 
 # A successor executor: it claims the workload, naming itself, then lives until its stdin closes.
@@ -150,6 +174,14 @@ class Handed:
             return self.file(".out").read_text(errors="replace")
         except FileNotFoundError:
             return ""
+
+    def told(self) -> list[list[str]]:
+        """What the workload told (``Custody.tell``), one list of lines per call."""
+        try:
+            with open(f"{self.directory}.{self.pid}.told") as told:
+                return [json.loads(line) for line in told]
+        except FileNotFoundError:
+            return []
 
     def successor(self, claim_for: Path | None = None) -> subprocess.Popen[str]:
         """A successor that claims the workload (or writes its claim to ``claim_for``)."""
@@ -350,6 +382,161 @@ def test_custody_is_refused_when_the_parent_named_is_not_the_parent(tmp_path: Pa
         [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True
     )
     assert done.stdout == "None\n"
+
+
+def test_a_fifo_or_a_link_under_the_claim_s_name_neither_stops_the_countdown_nor_keeps_the_workload(
+    handed: Callable[..., Handed], tmp_path: Path
+) -> None:
+    workload = handed()
+    elsewhere = tmp_path / "claim.json"
+    workload.successor(claim_for=elsewhere)  # a claim naming a live process, outside the directory
+    workload.file(".json").symlink_to(elsewhere)
+    other = handed()
+    os.mkfifo(other.file(".json"), 0o600)  # an open() for reading would wait for a writer for ever
+    killed = time.monotonic()
+    workload.kill_owner()
+    other.kill_owner()
+    assert exits(other.pid, TIMEOUT + GUARD), "a FIFO under the claim's name stopped the countdown"
+    assert exits(workload.pid, TIMEOUT + GUARD), "a link under the claim's name kept the workload"
+    assert time.monotonic() - killed >= TIMEOUT
+
+
+def test_a_fifo_under_the_output_s_name_neither_blocks_the_workload_nor_its_exit(
+    handed: Callable[..., Handed],
+) -> None:
+    workload = handed(timeout=GUARD)  # would it block, its countdown would not end it before the guard
+    os.mkfifo(workload.file(".out"), 0o600)  # an open() for writing would wait for a reader for ever
+    workload.kill_owner()
+    workload.tell("burst 300")  # far more than its pipe holds: only a relay that goes on lets it finish
+    workload.tell("exit 4")
+    until(lambda: workload.file(".exit").exists(), "the exit code of the workload")
+    assert json.loads(workload.file(".exit").read_text()) == {"status": 4}
+
+
+def _holds_pidfd_of(pid: int, target: int) -> bool:
+    """Whether process ``pid`` holds a pidfd of ``target``: how its watchdog follows an owner."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fdinfo")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            with open(f"/proc/{pid}/fdinfo/{fd}") as info:
+                if f"Pid:\t{target}\n" in info.read():
+                    return True
+        except OSError:  # closed meanwhile
+            continue
+    return False
+
+
+def test_successors_that_each_exit_soon_after_their_claim_renew_nothing_but_one_that_stayed_does(
+    handed: Callable[..., Handed],
+) -> None:
+    # A scheduler that crash-loops claims the workload on each start: without a bound over all of them,
+    # each claim would give it its whole countdown again, and it would outlive its owners for ever.
+    workload = handed()
+    workload.kill_owner()
+    assert not exits(workload.pid, TIMEOUT * 0.75)  # most of its countdown spent without an owner
+    stayed = workload.successor()
+    until(lambda: _holds_pidfd_of(workload.pid, stayed.pid), "the watchdog to follow the successor")
+    assert not exits(workload.pid, TIMEOUT + 0.5)  # it stays for longer than the timeout: it ran
+    stayed.kill()
+    stayed.wait(GUARD)
+    left = time.monotonic()
+    claims = 0
+    # Each one killed as soon as the watchdog follows it: owned for next to nothing each time.
+    while not exits(workload.pid, 0):
+        assert claims < 100, "successors that each exited at once kept the workload"
+        brief = workload.successor()
+        while not _holds_pidfd_of(workload.pid, brief.pid) and not exits(workload.pid, 0.01):
+            pass
+        brief.kill()
+        brief.wait(GUARD)
+        claims += 1
+    # The whole countdown again after the one that stayed (the time spent before it was forgiven),
+    # then no more than that without a live owner, over every claim.
+    assert time.monotonic() - left >= TIMEOUT, "the successor that stayed did not renew the countdown"
+    assert claims >= 2
+    said = "kills itself and its tree: 2 s without a live owner in all, over "
+    assert said in workload.out()
+
+
+def test_a_workload_whose_owner_exited_before_it_took_custody_waits_for_a_successor(
+    tmp_path: Path,
+) -> None:
+    # As a stopping scheduler does when it releases a workload that is still starting: it exits first.
+    directory = tmp_path / "custody"
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER_GONE, WORKLOAD, str(TIMEOUT), str(directory)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    pid = 0
+    try:
+        pid = int(read_line(owner, GUARD).split()[1])
+        name = custody.custody_name(pid, start_ticks(pid) or 0)
+        out = directory / f"{name}.out"
+        until(lambda: out.exists() and "ready" in out.read_text(), "the workload in custody")
+        me = {"owner_pid": os.getpid(), "owner_start": start_ticks(os.getpid())}  # this test adopts it
+        (directory / f"{name}.json").write_text(json.dumps(me))
+        assert not exits(pid, TIMEOUT + 1.0), "the workload did not wait for its successor's claim"
+        assert owner.stdin is not None
+        owner.stdin.write("say adopted\nexit 6\n")
+        owner.stdin.flush()
+        until(lambda: (directory / f"{name}.exit").exists(), "the workload's exit code")
+        assert json.loads((directory / f"{name}.exit").read_text()) == {"status": 6}
+        assert "adopted\n" in out.read_text()
+    finally:
+        with contextlib.suppress(OSError):
+            if pid:
+                os.killpg(pid, signal.SIGKILL)
+        owner.wait(GUARD)
+        for pipe in (owner.stdin, owner.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+def test_only_a_workload_that_fails_after_its_owner_s_exit_tells_its_last_lines_before_its_code(
+    handed: Callable[..., Handed],
+) -> None:
+    failed, fine, kept = handed(), handed(), handed()
+    failed.tell("say while the owner lives")  # not told: its owner's pipe had it
+    failed.expect("relayed while the owner lives")
+    failed.kill_owner()
+    failed.tell("say Traceback (most recent call last):")
+    failed.tell("say ValueError: boom")
+    failed.tell("exit 1")
+    fine.kill_owner()
+    fine.tell("say fine")
+    fine.tell("exit 0")
+    kept.tell("exit 1")  # its owner lives and relays its output: the scheduler log has its tail
+    assert kept.expect("exited") == "exited 1"
+    until(lambda: failed.file(".exit").exists() and fine.file(".exit").exists(), "both exit codes")
+    # Told before its code was recorded: an adopter that reads the code finds the lines in the task's log.
+    header = (
+        f"async_local_executor: workload process {failed.pid} exited with code 1; its last 2 output "
+        "line(s) since its owner's exit:"
+    )
+    assert failed.told() == [[header, "Traceback (most recent call last):", "ValueError: boom"]]
+    assert fine.told() == kept.told() == []
+
+
+def test_a_workload_that_kills_itself_tells_why_with_its_last_lines(handed: Callable[..., Handed]) -> None:
+    workload = handed()
+    workload.kill_owner()
+    workload.tell("say still here")
+    assert exits(workload.pid, TIMEOUT + GUARD)
+    [told] = workload.told()
+    assert told[0] == (
+        f"async_local_executor: workload process {workload.pid} killed itself; its last 2 output line(s) "
+        "since its owner's exit:"
+    )
+    said = (
+        f"async_local_executor: workload process {workload.pid} kills itself and its tree: no scheduler "
+        "adopted it within 2 s of its owner's exit"
+    )
+    assert told[1:] == ["still here", said]
 
 
 # The workload's own cgroup.

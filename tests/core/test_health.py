@@ -204,7 +204,7 @@ async def test_supervisor_state_and_status_file_show_running_waiting_and_failure
     data = first
     [row] = data["running"]
     assert (row["key"], row["pid"], row["queue"]) == ("held try 1", recorder.pids["held"], "reports")
-    assert row["rss_mb"] > 0
+    assert row["memory_mb"] > 0
     assert data["waiting"] == 1
     assert data["health"] == {
         "status": "healthy",

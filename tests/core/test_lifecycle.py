@@ -32,6 +32,7 @@ ALLOWED = {
     (Phase.RUNNING, Step.ABANDON): Phase.FINISHED,
     (Phase.TERMINATING, Step.ABANDON): Phase.FINISHED,
     (Phase.RUNNING, Step.RELEASE): Phase.RELEASED,
+    (Phase.TERMINATING, Step.RELEASE): Phase.RELEASED,  # stopped for its timeout as a release began
 }
 
 # A legal way into each phase, so every pair can also be tried on a real Lifecycle.

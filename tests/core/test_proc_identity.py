@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from async_local_executor.core.proc_identity import WallClockStart, runs_as, start_ticks, started_as
+from async_local_executor.core.proc_identity import runs_as, start_ticks, started_as
 from tests.core.clock_step import step_wall_clock
 from tests.core.helpers import GUARD
 from tests.processes import SLEEP, read_line
@@ -72,10 +72,6 @@ def test_a_zombie_is_the_process_it_was_but_runs_no_more() -> None:
 def test_a_wall_clock_step_moves_no_start(monkeypatch: pytest.MonkeyPatch, step: float) -> None:
     me, start = os.getpid(), start_ticks(os.getpid())
     assert start is not None
-    recorded = WallClockStart(psutil.Process().create_time())  # as an older version wrote it
     step_wall_clock(monkeypatch, step)
     assert start_ticks(me) == start
     assert runs_as(me, start)
-    # An older version's record is matched as that version matched it: a step defeats it.
-    assert not runs_as(me, recorded)
-    assert runs_as(me, WallClockStart(recorded.seconds + step))

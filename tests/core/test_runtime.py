@@ -178,3 +178,20 @@ def test_a_fork_by_another_thread_finds_the_loop_holding_no_lock() -> None:
         assert held.wait(GUARD)
     finally:
         runtime.shutdown(0.0, timeout=GUARD)
+
+
+def test_a_release_settles_what_it_let_go_before_the_loop_thread_exits() -> None:
+    # A child forked for the loop thread (the fork server's, through its helper) dies with that thread
+    # while its parent-death signal is armed: whatever it must do before (take custody of itself) is
+    # waited for while the thread still runs.
+    runtime = Runtime(plain, use_uvloop=False)
+    runtime.start()
+    thread = runtime.thread
+    assert thread is not None
+    seen: list[tuple[list[object], bool]] = []
+    released = runtime.release(
+        0.0, timeout=GUARD, settle=lambda let_go: seen.append((list(let_go), thread.is_alive()))
+    )
+    assert released == []
+    assert seen == [([], True)]
+    assert not thread.is_alive()

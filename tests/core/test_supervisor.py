@@ -34,7 +34,7 @@ from async_local_executor.core.launchers.subprocess import SubprocessLauncher
 from async_local_executor.core.outcome import Cleanup, OutcomeKind, Times
 from async_local_executor.core.reaping import ABANDONED_REAP
 from async_local_executor.core.stopping import TerminationPolicy
-from async_local_executor.core.supervisor import Supervisor
+from async_local_executor.core.supervisor import LetGo, Supervisor
 from tests.core.fakes import FakeLauncher
 from tests.core.helpers import GUARD, FakeClock, Recorder, py
 
@@ -821,8 +821,6 @@ async def test_release_hands_running_workloads_over_alive_with_no_event_and_drop
     by_key = {h.key: h for h in handovers}
     assert set(by_key) == {"a", "b"}
     assert by_key["a"].pid == launcher.children["a"].pid
-    assert by_key["a"].timeout == pytest.approx(60)  # what was left of its limit
-    assert by_key["b"].timeout is None
     for key in ("a", "b"):
         child = launcher.children[key]
         assert child.released
@@ -856,6 +854,40 @@ async def test_release_stops_what_it_may_not_hand_over_and_what_is_being_stopped
         "revoked": OutcomeKind.TERMINATED,
     }
     assert launcher.children["task"].signals == []
+
+
+async def test_a_workload_being_stopped_for_its_timeout_when_release_begins_is_handed_over() -> None:
+    # Its end would be an event nobody reads (a scheduler reads none once it stops): its adopter, which
+    # finds its limit gone, stops it and reports that end instead. Revoked ones are still stopped here.
+    launcher = FakeLauncher(ignores=(signal.SIGTERM,))
+    recorder = Recorder()
+    clock = FakeClock()
+    supervisor = Supervisor(launcher, recorder, limit=None, clock=clock, policy=TerminationPolicy(grace=30))
+    async with anyio.create_task_group() as tg:
+        await tg.start(supervisor.serve)
+        supervisor.submit(request("timed", timeout=10))
+        supervisor.submit(request("revoked"))
+        await launcher.until(lambda: len(launcher.children) == 2)
+        await anyio.wait_all_tasks_blocked()  # its deadline's timer asleep on the clock
+        clock.advance(11)
+        await launcher.until(lambda: launcher.children["timed"].signals == [signal.SIGTERM])
+        supervisor.stop("revoked", "revoked by the scheduler")
+        await launcher.until(lambda: launcher.children["revoked"].signals == [signal.SIGTERM])
+
+        async def release() -> None:
+            handovers.extend(await supervisor.release(grace=0))
+
+        handovers: list[LetGo] = []
+        tg.start_soon(release)
+        await anyio.wait_all_tasks_blocked()
+        clock.advance(30)  # the grace: what is still being stopped here gets SIGKILL
+    assert [h.key for h in handovers] == ["timed"]
+    timed = launcher.children["timed"]
+    assert timed.released
+    assert timed.running
+    assert timed.signals == [signal.SIGTERM]  # no SIGKILL after it was let go
+    assert launcher.children["revoked"].signals == [signal.SIGTERM, signal.SIGKILL]
+    assert {o.key: o.kind for o in recorder.outcomes} == {"revoked": OutcomeKind.TERMINATED}
 
 
 async def test_a_workload_still_launching_when_release_begins_is_handed_over_once_it_runs() -> None:

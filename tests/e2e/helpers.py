@@ -24,8 +24,15 @@ from tests.core.helpers import alive
 
 GUARD = 600.0
 DAGS = Path(__file__).with_name("dags")
-# Where the tasks of dags/ (switch.py, escapers.py) leave their marks and wait for their gate.
-TEST_DIR_ENVS = ("ALE_SWITCH_DIR", "ALE_ESCAPERS_DIR", "ALE_HANDOVER_DIR")
+# Where the tasks of dags/ (switch.py, escapers.py, handover*.py, chaos.py) and of
+# dags_descriptors/ leave their marks and wait for their gate.
+TEST_DIR_ENVS = (
+    "ALE_SWITCH_DIR",
+    "ALE_ESCAPERS_DIR",
+    "ALE_HANDOVER_DIR",
+    "ALE_CHAOS_DIR",
+    "ALE_DESCRIPTORS_DIR",
+)
 SWITCH_TASKS = 4  # the switch DAG's mapped tasks (dags/switch.py)
 # A restarted scheduler resets a dead one's task instances within seconds, not minutes.
 QUICK_ORPHANS = {
@@ -60,6 +67,11 @@ def marks(folder: Path, suffix: str) -> list[str]:
 def since(sandbox: AirflowSandbox, offset: int) -> str:
     """The scheduler's log from byte ``offset`` on."""
     return sandbox.process_logs["scheduler"].read_bytes()[offset:].decode(errors="replace")
+
+
+def log_size(sandbox: AirflowSandbox) -> int:
+    """Where the scheduler's log ends now: a test on a shared deployment reads it from there on (:func:`since`)."""
+    return sandbox.process_logs["scheduler"].stat().st_size
 
 
 def launched_workloads(sandbox: AirflowSandbox) -> dict[str, int]:
@@ -163,16 +175,15 @@ def stopped_outside_a_transaction(sandbox: AirflowSandbox, pid: int) -> Iterator
 
 
 def open_the_gate(
-    sandbox: AirflowSandbox, folder: Path, run_id: str
+    sandbox: AirflowSandbox, folder: Path, run_id: str, offset: int = 0
 ) -> tuple[list[tuple[str | None, int]], str]:
-    """Let the switch DAG's tasks finish; the run must succeed. Returns (state, try) per task and the scheduler log."""
+    """Let the switch DAG's tasks finish; the run must succeed. Returns (state, try) per task and the
+    scheduler log (from byte ``offset`` on)."""
     (folder / "gate").touch()
     poll("the run to finish", lambda: sandbox.run_state("switch", run_id) in ("success", "failed"))
     rows = sandbox.task_instances("switch", run_id)
     assert sandbox.run_state("switch", run_id) == "success", rows
-    return [(r.state, r.try_number) for r in rows], sandbox.process_logs["scheduler"].read_text(
-        errors="replace"
-    )
+    return [(r.state, r.try_number) for r in rows], since(sandbox, offset)
 
 
 def preload(sandbox: AirflowSandbox) -> dict[str, Any]:

@@ -17,6 +17,11 @@ queued it again, it writes only a new id onto a task instance that is ``queued``
 test writes that id itself (an UPDATE of the one column, as the clear's would be), as the race's timing
 cannot be produced on demand; everything else is real. Any event would fail that task instance, so the
 executor sends none, and puts it back to scheduled, as the scheduler would after its queued timeout.
+
+The three tests share one deployment (``shared=True``): each only runs the switch DAG and reads its own
+run (its tasks' marks and gate in its own folder, the scheduler's log from where it stood when the test
+began). The two starts that saves were each a fresh deployment of the same configuration; the first test
+still runs on a fresh one, and so does test_prefetch.py on this configuration.
 """
 
 from __future__ import annotations
@@ -30,13 +35,13 @@ import pytest
 import sqlalchemy as sa
 
 from harness.sandbox import AirflowSandbox
-from tests.e2e.helpers import open_the_gate, poll
+from tests.e2e.helpers import log_size, open_the_gate, poll, since
 
 QUEUED_WAITING = ["queued", "queued", "running", "running"]
 
 pytestmark = [
     pytest.mark.e2e,
-    pytest.mark.sandbox(parallelism=2, config={"AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "16"}),
+    pytest.mark.sandbox(parallelism=2, config={"AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "16"}, shared=True),
 ]
 
 # Airflow's task SDK client starting a task instance, as a workload's supervisor does first.
@@ -69,9 +74,10 @@ def _rows(sandbox: AirflowSandbox, run_id: str) -> list[Row]:
 
 
 def _two_waiting(sandbox: AirflowSandbox, tmp_path: Path) -> tuple[str, Row]:
-    """Trigger the switch DAG; return its run and one of the two task instances waiting in the executor."""
+    """Trigger the switch DAG, its tasks' marks and gate in ``tmp_path``; return its run and one of the two
+    task instances waiting in the executor."""
     sandbox.wait_for_dag("switch", timeout=120)
-    run_id = sandbox.trigger("switch")
+    run_id = sandbox.trigger("switch", {"folder": str(tmp_path)})
     poll(
         "two tasks running and two waiting inside the executor",
         lambda: (
@@ -83,6 +89,7 @@ def _two_waiting(sandbox: AirflowSandbox, tmp_path: Path) -> tuple[str, Row]:
 
 
 def test_a_task_cleared_while_its_workload_waits_runs_again(sandbox: AirflowSandbox, tmp_path: Path) -> None:
+    offset = log_size(sandbox)
     run_id, (index, old_id, _, _) = _two_waiting(sandbox, tmp_path)
     started = subprocess.run(
         [sys.executable, "-c", START, old_id],
@@ -98,7 +105,7 @@ def test_a_task_cleared_while_its_workload_waits_runs_again(sandbox: AirflowSand
     assert cleared[1] != old_id, cleared
     assert cleared[2] == "restarting", cleared
 
-    tries, log = open_the_gate(sandbox, tmp_path, run_id)
+    tries, log = open_the_gate(sandbox, tmp_path, run_id, offset)
     assert tries[index] == ("success", 2)
     assert "reported as ended, not failed" in log
     assert log.count("was cleared and successfully terminated") == 1
@@ -109,6 +116,7 @@ def test_a_task_cleared_while_its_workload_waits_runs_again(sandbox: AirflowSand
 def test_a_queued_task_given_a_new_id_while_its_workload_waits_is_not_failed(
     sandbox: AirflowSandbox, tmp_path: Path
 ) -> None:
+    offset = log_size(sandbox)
     run_id, (index, old_id, _, tries) = _two_waiting(sandbox, tmp_path)
     new_id = str(uuid.uuid4()) if "-" in old_id else uuid.uuid4().hex  # as the database stores it
     with sandbox.engine.begin() as connection:
@@ -116,7 +124,7 @@ def test_a_queued_task_given_a_new_id_while_its_workload_waits_is_not_failed(
             sa.text("UPDATE task_instance SET id = :new WHERE id = :old"), {"new": new_id, "old": old_id}
         )
 
-    tries_after, log = open_the_gate(sandbox, tmp_path, run_id)
+    tries_after, log = open_the_gate(sandbox, tmp_path, run_id, offset)
     assert [state for state, _ in tries_after] == ["success"] * len(tries_after)
     assert "no event is sent" in log
     # Put back to scheduled at once, not after [scheduler] task_queued_timeout (10 minutes), and run.
@@ -129,7 +137,9 @@ def test_a_queued_task_given_a_new_id_while_its_workload_waits_is_not_failed(
 
 def test_a_queued_row_of_another_executor_is_left_queued(sandbox: AirflowSandbox, tmp_path: Path) -> None:
     # The same stale clear, on a row that names another executor of the same scheduler (its job id is
-    # every executor's): that executor may be running the task instance, so it is not put back.
+    # every executor's): that executor may be running the task instance, so it is not put back. Its run
+    # stays running, that row queued, which holds no slot the tests after it on the shared deployment need.
+    offset = log_size(sandbox)
     run_id, (index, old_id, _, _) = _two_waiting(sandbox, tmp_path)
     new_id = str(uuid.uuid4()) if "-" in old_id else uuid.uuid4().hex
     with sandbox.engine.begin() as connection:
@@ -138,9 +148,8 @@ def test_a_queued_row_of_another_executor_is_left_queued(sandbox: AirflowSandbox
             {"new": new_id, "old": old_id},
         )
     (tmp_path / "gate").touch()
-    log = sandbox.process_logs["scheduler"]
-    poll("the requeue's verdict", lambda: "left queued" in log.read_text(errors="replace"))
-    said = log.read_text(errors="replace")
+    poll("the requeue's verdict", lambda: "left queued" in since(sandbox, offset))
+    said = since(sandbox, offset)
     assert "its row is for CeleryExecutor, which may be running it" in said
     assert "put back to scheduled" not in said
     [row] = [r for r in _rows(sandbox, run_id) if r[0] == index]

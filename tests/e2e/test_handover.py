@@ -27,6 +27,7 @@ import pytest
 from async_local_executor.core.proc_identity import start_ticks
 from harness.sandbox import AirflowSandbox
 from tests.core.helpers import alive
+from tests.e2e.dags.chaos_adoption import BASE_ENV, INJECTED, ONCE_ENV
 from tests.e2e.helpers import (
     QUICK_ORPHANS,
     bystander_at_recorded_pid,
@@ -182,7 +183,9 @@ def test_a_handed_over_task_whose_process_vanished_before_the_restart_is_reset_a
         lambda: "adopted 1 task instance(s)" in since(sandbox, offset),
     )
     started = since(sandbox, offset)
-    assert f"holding 1 running workload(s) a stopped scheduler handed over (pid {workload1})" in started
+    assert (
+        f"1 handed over by a stopped scheduler, 0 left running by a crashed one (pid {workload1})" in started
+    )
     assert "1 others are left for the scheduler to reset" in started, started
     _rerun_after_reset(sandbox, tmp_path, run_id, (workload0, task0), (workload1, task1))
 
@@ -206,7 +209,10 @@ def test_a_recorded_pid_another_process_runs_now_is_neither_adopted_nor_killed(
             lambda: "adopted 1 task instance(s)" in since(sandbox, offset),
         )
         started = since(sandbox, offset)
-        assert f"holding 1 running workload(s) a stopped scheduler handed over (pid {workload1})" in started
+        assert (
+            f"1 handed over by a stopped scheduler, 0 left running by a crashed one (pid {workload1})"
+            in started
+        )
         assert "1 others are left for the scheduler to reset" in started, started
         # hold0's real workload is no handed-over workload any more, only a process the stopped
         # executor left running: killed as any such survivor (found by its cgroup or its mark), or,
@@ -299,7 +305,10 @@ def test_an_adopted_task_times_out_when_what_was_left_of_its_limit_runs_out(
     assert sorted(p.name for p in tmp_path.glob("overrun*")) == [mark.name]
 
 
-TWICE_TIMEOUT = 90.0  # the executor's run-time limit per task, for a task adopted twice
+TWICE_TIMEOUT = 120.0  # the executor's run-time limit per task, for a task adopted twice
+# How long it runs before the stop: a limit counted twice would be over at TWICE_TIMEOUT - STOP_AFTER.
+STOP_AFTER = 45.0
+OPEN_AFTER = 85.0  # when its gate opens at the earliest: past that point, well inside its limit
 
 
 @pytest.mark.sandbox(
@@ -308,23 +317,140 @@ TWICE_TIMEOUT = 90.0  # the executor's run-time limit per task, for a task adopt
         "AIRFLOW__ASYNC_LOCAL_EXECUTOR__TERMINATION_GRACE_PERIOD": str(OVERRUN_GRACE),
     }
 )
-def test_a_task_adopted_twice_after_its_adopter_crashed_keeps_the_limit_counted_from_its_launch(
+def test_a_task_adopted_twice_after_its_adopter_crashed_finishes_inside_the_limit_counted_once(
     sandbox: AirflowSandbox, tmp_path: Path
 ) -> None:
-    # Handed over by a stop, adopted, then left behind by a crash of its adopter and adopted again: what
-    # the adopter recorded of it is what its launch said (its start, what was left of its limit), not
-    # its adoption.
-    run_id, task, workload, mark = _overrun_handed_over(sandbox, tmp_path)
+    # Handed over by a stop, adopted, then left behind by a crash of its adopter and adopted again: its
+    # limit is the deadline its launch set, whatever happened since. Its gate opens once a limit counted
+    # twice would have ended it, and well before its own deadline: it must end as it decides, at try 1.
+    sandbox.wait_for_dag("handover_overrun", timeout=120)
+    run_id = sandbox.trigger("handover_overrun")
+    poll("the task running", lambda: any(tmp_path.glob("overrun.try1.pid*.start")))
+    task = task_pid(tmp_path, "overrun.try1")
+    workload = psutil.Process(task).ppid()
+    [mark] = tmp_path.glob("overrun.try1.pid*.start")
     launched_by = mark.stat().st_mtime
+    poll("part of its limit to run", lambda: time.time() > launched_by + STOP_AFTER, guard=STOP_AFTER + 30)
+    before = sandbox.process_logs["scheduler"].stat().st_size
+    assert sandbox.signal_and_wait("scheduler", signal.SIGTERM, timeout=120) == 0
+    assert "handed over 1 running task workload(s)" in since(sandbox, before)
     offset = _restart(sandbox)
     poll("the first adoption", lambda: "adopted 1 task instance(s)" in since(sandbox, offset))
     sandbox.kill("scheduler")
-    assert alive(workload)
-    assert alive(task)
     offset = _restart(sandbox)
-    _ended_by_its_limit_from_launch(sandbox, offset, run_id, (task, workload), launched_by, TWICE_TIMEOUT)
+    poll("the second adoption", lambda: "adopted 1 task instance(s)" in since(sandbox, offset))
     text = since(sandbox, offset)
-    assert re.search(r"overrun try 1 ran longer than its [0-9.e+-]+s timeout; terminating it", text), text
+    assert "0 handed over by a stopped scheduler, 1 left running by a crashed one" in text, text
+    poll("the point a limit counted twice is past", lambda: time.time() > launched_by + OPEN_AFTER)
+    assert time.time() < launched_by + TWICE_TIMEOUT - SLACK, "too slow to tell: its limit is nearly out"
+    assert alive(task), since(sandbox, offset)
+    assert alive(workload)
+    (tmp_path / "gate").touch()
+    poll("the run to end", lambda: sandbox.run_state("handover_overrun", run_id) in ("success", "failed"))
     rows = sandbox.task_instances("handover_overrun", run_id)
-    assert [(r.state, r.try_number) for r in rows] == [("failed", 1)], rows
-    assert sorted(p.name for p in tmp_path.glob("overrun*")) == [mark.name]
+    assert [(r.state, r.try_number) for r in rows] == [("success", 1)], rows
+    assert "timeout; terminating it" not in since(sandbox, offset)
+    # One execution, which reached its end; nothing ran again.
+    assert sorted(p.name for p in tmp_path.glob("overrun*")) == sorted(
+        [mark.name, mark.name.replace(".start", ".end")]
+    )
+
+
+REPO = Path(__file__).resolve().parents[2]
+# The executor under test through the subclass that injects one retried adoption; armed only in the
+# scheduler started with ONCE_ENV=1.
+INJECTING = {
+    "AIRFLOW__CORE__EXECUTOR": "tests.e2e.dags.chaos_adoption.RetriedAdoptionExecutor",
+    BASE_ENV: "",  # its base: this executor's default class path
+    ONCE_ENV: "",
+    # The scheduler imports the subclass from this repository.
+    "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])),
+}
+ADOPTED = re.compile(r"adopted (\d+) task instance\(s\)")
+OFFER_GUARD = 180.0  # the restart to Airflow's retried offer: the scheduler's start and its first loop
+
+
+def _final_events(log: str, dag_id: str) -> list[tuple[str, int, int]]:
+    """The scheduler's executor events for a DAG's task instances that say how a try ended: (state, map
+    index, try)."""
+    events = re.findall(
+        rf"Received executor event with state (\w+) for task instance TaskInstanceKey\(dag_id='{dag_id}'"
+        r".*?try_number=(\d+), map_index=(-?\d+)\)",
+        log,
+    )
+    return [
+        (state, int(index), int(attempt))
+        for state, attempt, index in events
+        if state not in ("queued", "running")
+    ]
+
+
+def _queued_by(sandbox: AirflowSandbox, run_id: str) -> list[int | None]:
+    """The scheduler job each of the run's task instances names, by map index."""
+    rows = sandbox.query(
+        "SELECT queued_by_job_id FROM task_instance WHERE dag_id = 'handover' AND run_id = :run_id "
+        "ORDER BY map_index",
+        run_id=run_id,
+    )
+    return [None if r[0] is None else int(r[0]) for r in rows]
+
+
+def _last_scheduler_job(sandbox: AirflowSandbox) -> int:
+    """The job of the scheduler started last."""
+    return int(sandbox.query("SELECT max(id) FROM job WHERE job_type = 'SchedulerJob'")[0][0])
+
+
+def _restart_armed(sandbox: AirflowSandbox) -> int:
+    """Start the scheduler again with the injected error armed (for it alone); where its log begins."""
+    sandbox.reconfigure({ONCE_ENV: "1"})
+    try:
+        return _restart(sandbox)
+    finally:
+        sandbox.reconfigure({ONCE_ENV: ""})
+
+
+# PostgreSQL, the database whose deadlocks and dropped connections make Airflow retry the transaction.
+@pytest.mark.sandbox(database="postgres", config=INJECTING)
+def test_a_retried_adoption_gets_the_same_answer(sandbox: AirflowSandbox, tmp_path: Path) -> None:
+    """Airflow calls ``try_adopt_task_instances`` inside ``run_with_db_retries``: when its transaction
+    fails (a deadlock with another scheduler, a dropped connection), it rolls back (the task instances'
+    ``queued_by_job_id`` included) and asks again with the same task instances. The executor must adopt
+    them again; refused, Airflow would reset task instances whose workloads still run, and run them twice.
+
+    Injected: the restarted scheduler loads the executor through a subclass whose
+    ``try_adopt_task_instances`` raises ``OperationalError`` once, right after the real call adopted
+    something (tests/e2e/dags/chaos_adoption.py). A real deadlock at that point of Airflow's transaction
+    cannot be staged reliably. Everything else is real.
+    """
+    run_id, launched = _running(sandbox, tmp_path)
+    _stop(sandbox)
+    offset = _restart_armed(sandbox)
+
+    def retried() -> bool:
+        text = since(sandbox, offset)
+        return INJECTED in text and ADOPTED.search(text, text.index(INJECTED)) is not None
+
+    poll("Airflow to offer the task instances again after the injected error", retried, guard=OFFER_GUARD)
+    text = since(sandbox, offset)
+    assert text.count(INJECTED) == 1, text
+    # The first call adopted both, the error followed it, and the retry adopted the same two again.
+    calls = [(found.start(), found[1]) for found in ADOPTED.finditer(text)]
+    injected = text.index(INJECTED)
+    assert [n for at, n in calls if at < injected] == [str(TASKS)], text
+    assert [n for at, n in calls if at > injected] == [str(TASKS)], text
+    # The retried transaction is the one that committed: both task instances name the new scheduler's job.
+    poll(
+        "the adopted task instances to name the new scheduler's job",
+        lambda: _queued_by(sandbox, run_id) == [_last_scheduler_job(sandbox)] * TASKS,
+        guard=30,
+    )
+    _finish_after_adoption(sandbox, tmp_path, run_id, launched)
+    # Each end is reported once, by the scheduler that adopted it; the run's state comes from the task
+    # instances' own, so the events may still be on their way.
+    poll(
+        "both final events", lambda: len(_final_events(since(sandbox, offset), "handover")) >= TASKS, guard=60
+    )
+    text = since(sandbox, offset)
+    events = _final_events(text, "handover")
+    assert sorted(events) == [("success", i, 1) for i in range(TASKS)], events
+    assert "Reset the following" not in text, text

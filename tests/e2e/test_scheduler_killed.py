@@ -1,9 +1,12 @@
 """kill -9 of a real scheduler while tasks run: nothing it launched survives, and a restart finishes the run.
 
 What the parent-death chain reaches dies within seconds; what escaped it (a BashOperator's shell, in a
-session of its own) is killed by the restarted scheduler before it launches anything.
+session of its own) is killed by the restarted scheduler before it launches anything. So is Airflow's
+log server, which the scheduler forked before the executor started and which a kill -9 spares: it must
+not keep the dead scheduler's database connection (a transaction the kill cut short would keep its row
+locks, and the next scheduler would never queue a task) nor, once the next scheduler starts, run on.
 
-Nothing is mocked: a real Airflow on SQLite, the default fork-server launcher, real task processes.
+Nothing is mocked: a real Airflow on PostgreSQL, the default fork-server launcher, real task processes.
 """
 
 from __future__ import annotations
@@ -21,12 +24,16 @@ from tests.e2e.helpers import QUICK_ORPHANS, cmdline, poll
 # handover_timeout = 0: tasks die with their scheduler (the default's crash is tests/e2e/test_handover.py's).
 pytestmark = [
     pytest.mark.e2e,
-    pytest.mark.sandbox(config={**QUICK_ORPHANS, "AIRFLOW__ASYNC_LOCAL_EXECUTOR__HANDOVER_TIMEOUT": "0"}),
+    pytest.mark.sandbox(
+        database="postgres",
+        config={**QUICK_ORPHANS, "AIRFLOW__ASYNC_LOCAL_EXECUTOR__HANDOVER_TIMEOUT": "0"},
+    ),
 ]
 
 # The issue this guards against: upstream #23520, a task that outlives a killed scheduler and runs
 # beside its own retry after the restart.
 ORPHAN_DEADLINE = 10.0
+DATABASE_PORT = 5432  # the sandbox's PostgreSQL
 
 
 def test_no_task_process_outlives_a_killed_scheduler_and_a_restart_finishes(sandbox: AirflowSandbox) -> None:
@@ -41,9 +48,9 @@ def test_no_task_process_outlives_a_killed_scheduler_and_a_restart_finishes(sand
         ),
     )
     # The fork server, and per task its supervisor and the task process; the log server is Airflow's.
-    launched = [
-        p.pid for p in scheduler.children(recursive=True) if "serve-logs" not in " ".join(cmdline(p.pid))
-    ]
+    children = scheduler.children(recursive=True)
+    launched = [p.pid for p in children if "serve-logs" not in " ".join(cmdline(p.pid))]
+    [log_server] = [p for p in children if "serve-logs" in " ".join(cmdline(p.pid))]
     # What the parent-death chain covers stays in the scheduler's session; the BashOperator's shell
     # and its sleep left it.
     session = os.getsid(scheduler.pid)
@@ -61,6 +68,11 @@ def test_no_task_process_outlives_a_killed_scheduler_and_a_restart_finishes(sand
         time.sleep(0.1)
     # Nothing of the dead scheduler can reach these: only its successor's reclaim ends them.
     assert all(alive(pid) for pid in escaped), {pid: (alive(pid), cmdline(pid)) for pid in escaped}
+    # The log server runs on; of the database connections it was forked with, none is still open at
+    # the database's end: the scheduler closed them at its executor's start and used its own after.
+    assert log_server.is_running()
+    held = [c for c in log_server.net_connections("tcp") if c.raddr and c.raddr.port == DATABASE_PORT]
+    assert [c for c in held if c.status == psutil.CONN_ESTABLISHED] == [], held
 
     sandbox.restart("scheduler")
     poll("the run to finish", lambda: sandbox.run_state("sleepers", run_id) in ("success", "failed"))
@@ -70,6 +82,9 @@ def test_no_task_process_outlives_a_killed_scheduler_and_a_restart_finishes(sand
     log = sandbox.process_logs["scheduler"].read_text(errors="replace")
     for pid in escaped:
         assert f"killed pid {pid} (" in log
+    # The restarted scheduler's executor stopped the dead one's log server.
+    assert f"stopped airflow serve-logs (pid {log_server.pid})" in log
+    assert not alive(log_server.pid)
     # No try ran twice: every attempt's log holds one run of the task.
     logs = sorted((sandbox.logs_dir / "dag_id=sleepers" / f"run_id={run_id}").rglob("attempt=*.log"))
     assert len(logs) >= 4

@@ -118,4 +118,4 @@ def _status_shows_the_running_task(sandbox: AirflowSandbox) -> None:
     }
     [task] = status["running"]
     assert task["key"].startswith("stubborn.ignore_sigterm try ")
-    assert task["rss_mb"] > 10  # the workload process and the task process it supervises
+    assert task["memory_mb"] > 10  # the workload process and the task process it supervises

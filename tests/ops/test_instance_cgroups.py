@@ -16,11 +16,11 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from uuid import uuid4
 
-import psutil
 import pytest
 
 from async_local_executor.core.cgroups import Limits, Mode, WorkloadCgroup
 from async_local_executor.core.proc_identity import start_ticks
+from async_local_executor.ops import custody_dir
 from async_local_executor.ops.instance_cgroups import (
     LimitsUnavailable,
     instance_lives,
@@ -91,13 +91,6 @@ def test_an_instance_is_named_after_the_process_that_owns_it() -> None:
     assert owner_lives("someone-else")  # not named by this scheme: never reclaimed
 
 
-def test_an_older_versions_name_is_still_judged_by_its_owner() -> None:
-    # Before, the start was psutil's create_time in hundredths of a second.
-    started = psutil.Process().create_time()
-    assert owner_lives(f"{os.getpid()}-{round(started * 100)}-0123456789ab")
-    assert not owner_lives(f"{os.getpid()}-{round(started * 100) - 100}-0123456789ab")
-
-
 @pytest.mark.parametrize("step", [1.0, -1.0])
 def test_a_wall_clock_step_does_not_make_a_live_owner_look_dead(
     monkeypatch: pytest.MonkeyPatch, step: float
@@ -126,11 +119,23 @@ def test_an_instance_whose_journal_is_locked_lives_whatever_its_name_says(
 def test_without_a_journal_an_instance_is_judged_by_its_owner_process(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # Reclaimed already, as a crashed instance's journal is before its cgroups are looked at.
-    with caplog.at_level(logging.INFO, logger="async_local_executor.ops.instance_cgroups"):
+    # Another deployment's (its journal is in a state directory of its own), or a crashed or stopped
+    # instance's whose journal was reclaimed before its cgroups are looked at. A live one is left alone,
+    # and a predecessor whose journal this executor has just reclaimed is no news: only at DEBUG. Any
+    # other dead one is reclaimed here: said at INFO.
+    predecessor = "0123456789abcdef"
+    with caplog.at_level(logging.DEBUG, logger="async_local_executor.ops.instance_cgroups"):
         assert instance_lives(instance_name("0123456789ab"), tmp_path)
         assert not instance_lives(instance_name("0123456789ab", pid=_dead_pid()), tmp_path)
-    assert "no launch journal" in caplog.records[-1].getMessage()
+        assert not instance_lives(
+            instance_name(predecessor, pid=_dead_pid()), tmp_path, reclaimed=frozenset({predecessor})
+        )
+    judged = [
+        (record.levelname, record.getMessage().rpartition(", which ")[2])
+        for record in caplog.records
+        if "no launch journal" in record.getMessage()
+    ]
+    assert judged == [("DEBUG", "still runs"), ("INFO", "runs no more"), ("DEBUG", "runs no more")]
 
 
 def test_a_journal_that_cannot_be_opened_keeps_its_instances_cgroups(
@@ -254,7 +259,7 @@ def start_in(box: Scratch, cgroup: WorkloadCgroup, env: Mapping[str, str]) -> su
 
 @cgroups
 def test_a_held_workloads_cgroup_is_spared_while_another_dead_instances_is_reclaimed(
-    box: Scratch, tmp_path: Path
+    box: Scratch, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     journal_id = uuid4().hex
     holding = instance_name(journal_id, pid=_dead_pid())
@@ -292,16 +297,37 @@ def test_a_held_workloads_cgroup_is_spared_while_another_dead_instances_is_recla
     [held] = result.held
     assert (held.pid, held.cgroup) == (workload.pid, str(held_cgroup.path))
     assert alive(stray.pid)
-    containment = open_containment(
-        "c0ffee",
-        enabled=True,
-        root=box.root,
-        limits=Limits(),
-        journals=tmp_path,
-        spare=frozenset({str(held_cgroup.path)}),
-    )
+    with caplog.at_level(logging.DEBUG, logger="async_local_executor"):
+        containment = open_containment(
+            "c0ffee",
+            enabled=True,
+            root=box.root,
+            limits=Limits(),
+            journals=tmp_path,
+            spare=frozenset({str(held_cgroup.path)}),
+            reclaimed=frozenset(result.instances),
+        )
     box.instances.append(containment.instance)
     try:
+        assert [r.getMessage() for r in caplog.records if r.levelno == logging.INFO] == [
+            (
+                f"no launch journal in {tmp_path} for the executor instance of cgroup {dead}: judged by its owner "
+                f"process, pid {dead.split('-')[0]}, which runs no more"
+            ),
+            f"containment: {containment.describe()}",
+        ]
+        # Left alone on purpose (the executor says what it holds): above DEBUG only what was killed.
+        assert [
+            (r.levelname, r.getMessage()) for r in caplog.records if str(held_cgroup.path) in r.getMessage()
+        ] == [
+            (
+                "DEBUG",
+                f"cgroup {held_cgroup.path} of a stopped executor is left as it is: its workload was handed over",
+            )
+        ]
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
+            f"killed 1 process(es) left in cgroup w1 of a stopped executor (instance {dead})"
+        ]
         left.wait(cgroup_helpers.EMPTY_GUARD)
         assert gone(left.pid)
         assert not (box.directory / f"ale-{dead}").exists()
@@ -341,7 +367,7 @@ def test_a_workload_waiting_in_custody_is_spared_unless_its_instance_was_reclaim
         journals = tmp_path / "this-deployment"
         journals.mkdir()
 
-        with caplog.at_level(logging.INFO, logger="async_local_executor"):
+        with caplog.at_level(logging.DEBUG, logger="async_local_executor"):
             containment = open_containment(
                 "c0ffee",
                 enabled=True,
@@ -369,8 +395,47 @@ def test_a_workload_waiting_in_custody_is_spared_unless_its_instance_was_reclaim
                 assert waiting_cgroup.members() == [waiting.pid]
                 assert dead_cgroups.path is not None
                 assert dead_cgroups.path.is_dir()
-                assert spared in caplog.text
+                # Another deployment's, left alone on purpose: nothing for this one's operators above DEBUG.
+                assert [r.levelname for r in caplog.records if r.getMessage() == spared] == ["DEBUG"]
         finally:
             containment.close()
     finally:
         waiting.cleanup()
+
+
+@cgroups
+def test_a_stop_leaves_the_cgroups_of_what_it_handed_over_without_a_warning(
+    box: Scratch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    containment = open_containment("c0ffee", enabled=True, root=box.root, limits=Limits(), journals=tmp_path)
+    box.instances.append(containment.instance)
+    assert containment.path is not None
+    handed, left, ended = (containment.create(name) for name in ("w1", "w2", "w3"))
+    assert handed is not None
+    assert left is not None
+    assert ended is not None
+    # The handed-over workload and a task process it started; and what a workload that ended left behind
+    # (kill_leftover_processes off), which nobody was handed.
+    workload, task = start_in(box, handed, os.environ), start_in(box, handed, os.environ)
+    start_in(box, left, os.environ)
+    # As the stop does for each workload it hands over, before it closes its cgroups.
+    custody = custody_dir.path(tmp_path)
+    custody.mkdir(mode=0o700)
+    start = start_ticks(workload.pid)
+    assert start is not None
+    custody_dir.name_owner(custody, workload.pid, start)
+
+    with caplog.at_level(logging.DEBUG, logger="async_local_executor"):
+        containment.close()
+
+    assert alive(workload.pid)
+    assert alive(task.pid)
+    assert all(directory.is_dir() for directory in [handed.path, *handed.v1.values(), containment.path])
+    assert not any(directory.exists() for directory in [ended.path, *ended.v1.values()])
+    warnings = [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]
+    # Only the leftover nobody was handed is news, in each hierarchy it is in.
+    left_dirs = [left.path, *left.v1.values()]
+    assert sorted(warnings) == sorted(
+        f"cannot remove cgroup {directory}: Device or resource busy" for directory in left_dirs
+    )
+    assert f"w1: pid {workload.pid}" in caplog.text

@@ -5,6 +5,7 @@ Each race is driven deterministically: the other party runs from a hook at the e
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
@@ -13,9 +14,9 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 
+from async_local_executor.core.proc_identity import start_ticks
 from async_local_executor.ops import journal_file, reclaim
 from async_local_executor.ops.journal import LaunchJournal
 from async_local_executor.ops.journal import reclaim as reclaim_all
@@ -97,7 +98,7 @@ def dead_journal(directory: Path, pid: int, name: str = "dead") -> Path:
     path = directory / f"{name}{SUFFIX}"
     lines = [
         {"instance": name, "owner": "gone", "pid": 1, "opened": 0},
-        {"+": pid, "start": psutil.Process(pid).create_time(), "key": "left running"},
+        {"+": pid, "start_ticks": start_ticks(pid), "key": "left running"},
     ]
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return path
@@ -150,18 +151,18 @@ def test_lines_not_in_the_journals_format_are_skipped_with_one_warning_naming_it
     tmp_path: Path, sleeper: int, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = tmp_path / f"odd{SUFFIX}"
-    start = psutil.Process(sleeper).create_time()
+    start = start_ticks(sleeper)
     lines = [
         "[]",  # a header that is not an object
         "3",
         '"x"',
         "null",
         json.dumps({"+": sleeper}),  # no start time: not to be killed by pid
-        json.dumps({"+": str(sleeper), "start": start, "key": "a string pid"}),
-        json.dumps({"+": -1, "start": start, "key": "a negative pid"}),
+        json.dumps({"+": str(sleeper), "start_ticks": start, "key": "a string pid"}),
+        json.dumps({"+": -1, "start_ticks": start, "key": "a negative pid"}),
         json.dumps({"-": [sleeper]}),
         json.dumps({"launched": sleeper}),
-        json.dumps({"+": sleeper, "start": start, "key": "recorded"}),
+        json.dumps({"+": sleeper, "start_ticks": start, "key": "recorded"}),
     ]
     path.write_text("\n".join(lines) + '\n{"+": 1')  # and a last line cut short by the crash
     caplog.set_level(logging.WARNING, "async_local_executor.ops.journal")
@@ -192,3 +193,32 @@ def test_what_is_not_a_regular_file_under_a_journals_name_is_skipped_without_blo
 
     assert alive(sleeper)
     assert any(str(path) in r.getMessage() for r in caplog.records)
+
+
+def test_a_compaction_that_finds_the_descriptor_table_full_is_tried_again_and_loses_no_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sleeper: int
+) -> None:
+    # EMFILE raised at the compaction's one open: a full table cannot be made to fail that call alone.
+    monkeypatch.setattr("async_local_executor.ops.journal._COMPACT_SLACK", 2)
+    real = journal_file.install_locked
+    full = [False]
+
+    def install_locked(path: Path, content: bytes) -> int:
+        if full[0]:
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return real(path, content)
+
+    monkeypatch.setattr("async_local_executor.ops.journal.install_locked", install_locked)
+    journal = LaunchJournal.open(tmp_path, owner="full")
+    full[0] = True
+    for _ in range(4):  # over the slack: each line tries a compaction, which fails
+        journal.started(os.getpid(), "comes and goes")
+        journal.ended(os.getpid())
+    journal.started(sleeper, "written while the table is full")
+    assert live_pids(journal.path) == {sleeper: "written while the table is full"}
+    full[0] = False
+    journal.started(os.getpid(), "after")
+    journal.ended(os.getpid())
+    assert live_pids(journal.path) == {sleeper: "written while the table is full"}
+    assert len(journal.path.read_bytes().splitlines()) <= 4  # compacted once there was room
+    journal.close()

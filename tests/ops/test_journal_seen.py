@@ -107,17 +107,19 @@ def test_a_seen_pid_is_killed_only_while_it_runs_as_the_process_that_was_seen(
     gone.kill()
     gone.wait()  # the launches' own processes: no longer running
 
-    def start(proc: subprocess.Popen[bytes]) -> float:
-        return float(psutil.Process(proc.pid).create_time())
+    def start(proc: subprocess.Popen[bytes]) -> int:
+        ticks = start_ticks(proc.pid)
+        assert ticks is not None
+        return ticks
 
     lines = [
         {"instance": "dead", "owner": "gone", "pid": 1, "opened": 0},
-        {"+": gone.pid, "start": 1.0, "key": "running try"},
-        {"seen": matching.pid, "start": start(matching), "of": gone.pid},
+        {"+": gone.pid, "start_ticks": 1, "key": "running try"},
+        {"seen": matching.pid, "start_ticks": start(matching), "of": gone.pid},
         # Its pid was reused: the process seen under it started long before this one.
-        {"seen": stranger.pid, "start": start(stranger) - 1000.0, "of": gone.pid},
-        {"+": 2, "start": 1.0, "key": "ended try"},
-        {"seen": of_an_ended_launch.pid, "start": start(of_an_ended_launch), "of": 2},
+        {"seen": stranger.pid, "start_ticks": start(stranger) - 1000, "of": gone.pid},
+        {"+": 2, "start_ticks": 1, "key": "ended try"},
+        {"seen": of_an_ended_launch.pid, "start_ticks": start(of_an_ended_launch), "of": 2},
         {"-": 2},
     ]
     (tmp_path / f"dead{SUFFIX}").write_text("".join(json.dumps(line) + "\n" for line in lines))

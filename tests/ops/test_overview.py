@@ -20,7 +20,7 @@ from async_local_executor.core.health import Health, Report, Thresholds, Verdict
 from async_local_executor.core.state import LaunchFailure, RunningWorkload
 from async_local_executor.ops import cli, overview
 from async_local_executor.ops.status import StatusWriter, status_path
-from async_local_executor.ops.status_read import STALE_AFTER, read_all
+from async_local_executor.ops.status_read import STALE_AFTER, Found, read_all
 from tests.core.helpers import py
 from tests.states import quiet
 
@@ -220,26 +220,62 @@ def test_what_a_status_file_says_in_words_never_goes_public(tmp_path: Path) -> N
     assert "secret_mod" not in json.dumps(instance)
 
 
-def test_an_adopted_workload_is_marked_in_the_file_the_dashboard_and_the_status_command(
-    tmp_path: Path,
-) -> None:
+def rendered(found: list[Found], directory: Path) -> str:
+    out = io.StringIO()
+    Console(file=out, width=200).print(cli.render(found, directory))
+    return out.getvalue()
+
+
+def test_a_handed_over_workload_is_marked_held_until_claimed_then_adopted(tmp_path: Path) -> None:
+    # Three workloads of this process's (no cgroup of their own: their memory comes from /proc): one a
+    # predecessor handed over whose task instance Airflow has not offered yet, one it offered and the
+    # executor claimed, and one launched here.
+    held, claimed, launched = os.getpid(), os.getppid(), os.getpid()
     state = quiet(
         running=(
-            RunningWorkload("etl.load[3] try 2", os.getpid(), time.time() - 5, "default", adopted=True),
-            RunningWorkload("etl.load[4] try 1", os.getpid(), time.time() - 1, "default"),
+            RunningWorkload("etl.load[3] try 2", held, time.time() - 5, "default", adopted=True),
+            RunningWorkload("etl.load[5] try 1", claimed, time.time() - 3, "default", adopted=True),
+            RunningWorkload("etl.load[4] try 1", launched, time.time() - 1, "default"),
         )
+    )
+    writer = StatusWriter(
+        status_path(tmp_path, "a"),
+        {"instance": "a", "pid": os.getpid(), "parallelism": 4},
+        claimed=lambda pid: pid == claimed,
+    )
+    writer.write(Report(time.monotonic(), 0.0, 0.0, Health(Verdict.HEALTHY), state))
+
+    [found] = read_all(tmp_path)
+    assert [(row.get("adoption"), row.get("adopted")) for row in found.data["running"]] == [
+        ("held", None),
+        ("adopted", True),  # adopted: what an earlier version's reader marks
+        (None, None),
+    ]
+    [shown] = overview.status([found], HOST, time.time(), tmp_path)["executors"]
+    assert [(w["task"], w.get("adoption")) for w in shown["running"]] == [
+        ("etl.load[3]", "held"),
+        ("etl.load[5]", "adopted"),
+        ("etl.load[4]", None),
+    ]
+    lines = rendered([found], tmp_path).splitlines()
+    assert [line.split("  ")[0] for line in lines if line.startswith("etl.")] == [
+        "etl.load[3] try 2 (held for adoption)",
+        "etl.load[5] try 1 (adopted)",
+        "etl.load[4] try 1",
+    ]
+
+
+def test_a_workload_an_earlier_version_marked_adopted_is_shown_adopted(tmp_path: Path) -> None:
+    # Earlier versions wrote only adopted = true, from the hold on; and a writer not told which ones are
+    # claimed writes what they wrote.
+    state = quiet(
+        running=(RunningWorkload("etl.load[3] try 2", os.getpid(), time.time() - 5, "default", adopted=True),)
     )
     writer = StatusWriter(status_path(tmp_path, "a"), {"instance": "a", "pid": os.getpid(), "parallelism": 4})
     writer.write(Report(time.monotonic(), 0.0, 0.0, Health(Verdict.HEALTHY), state))
     [found] = read_all(tmp_path)
-    assert [row.get("adopted", False) for row in found.data["running"]] == [True, False]
+    assert found.data["running"][0]["adopted"] is True
+    assert "adoption" not in found.data["running"][0]
     [shown] = overview.status([found], HOST, time.time(), tmp_path)["executors"]
-    assert [(w["task"], w.get("adopted", False)) for w in shown["running"]] == [
-        ("etl.load[3]", True),
-        ("etl.load[4]", False),
-    ]
-    out = io.StringIO()
-    Console(file=out, width=200).print(cli.render([found], tmp_path))
-    text = out.getvalue()
-    assert "etl.load[3] try 2 (adopted)" in text
-    assert "etl.load[4] try 1 (adopted)" not in text
+    assert shown["running"][0]["adoption"] == "adopted"
+    assert "etl.load[3] try 2 (adopted)" in rendered([found], tmp_path)

@@ -9,9 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psutil
 import pytest
 
+from async_local_executor.core.proc_identity import start_ticks
 from async_local_executor.ops import journal as registry
 from async_local_executor.ops import journal_file
 from async_local_executor.ops.journal import INSTANCE_ENV, SUFFIX, LaunchJournal, ReclaimResult, reclaim
@@ -95,12 +95,13 @@ def test_a_live_executors_journal_and_processes_are_left_alone(tmp_path: Path, s
 def test_a_recorded_pid_now_held_by_another_process_is_not_killed(tmp_path: Path, spawned: list[int]) -> None:
     stranger = subprocess.Popen(SLEEP)
     spawned.append(stranger.pid)
-    started = psutil.Process(stranger.pid).create_time()
+    started = start_ticks(stranger.pid)
+    assert started is not None
     # A dead instance's journal (no one holds its lock) that recorded this pid for a process that
     # started long before: the pid was reused. Its last line was cut short by the crash.
     lines = [
         {"instance": "dead", "owner": "gone", "pid": 1, "opened": 0},
-        {"+": stranger.pid, "start": started - 1000.0, "key": "old task"},
+        {"+": stranger.pid, "start_ticks": started - 1000, "key": "old task"},
     ]
     text = "".join(json.dumps(line) + "\n" for line in lines) + '{"+": 12'
     (tmp_path / f"dead{SUFFIX}").write_text(text)

@@ -11,10 +11,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 
 from async_local_executor.core.health import Health, Report, Verdict
+from async_local_executor.core.proc_identity import start_ticks
 from async_local_executor.ops import recovery, state_dir, status_read
 from async_local_executor.ops.journal_file import SUFFIX
 from async_local_executor.ops.reclaim import reclaim
@@ -40,7 +40,7 @@ def plant(directory: Path, pid: int, instance: str = "planted") -> None:
     """What another user with write access could leave: a dead instance's journal naming ``pid``."""
     lines = [
         {"instance": instance, "owner": "someone else", "pid": 1, "opened": 0},
-        {"+": pid, "start": psutil.Process(pid).create_time(), "key": "a task"},
+        {"+": pid, "start_ticks": start_ticks(pid), "key": "a task"},
     ]
     (directory / f"{instance}{SUFFIX}").write_text("".join(json.dumps(line) + "\n" for line in lines))
 

@@ -42,6 +42,9 @@ while time.process_time() < 0.3:
 print('ready', flush=True)
 sys.stdin.readline()
 """
+# BUSY's 64 MiB, then a child forked after them, which maps the same pages copy-on-write: /proc counts
+# them once per process, the cgroup once (as a task forked from the fork server shares its pages).
+SHARING = BUSY.replace("print('ready'", "import os\nif os.fork() == 0:\n    time.sleep(600)\nprint('ready'")
 CONTAINMENT = {"mode": "cgroup2", "detail": "cgroup2 at /sys/fs/cgroup/ale-x (limits: memory via cgroup v1)"}
 
 
@@ -78,7 +81,7 @@ def test_a_workload_without_a_cgroup_has_its_memory_from_proc(plain: subprocess.
     [row] = document(report_of(running(plain.pid, "plain")), {})["running"]
     assert row["memory_from"] == "proc"
     assert row["memory_mb"] >= 60
-    assert row["rss_mb"] == row["memory_mb"]
+    assert "rss_mb" not in row
     assert (row["peak_mb"], row["cpu_s"]) == (None, None)
 
 
@@ -101,8 +104,40 @@ def test_a_contained_workload_has_its_memory_and_cpu_from_its_cgroup(
     if "memory" not in containment.controllers:
         pytest.skip(f"no memory accounting here ({containment.describe()})")
     assert contained["memory_mb"] >= 60
-    assert contained["rss_mb"] == contained["memory_mb"]
     assert contained["peak_mb"] >= contained["memory_mb"]
+
+
+@needs_cgroups
+def test_an_adopted_workload_is_accounted_from_its_cgroup_as_before_its_handover(
+    box: Scratch, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its cgroup was made by the executor that launched it; the one that adopted it has only its pid.
+    launched_by = box.open()
+    cgroup = launched_by.create("w1")
+    assert cgroup is not None
+    child = box.start(SHARING, cgroup)
+    assert read_line(child) == "ready"
+    [before] = document(report_of(running(child.pid, "t", cgroup)), {})["running"]
+    adopted = RunningWorkload("t", child.pid, time.time(), "default", adopted=True)
+
+    def no_scan(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("scanned /proc")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(psutil, "process_iter", no_scan)
+        writer = StatusWriter(status_path(tmp_path, "x"), {"instance": "x"})
+        writer.write(report_of(adopted))
+    [after] = json.loads(writer.path.read_text())["running"]
+
+    assert after["memory_from"] == "cgroup"
+    assert after["cpu_s"] >= 0.3
+    if "memory" not in launched_by.controllers:
+        pytest.skip(f"no memory accounting here ({launched_by.describe()})")
+    # What /proc would say: the shared pages twice.
+    assert (status.tree_rss([child.pid])[child.pid] or 0) >= 120 * MiB
+    assert 60 <= after["memory_mb"] < 100
+    assert after["memory_mb"] == pytest.approx(before["memory_mb"], abs=2)
+    assert after["peak_mb"] == pytest.approx(before["peak_mb"], abs=2)
 
 
 @needs_cgroups
@@ -137,7 +172,7 @@ def test_a_cgroup_that_is_gone_or_unreadable_gives_no_numbers_and_the_file_is_st
     rows = json.loads(writer.path.read_text())["running"]
     for row in rows:
         assert row["memory_from"] == "cgroup"
-        assert [row[k] for k in ("memory_mb", "rss_mb", "peak_mb", "cpu_s")] == [None] * 4
+        assert [row[k] for k in ("memory_mb", "peak_mb", "cpu_s")] == [None] * 3
 
 
 def rendered(directory: Path) -> str:
@@ -189,18 +224,12 @@ def test_the_status_table_shows_memory_peak_cpu_and_the_containment(
     assert rows["plain"][-3:] == ["5.0", "-", "-"]
 
 
-def test_the_status_table_says_when_nothing_is_contained_and_reads_an_older_file(tmp_path: Path) -> None:
-    path = status_path(tmp_path, "old")
-    old_row = {"key": "t", "pid": 7, "queue": "default", "age_s": 3.0, "rss_mb": 42.5}
+def test_the_status_table_says_when_nothing_is_contained(tmp_path: Path) -> None:
+    path = status_path(tmp_path, "none")
     writer = StatusWriter(
-        path, {"instance": "old", "containment": {"mode": "none", "detail": "none: no cgroup2 mount"}}
+        path, {"instance": "none", "containment": {"mode": "none", "detail": "none: no cgroup2 mount"}}
     )
     writer.write(report_of())
-    data = json.loads(path.read_text())
-    data["running"] = [old_row]  # as an earlier version wrote it: no memory_mb, peak_mb, cpu_s
-    path.write_text(json.dumps(data))
 
     lines = rendered(tmp_path).splitlines()
     assert "  containment: none: no cgroup2 mount" in lines
-    [row] = [line.split() for line in lines if line.startswith("t ")]
-    assert row[-3:] == ["42.5", "-", "-"]

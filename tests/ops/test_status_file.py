@@ -21,7 +21,7 @@ from async_local_executor.core.proc_identity import start_ticks
 from async_local_executor.ops import cli, files, recovery
 from async_local_executor.ops.journal import LaunchJournal
 from async_local_executor.ops.journal_file import SUFFIX
-from async_local_executor.ops.status import START_KEY, START_TICKS_KEY, StatusWriter, read_all, status_path
+from async_local_executor.ops.status import START_TICKS_KEY, StatusWriter, read_all, status_path
 from tests.core.clock_step import step_wall_clock
 from tests.core.helpers import GUARD
 from tests.processes import SLEEP, read_line
@@ -60,7 +60,7 @@ def test_the_writer_records_its_process_start_time(tmp_path: Path) -> None:
     data = json.loads(write(tmp_path, "me").read_text())
     assert data["pid"] == os.getpid()
     assert data[START_TICKS_KEY] == start_ticks(os.getpid())
-    assert data[START_KEY] == psutil.Process().create_time()  # for the readers of older versions
+    assert "pid_start" not in data
 
 
 def test_a_live_writer_without_a_journal_stays_alive_when_the_wall_clock_steps(
@@ -79,8 +79,9 @@ def test_a_crashed_schedulers_file_goes_though_its_pid_now_runs_another_process(
 ) -> None:
     # A container restarted with its filesystem kept: the crashed scheduler's pid is reused.
     pid = os.getpid() if reused_by == "this scheduler" else stranger.pid
-    crashed = psutil.Process(pid).create_time() - 1000.0
-    path = write(tmp_path, "crashed", pid=pid, **{START_KEY: crashed})
+    started = start_ticks(pid)
+    assert started is not None
+    path = write(tmp_path, "crashed", pid=pid, **{START_TICKS_KEY: started - 1000})
 
     [found] = read_all(tmp_path)
     assert found.gone
@@ -97,7 +98,7 @@ def test_a_live_executor_in_another_pid_namespace_keeps_its_file_until_it_dies(t
     try:
         instance = read_line(holder).strip()
         # Its pid means nothing here: only its journal's lock tells that it lives.
-        path = write(tmp_path, instance, pid=FOREIGN_PID, **{START_KEY: 1.0})
+        path = write(tmp_path, instance, pid=FOREIGN_PID, **{START_TICKS_KEY: 1})
         [found] = read_all(tmp_path)
         assert (found.gone, found.stale) == (False, None)
         recovery.reclaim_then_open(tmp_path, owner="neighbour").journal.close()
@@ -111,7 +112,7 @@ def test_a_live_executor_in_another_pid_namespace_keeps_its_file_until_it_dies(t
     assert list(tmp_path.iterdir()) == [tmp_path / "custody"]
 
 
-def old_format(directory: Path, instance: str, pid: int) -> Path:
+def without_start(directory: Path, instance: str, pid: int) -> Path:
     path = status_path(directory, instance)
     path.write_text(json.dumps({"instance": instance, "pid": pid, "written_at": time.time()}))
     return path
@@ -128,7 +129,7 @@ def old_format(directory: Path, instance: str, pid: int) -> Path:
         ("unlocked", "stranger", False),
     ],
 )
-def test_an_older_versions_file_is_alive_only_while_its_pid_runs_and_its_journal_is_held(
+def test_a_file_without_a_start_time_is_alive_only_while_its_pid_runs_and_its_journal_is_held(
     tmp_path: Path, stranger: psutil.Process, journal: str, pid: str, alive: bool
 ) -> None:
     pids = {"stranger": stranger.pid, "foreign": FOREIGN_PID, "mine": os.getpid()}
@@ -139,7 +140,7 @@ def test_an_older_versions_file_is_alive_only_while_its_pid_runs_and_its_journal
         instance = held.instance
     elif journal == "unlocked":
         (tmp_path / f"{instance}{SUFFIX}").write_text("{}\n")
-    old_format(tmp_path, instance, pids[pid])
+    without_start(tmp_path, instance, pids[pid])
     [found] = read_all(tmp_path)
     assert found.gone is not alive
     if held is not None:
@@ -150,7 +151,7 @@ def test_an_older_versions_file_is_alive_only_while_its_pid_runs_and_its_journal
     "content",
     ["[]", "3", '"x"', "null", "{}", '{"pid": "7", "written_at": 1}', '{"pid": 7, "written_at": "x"}',
      '{"pid": 7, "written_at": 1e999}', '{"pid": 7, "written_at": NaN}', '{"written_at": 1}',
-     '{"pid": 7, "written_at": 1, "pid_start": "x"}', "[" * 100_000, "\x00\xff"],
+     '{"pid": 7, "written_at": 1, "pid_start_ticks": "x"}', "[" * 100_000, "\x00\xff"],
 )  # fmt: skip
 # A file with the pid and time of a writer but another field of the wrong kind is read without that
 # field (test_status_malformed).
@@ -216,7 +217,7 @@ def test_the_status_writer_follows_no_link_planted_beside_its_file(tmp_path: Pat
     victim = tmp_path / "victim"
     victim.write_text("precious")
     final = status_path(tmp_path, "planted")
-    # The fixed temporary name earlier versions wrote through, and the link would send the write to.
+    # A fixed temporary name a writer could be made to write through, and the link would send the write to.
     (tmp_path / f".{final.name}.tmp").symlink_to(victim)
 
     write(tmp_path, "planted")

@@ -1,21 +1,25 @@
 """Running task instances across a scheduler restart: what a stop records of each, and which ones a
 successor holds until Airflow offers them for adoption.
 
-A stopping executor hands each running task workload over (``on_stop = handover``) with what names its
-task instance (:func:`handover_info`). The next executor on the host holds every workload handed over
-that still runs (``ops/recovery.py`` says which) from its start, and Airflow offers their task instances
-through ``try_adopt_task_instances``: after a stop at once, after a crash once the dead scheduler's
-job is older than ``[scheduler] scheduler_health_check_threshold``, at the next orphan check.
+Each task workload has one :class:`TaskRecord`, made at its launch and carried unchanged through every
+stop, crash and adoption: what names its task instance, and the deadline of its run-time limit on the
+boot clock. A stopping executor hands each running task workload over (``on_stop = handover``) with it;
+the next executor of the same deployment and team holds every workload handed over that still runs
+(``ops/recovery.py`` says which) from its start, and Airflow offers their task instances through
+``try_adopt_task_instances``: after a stop at once, after a crash once the dead scheduler's job is older
+than ``[scheduler] scheduler_health_check_threshold``, at the next orphan check.
 
-Rule: a held workload is supervised (it holds a slot, its timeout and stops apply) from the start, and
-its end becomes Airflow's event only once its task instance was offered and claimed: until then, an
-end is kept for that moment. A task instance offered that no held workload runs is refused, and Airflow
-resets it as before.
+Rule: a held workload is supervised (it holds a slot, its limit and stops apply) from the start, and
+its end becomes Airflow's event only once its task instance was offered and claimed (:class:`Adoptions`,
+which answers the same when asked twice): until then, an end is kept for that moment. A task instance
+offered that no held workload runs is refused, and Airflow resets it as before.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -25,93 +29,179 @@ from async_local_executor.core.outcome import Outcome
 
 log = logging.getLogger(__name__)
 
-INFO_VERSION = 1  # what a record written by this version holds; another version's is refused cleanly
+RECORD_VERSION = 2  # what a record written by this version holds; another version's is refused cleanly
 
 
-def handover_info(key: TaskInstanceKey, ti_id: str | None, launched: float) -> dict[str, object]:
-    """What the journal records of a handed-over task workload, for its successor to adopt it by."""
-    return {
-        "v": INFO_VERSION,
-        "dag_id": key.dag_id,
-        "task_id": key.task_id,
-        "run_id": key.run_id,
-        "try_number": key.try_number,
-        "map_index": key.map_index,
-        "ti_id": ti_id,
-        "launched": launched,
-    }
+def boot_clock() -> float:
+    """Seconds on ``CLOCK_BOOTTIME``: the clock every workload's deadline is on.
+
+    It is the kernel's, the same in every process (a successor reads the deadline its predecessor
+    recorded), and neither a step of the wall clock nor a suspend of the host stops or moves it.
+    """
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
 class UnknownRecord(ValueError):
-    """A handover record this version cannot read (written by another version, or damaged)."""
+    """A task record this version cannot read (written by another version, or damaged)."""
 
 
-def key_of(info: Mapping[str, object]) -> TaskInstanceKey:
-    """The task instance key a handover record names.
+@dataclass(frozen=True)
+class TaskRecord:
+    """What names a task workload's task instance and bounds its run, from its launch on.
 
-    :raises UnknownRecord: it names none this version can read
+    Made once, at the workload's launch, and carried unchanged through every handover, stop or crash:
+    the launch journal holds it (a crash hands the workload over with it), a stop's handover line
+    repeats it, and the executor that adopts the workload records the same one in its own journal.
     """
-    if info.get("v") != INFO_VERSION:
-        raise UnknownRecord(f"record version {info.get('v')!r}, this version reads {INFO_VERSION}")
+
+    key: TaskInstanceKey
+    ti_id: str | None
+    launched: float
+    """Wall clock of the launch, for what operators see; never for a limit."""
+    deadline: float | None
+    """When its run-time limit runs out, on :func:`boot_clock`; None for no limit."""
+
+    @classmethod
+    def at_launch(
+        cls, key: TaskInstanceKey, ti_id: str | None, timeout: float | None, *, wall: float, boot: float
+    ) -> TaskRecord:
+        return cls(key, ti_id, wall, boot + timeout if timeout is not None else None)
+
+    def timeout_left(self, boot: float) -> float | None:
+        """What is left of its limit at ``boot`` (a run past its deadline gets the least limit there is)."""
+        return None if self.deadline is None else max(0.001, self.deadline - boot)
+
+    def to_json(self) -> dict[str, object]:
+        key = self.key
+        return {
+            "v": RECORD_VERSION,
+            "dag_id": key.dag_id,
+            "task_id": key.task_id,
+            "run_id": key.run_id,
+            "try_number": key.try_number,
+            "map_index": key.map_index,
+            "ti_id": self.ti_id,
+            "launched": self.launched,
+            "deadline": self.deadline,
+        }
+
+    @classmethod
+    def from_json(cls, info: Mapping[str, object]) -> TaskRecord:
+        """The record ``info`` holds.
+
+        :raises UnknownRecord: it holds none this version can read
+        """
+        if info.get("v") != RECORD_VERSION:
+            raise UnknownRecord(f"record version {info.get('v')!r}, this version reads {RECORD_VERSION}")
+        try:
+            dag_id, task_id, run_id = (info[name] for name in ("dag_id", "task_id", "run_id"))
+            try_number, map_index = info["try_number"], info["map_index"]
+            ti_id, launched, deadline = info["ti_id"], info["launched"], info["deadline"]
+        except KeyError as exc:
+            raise UnknownRecord(f"no {exc.args[0]}") from None
+        if not all(isinstance(part, str) for part in (dag_id, task_id, run_id)):
+            raise UnknownRecord("dag_id, task_id and run_id must be strings")
+        if type(try_number) is not int or type(map_index) is not int:
+            raise UnknownRecord("try_number and map_index must be integers")
+        if ti_id is not None and not isinstance(ti_id, str):
+            raise UnknownRecord("ti_id must be a string or null")
+        if not _seconds(launched) or (deadline is not None and not _seconds(deadline)):
+            raise UnknownRecord("launched and deadline must be finite numbers of seconds")
+        key = TaskInstanceKey(str(dag_id), str(task_id), str(run_id), try_number, map_index)
+        return cls(key, ti_id, float(launched), None if deadline is None else float(deadline))  # type: ignore[arg-type]
+
+
+def _seconds(value: object) -> bool:
     try:
-        dag_id, task_id, run_id = (info[name] for name in ("dag_id", "task_id", "run_id"))
-        try_number, map_index = info["try_number"], info["map_index"]
-    except KeyError as exc:
-        raise UnknownRecord(f"no {exc.args[0]}") from None
-    if not all(isinstance(part, str) for part in (dag_id, task_id, run_id)):
-        raise UnknownRecord("dag_id, task_id and run_id must be strings")
-    if type(try_number) is not int or type(map_index) is not int:
-        raise UnknownRecord("try_number and map_index must be integers")
-    return TaskInstanceKey(str(dag_id), str(task_id), str(run_id), try_number, map_index)
-
-
-def launched_at(info: Mapping[str, object]) -> float | None:
-    value = info.get("launched")
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    except OverflowError:  # an integer too large for a float
+        return False
 
 
 @dataclass
-class Held:
-    """One handed-over workload this executor supervises, until its task instance is claimed."""
+class Adoption:
+    """One handed-over workload this executor supervises, from its hold until its end is Airflow's."""
 
     key: TaskInstanceKey
     pid: int
     label: str
+    held_at: float = 0.0  # monotonic: when it was held
     claimed: bool = False
     ended: Outcome | None = field(default=None, repr=False)  # its end, while unclaimed
 
 
-class Holding:
-    """The held workloads by task instance key. Scheduler thread only."""
+class Adoptions:
+    """The held workloads by task instance key. Scheduler thread only.
+
+    A claim gives the same answer when asked twice: Airflow asks again with the same task instances
+    when the database transaction around its first question failed (``run_with_db_retries``), and a
+    task instance adopted once must not be refused then, nor its end given twice.
+    """
 
     def __init__(self) -> None:
-        self._held: dict[TaskInstanceKey, Held] = {}
+        self._held: dict[TaskInstanceKey, Adoption] = {}
+        self._claimed: set[TaskInstanceKey] = set()  # every key claimed, also once its end was given
+        self._claimed_pids: frozenset[int] = frozenset()  # replaced whole: the status writer reads it
 
-    def hold(self, held: Held) -> None:
-        self._held[held.key] = held
+    def hold(self, adoption: Adoption) -> None:
+        self._held[adoption.key] = adoption
 
     def is_held(self, key: object) -> bool:
         """Whether ``key``'s end is not Airflow's yet: held, and its task instance not claimed."""
         held = self._held.get(key) if isinstance(key, TaskInstanceKey) else None
         return held is not None and not held.claimed
 
+    def knows(self, key: object) -> bool:
+        """Whether ``key`` is held here, or was claimed (and its end given)."""
+        return key in self._held or key in self._claimed
+
+    def was_claimed(self, key: object) -> bool:
+        """Whether ``key`` was held here and its task instance offered and claimed."""
+        return key in self._claimed
+
     def keep_end(self, key: TaskInstanceKey, outcome: Outcome) -> None:
         """An unclaimed workload ended: its end waits for its task instance to be offered."""
         self._held[key].ended = outcome
 
-    def claim(self, key: TaskInstanceKey) -> Held | None:
-        """Claim the held workload of an offered task instance; None when none runs it."""
+    def claim(self, key: TaskInstanceKey) -> bool:
+        """Claim the held workload of an offered task instance: True when one runs it (or did, and was
+        claimed before); False when none was handed over for it."""
         held = self._held.get(key)
-        if held is None or held.claimed:
-            return None
+        if held is None:
+            return key in self._claimed
         held.claimed = True
-        return held
+        self._claimed.add(key)
+        self._claimed_pids = self._claimed_pids | {held.pid}
+        return True
+
+    def take_end(self, key: TaskInstanceKey) -> Outcome | None:
+        """The end a claimed workload reached before its claim, once: None if it runs, or was taken."""
+        held = self._held.get(key)
+        if held is None or not held.claimed:
+            return None
+        ended, held.ended = held.ended, None
+        return ended
 
     def forget(self, key: object) -> None:
         """Its end was given to Airflow."""
-        if isinstance(key, TaskInstanceKey):
-            self._held.pop(key, None)
+        if isinstance(key, TaskInstanceKey) and (gone := self._held.pop(key, None)) is not None:
+            self._claimed_pids = self._claimed_pids - {gone.pid}
 
-    def waiting(self) -> list[Held]:
+    def claimed_pid(self, pid: int) -> bool:
+        """Whether the held workload ``pid`` was claimed: its task instance offered and adopted.
+
+        Asked by the status writer from its own thread: it reads one immutable set.
+        """
+        return pid in self._claimed_pids
+
+    def any_waiting(self) -> bool:
+        """Whether a held workload waits for its claim (cheap: the scheduler asks every loop)."""
+        return len(self._held) > len(self._claimed_pids)
+
+    def unclaimed_since(self, before: float) -> list[Adoption]:
+        """The ones not claimed yet that were held before ``before`` (monotonic)."""
+        return [held for held in self._held.values() if not held.claimed and held.held_at < before]
+
+    def waiting(self) -> list[Adoption]:
         """The ones not claimed yet."""
         return [held for held in self._held.values() if not held.claimed]

@@ -17,31 +17,27 @@ Airflow 2 or 3 calls is a method here, each major's beside the other.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import hashlib
 import itertools
 import logging
+import multiprocessing
 import os
 import signal
 import sys
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+import psutil
 from airflow.configuration import conf as airflow_conf
 from airflow.executors.base_executor import BaseExecutor
 from airflow.models.taskinstancekey import TaskInstanceKey
 from airflow.utils.state import TaskInstanceState
 
 from async_local_executor.adapter import handover, startup
-from async_local_executor.adapter.adoption import (
-    Held,
-    Holding,
-    UnknownRecord,
-    handover_info,
-    key_of,
-    launched_at,
-)
+from async_local_executor.adapter.adoption import Adoption, Adoptions, TaskRecord, UnknownRecord, boot_clock
 from async_local_executor.adapter.cleared_exits import TI_GONE, ClearedExitGate
 from async_local_executor.adapter.compat import AIRFLOW_V3, client_timeout, execution_api_url, executor_conf
 from async_local_executor.adapter.config import SECTION, SHUTDOWN_MARGIN, ContainmentKind, ExecutorConfig
@@ -58,9 +54,10 @@ from async_local_executor.adapter.slots import Prefetch
 from async_local_executor.adapter.submissions import Mailbox, Started, Submission, Ticket, describe
 from async_local_executor.adapter.validation import KNOWN_KEYS, Checked, shown
 from async_local_executor.adapter.workload import entry
-from async_local_executor.core import lifeline
+from async_local_executor.core import descriptors, lifeline
 from async_local_executor.core.cgroups import Containment
 from async_local_executor.core.clock import SYSTEM, Clock
+from async_local_executor.core.custody import await_custody
 from async_local_executor.core.errors import LaunchError, RuntimeNotRunning
 from async_local_executor.core.health import Health, Report
 from async_local_executor.core.launchers.adopted import AdoptedChild
@@ -69,7 +66,7 @@ from async_local_executor.core.outcome import Outcome, OutcomeKind
 from async_local_executor.core.prefetch import PrefetchBudget
 from async_local_executor.core.proc_identity import runs_as, start_ticks
 from async_local_executor.core.runtime import Runtime
-from async_local_executor.core.supervisor import Handover
+from async_local_executor.core.supervisor import LetGo
 from async_local_executor.core.wiring import wire
 from async_local_executor.ops import custody_dir, journal, recovery, state_dir, status
 from async_local_executor.ops.instance_cgroups import open_containment
@@ -106,20 +103,6 @@ def _a_task(ticket: object) -> bool:
     return isinstance(ticket, Ticket) and isinstance(ticket.key, TaskInstanceKey)
 
 
-def _timeout_left(record: recovery.Held) -> float | None:
-    """What is left of a held workload's run-time limit, on the boot clock (no wall-clock step moves it)."""
-    left = record.info.get("timeout_left")
-    if not isinstance(left, (int, float)) or isinstance(left, bool):
-        return None
-    if record.crashed:
-        # Recorded at launch: what has run since is the time since then (a wall-clock reading, the
-        # only one a launch line and this process share).
-        since = time.time() - (launched_at(record.info) or record.at)
-    else:
-        since = time.clock_gettime(time.CLOCK_BOOTTIME) - record.boot
-    return max(0.001, float(left) - max(0.0, since))
-
-
 def _read_exit_once(custody: Path, pid: int, start: int) -> int | None:
     """The exit code an adopted workload recorded, read at its exit; its custody files go then.
 
@@ -152,6 +135,27 @@ def _taken_now(take: Callable[[], AdoptedChild]) -> Callable[[], AdoptedChild]:
     return lambda: child
 
 
+def _into_custody(let_go: Sequence[LetGo]) -> None:
+    """A worker thread of the loop, before the loop thread exits: wait until each workload let go took
+    custody of itself.
+
+    One launched just before the stop may not have yet: a fork-server child then still has the helper's
+    parent-death signal armed, which fires when the loop thread, its parent thread, exits. (The
+    subprocess path's children have it too, until their custody clears it.) A crash meanwhile hands
+    them over all the same: their launch lines already say so.
+    """
+    workloads = [(each.pid, start) for each in let_go if (start := start_ticks(each.pid)) is not None]
+    late = await_custody(workloads, _CUSTODY_WAIT)
+    if late:
+        log.warning(
+            "%d handed-over workload(s) had not taken custody %.0fs after the stop (pid %s): they die "
+            "with this scheduler, and their task instances are reset",
+            len(late),
+            _CUSTODY_WAIT,
+            ", ".join(map(str, late)),
+        )
+
+
 def _may_be_cleared_exit(key: object, event: Any) -> bool:
     # The scheduler restarts a cleared task instance on a success event only.
     return isinstance(key, TaskInstanceKey) and event[0] == TaskInstanceState.SUCCESS
@@ -163,6 +167,43 @@ _EXIT_REASONS = {
     entry.EXIT_ORPHANED: "workload process found the executor gone before it started",
 }
 _IGNORED_KEYS_WARNED = 100
+# How long a stop waits for the workloads it handed over to take custody (a fork-server child within
+# milliseconds of its launch, a fresh interpreter within its start): before, its exit may kill them.
+_CUSTODY_WAIT = 5.0
+
+
+def owner_key(conf: Any, team: str | None) -> str:
+    """Whose workloads an executor holds: its deployment (its metadata database) and its team.
+
+    The database is named by what stays when credentials rotate or the driver changes: its backend,
+    host, port and database, hashed (two deployments on one host may share a state directory, and one
+    must not adopt what the other handed over). Neither the user, the password nor the query is in it.
+    """
+    from sqlalchemy.engine import make_url
+
+    raw = conf.get("database", "sql_alchemy_conn", fallback="") or ""
+    try:
+        url = make_url(raw)
+        backend = url.get_backend_name()
+        port = url.port or _DEFAULT_PORTS.get(backend)
+        named = f"{backend}://{(url.host or '').lower()}:{port or ''}/{url.database or ''}"
+    except Exception:  # noqa: BLE001 - a URL SQLAlchemy cannot parse still names its deployment
+        named = raw.rpartition("@")[2]
+    deployment = hashlib.sha256(named.encode()).hexdigest()[:16]
+    return f"{deployment}/{team or ''}"
+
+
+_DEFAULT_PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
+# Beyond Airflow's own bounds, for a scheduler whose loop runs late.
+_HOLD_MARGIN = 120.0
+
+
+def _hold_bound(conf: Any) -> float:
+    """How long Airflow may take to offer a dead scheduler's task instances: its orphan check's interval
+    once the dead job's heartbeat counts as stale, and a margin."""
+    interval = float(conf.getfloat("scheduler", "orphaned_tasks_check_interval", fallback=300.0))
+    stale = float(conf.getfloat("scheduler", "scheduler_health_check_threshold", fallback=30.0))
+    return interval + stale + _HOLD_MARGIN
 
 
 def _ti_gone(key: object, outcome: Outcome) -> bool:
@@ -174,22 +215,58 @@ def _ti_gone(key: object, outcome: Outcome) -> bool:
 
 
 def _unshare_db_connections() -> None:
-    """Airflow 2: close the scheduler's pooled database connections, so that no process it forks shares them.
+    """Close the scheduler's pooled database connections, so that no process it forked shares them.
 
-    Airflow 2's scheduler forks its log server before the executor starts and its DAG file processor
-    manager right after, with its pooled connections open: they hold the same sockets, and outlive a
-    scheduler killed outright (kill -9, the OOM killer; systemd's ``KillMode=process``, which a
-    handover needs, leaves them). The database then never sees the dead scheduler's connection close,
-    so a transaction the kill cut short stays open with its row locks (its ``FOR UPDATE`` of a running
-    dag run) for as long as they run: a task ending blocks on them, so a handed-over task never ends
-    and its run never finishes. Closed here, the connections the scheduler opens from now on are its
-    own, and its death ends their transactions.
+    The scheduler forks its log server (and health-check server) before the executor starts, and on
+    Airflow 2 its DAG file processor manager right after, with its pooled connections open: they hold
+    the same sockets, and outlive a scheduler killed outright (kill -9, the OOM killer; systemd's
+    ``KillMode=process``, which a handover needs, leaves them). The database then never sees the dead
+    scheduler's connection close, so a transaction the kill cut short stays open with its row locks
+    (the pool rows of its critical section, its ``FOR UPDATE`` of a running dag run) for as long as they
+    run: the next scheduler never queues a task, and a task ending blocks. Closed here, the connections
+    the scheduler opens from now on are its own, and its death ends their transactions.
     """
     from airflow import settings
 
     engine = getattr(settings, "engine", None)
     if engine is not None:
-        engine.dispose()  # closes what is checked in; a checked-out connection is closed when returned
+        engine.dispose()  # closes what is checked in; nothing is checked out when the executor starts
+
+
+def _airflow_helpers() -> list[journal.Companion]:
+    """The processes Airflow forked from this process before the executor started: a scheduler's log
+    server and health-check server (``multiprocessing`` children; see :func:`_is_airflow_helper`).
+
+    A scheduler killed outright leaves them running (``KillMode=process``, which a handover needs, spares
+    them): the log server keeps its port, so the next scheduler's own cannot bind it, and whatever
+    database connection it was forked with. The next executor to reclaim this one's journal stops them.
+    """
+    found: list[journal.Companion] = []
+    for child in multiprocessing.active_children():
+        start = None if child.pid is None else start_ticks(child.pid)
+        if child.pid is None or start is None:
+            continue
+        try:
+            words = psutil.Process(child.pid).cmdline()
+        except psutil.Error:
+            continue
+        if _is_airflow_helper(words):
+            found.append(journal.Companion(child.pid, start, " ".join(words).strip()[:80]))
+    return found
+
+
+def _is_airflow_helper(words: Sequence[str]) -> bool:
+    """Whether a child's command line is one of the scheduler's helpers. A ``multiprocessing`` child keeps
+    no trace of its target once started, so its title tells: ``airflow serve-logs`` (Airflow 3's log
+    server), ``gunicorn: master`` (Airflow 2's, which renames itself), the scheduler's own command line
+    (the health-check server); not another executor's workers (``airflow worker -- LocalExecutor``),
+    which a stop of their own handles."""
+    title = " ".join(words).strip()
+    if title.startswith("airflow worker"):
+        return False
+    if title.startswith("gunicorn: master"):
+        return True
+    return any(os.path.basename(word).startswith("airflow") for word in words[:3])
 
 
 def _tie_helpers_to_scheduler() -> None:
@@ -200,7 +277,7 @@ def _tie_helpers_to_scheduler() -> None:
     scheduler's own, and keeps the database connections (with any transaction the kill cut short, and its
     row locks) it inherited. A service manager's ``KillMode=process``, which a handover needs, no longer
     kills it with the scheduler's unit. SIGTERM is the manager's own way to stop: it ends its parsing
-    processes and exits. The log server, forked before the executor exists, is not reached.
+    processes and exits. The log server, forked before the executor exists, is a companion instead (:func:`_airflow_helpers`).
     """
     lifeline.tie_direct_children(signal.SIGTERM, main_thread_only=True)
 
@@ -245,7 +322,15 @@ class AsyncLocalExecutor(BaseExecutor):
         self._containment: Containment | None = None
         self._metrics = Metrics()
         self._ignored_keys: set[str] = set()  # unknown executor_config keys already warned about
-        self._holding = Holding()  # workloads a stopped predecessor handed over (see adapter/adoption)
+        self._holding = Adoptions()  # workloads a predecessor handed over (see adapter/adoption)
+        # Each task workload's record from its launch (or its hold) to its end: what a handover carries.
+        # Written on the loop thread at a launch, read and dropped on the scheduler's thread.
+        self._records: dict[TaskInstanceKey, TaskRecord] = {}
+        # The custody countdown of each adopted workload whose launch set another than ours.
+        self._custody_timeouts: dict[TaskInstanceKey, float] = {}
+        self._owner_key = ""  # whose workloads this executor holds: its deployment and team
+        self._state_dir: Path | None = None
+        self._hold_bound = 0.0  # how long a held workload may wait to be offered (see _expire_holds)
         self._custody = ""  # the custody directory, where handed-over workloads and their owners meet
         self._cleared_exits = ClearedExitGate(
             restarting_task_instances, is_candidate=_may_be_cleared_exit, on_unreachable=self._requeue
@@ -263,6 +348,12 @@ class AsyncLocalExecutor(BaseExecutor):
             fork_target=self._fork_target(),
             learn_dir=startup.learn_dir(directory, self.team_name),
         )
+        # Before the fork server and the first launch: both inherit the limit (workloads get it back).
+        room = descriptors.make_room(self.parallelism or None)
+        if room.raised:
+            plan = dataclasses.replace(plan, workload_nofile=room.before)
+        if not room.enough:  # the table will fill: launches stop short of it, for the scheduler's own needs
+            plan = dataclasses.replace(plan, descriptor_reserve=descriptors.reserve(room.after))
         self._task_log_folder = conf.get("logging", "base_log_folder", fallback="") or ""
         self._server = execution_api_url(conf)
         self._learn_dir = plan.learn_dir
@@ -272,7 +363,12 @@ class AsyncLocalExecutor(BaseExecutor):
         self._title_prefix = f"airflow worker -- AsyncLocalExecutor{team}:"
         # Before anything launches, so no try can run beside a survivor of its previous attempt.
         owner = f"scheduler pid {os.getpid()}" + (f" team {self.team_name}" if self.team_name else "")
-        recovered = recovery.reclaim_then_open(directory, owner=owner)
+        self._owner_key = owner_key(airflow_conf, self.team_name)
+        self._state_dir = directory
+        self._hold_bound = _hold_bound(airflow_conf)
+        recovered = recovery.reclaim_then_open(
+            directory, owner=owner, owner_key=self._owner_key, companions=_airflow_helpers()
+        )
         self._journal = launches = recovered.journal
         if plan.learn_dir:  # in the state directory, which the journal has just made sure is ours alone
             os.makedirs(plan.learn_dir, mode=0o700, exist_ok=True)
@@ -303,6 +399,7 @@ class AsyncLocalExecutor(BaseExecutor):
             ),
             # Descendants the status walk sees (workloads without a cgroup) are journalled for a reclaim.
             on_seen=launches.seen,
+            claimed=self._holding.claimed_pid,
         )
         self._metrics = Metrics(
             executor_class=type(self).__name__,
@@ -333,17 +430,20 @@ class AsyncLocalExecutor(BaseExecutor):
         self._hold(recovered.held)
         self.log.info(
             "AsyncLocalExecutor started: parallelism=%d, prefetch=%d, queue limits=%s, memory floor=%g MB, "
-            "launcher=%s, event loop=%s",
+            "launcher=%s, event loop=%s, %s",
             self.parallelism,
             wired.budget.maximum,
             ",".join(f"{q}:{n}" for q, n in config.queue_limits) or "none",
             config.min_available_memory_mb,
             config.launcher.value,
             "uvloop" if wired.use_uvloop else "asyncio",
+            room.describe(),
         )
+        if not room.enough:
+            self.log.warning("%s", room.describe())
+        # Last: on Airflow 2 the scheduler forks its DAG file processor manager next.
+        _unshare_db_connections()
         if not AIRFLOW_V3:
-            # Last: the scheduler forks its DAG file processor manager next.
-            _unshare_db_connections()
             _tie_helpers_to_scheduler()
 
     def _child_argv(self) -> tuple[str, ...]:
@@ -360,38 +460,65 @@ class AsyncLocalExecutor(BaseExecutor):
         )
 
     def _crash_info(self, ticket: object) -> dict[str, object] | None:
-        """What a launch records for a successor that adopts it after a crash; None: not a task."""
+        """What a launch records for a successor that adopts it after a crash; None: not a task.
+
+        Its record is made here, at its launch (the loop thread's, as the supervisor arms its limit),
+        once: an adopted workload's is the one its hold brought, and stays what its launch made it.
+        """
         if not _a_task(ticket):
             return None
         key = cast("TaskInstanceKey", cast("Ticket", ticket).key)
         submission = self._submissions.get(key)
-        info = handover_info(key, submission.ti_id if submission else None, self.clock.time())
-        info["timeout_left"] = submission.timeout if submission else None
-        return info
+        if submission is not None and submission.ticket != ticket:
+            submission = None  # revoked while it launched: not the key's current submission's record
+        record = self._records.get(key)
+        if record is None or submission is None:
+            record = TaskRecord.at_launch(
+                key,
+                submission.ti_id if submission else None,
+                submission.timeout if submission else None,
+                wall=self.clock.time(),
+                boot=boot_clock(),
+            )
+            if submission is not None:
+                self._records[key] = record
+        return record.to_json()
 
     def _hold(self, records: Sequence[recovery.Held]) -> None:
-        """Supervise what a stopped predecessor handed over, until Airflow offers its task instances.
+        """Supervise what a predecessor handed over, until Airflow offers its task instances.
 
         Each counts against parallelism from now on (the scheduler's count of running task instances
         already holds it), and its end waits for its task instance to be offered (adapter/adoption).
+        Its limit is its record's deadline, set at its launch: what time passed since, with or without
+        a scheduler, counted against it.
         """
         runtime = self._runtime
         assert runtime is not None
         custody = Path(self._custody)
-        for record in records:
+        held = []
+        for one in records:
             try:
-                key = key_of(record.info)
+                record = TaskRecord.from_json(one.info)
             except UnknownRecord as exc:
                 log.warning(
                     "workload pid %d, handed over by %s, names no task instance this version reads (%s): "
                     "it is stopped, and the scheduler resets its task instance",
-                    record.pid,
-                    record.owner,
+                    one.pid,
+                    one.owner,
                     exc,
                 )
-                if runs_as(record.pid, record.start):
+                if runs_as(one.pid, one.start):
                     with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.killpg(record.pid, signal.SIGKILL)  # it leads its group; its watchdog dies too
+                        os.killpg(one.pid, signal.SIGKILL)  # it leads its group; its watchdog dies too
+                continue
+            key = record.key
+            if key in self._submissions:
+                log.warning(
+                    "workload pid %d (%s), handed over by %s, is a try this executor already runs: not held",
+                    one.pid,
+                    describe(key),
+                    one.owner,
+                )
                 continue
             label = describe(key)
             ticket = Ticket(key, next(self._serials))
@@ -402,26 +529,70 @@ class AsyncLocalExecutor(BaseExecutor):
                 TaskInstanceState.FAILED,
                 label,
                 accepted=self.clock.time(),
-                ti_id=cast("str | None", record.info.get("ti_id")),
+                ti_id=record.ti_id,
             )
-            self._holding.hold(Held(key, record.pid, label))
-            runtime.adopt(*self._adoption(record, ticket, label, custody, _timeout_left(record)))
-        if records:
+            self._records[key] = record
+            if one.timeout != self._config.handover_timeout:
+                self._custody_timeouts[key] = one.timeout
+            self._holding.hold(Adoption(key, one.pid, label, held_at=self.clock.monotonic()))
+            read = functools.partial(_read_exit_once, custody, one.pid, one.start)
+            cgroup = Path(one.cgroup) if one.cgroup else None
+            take = _taken_now(functools.partial(AdoptedChild.take, one.pid, one.start, read, cgroup))
+            timeout = record.timeout_left(boot_clock())
+            request = LaunchRequest(key=ticket, argv=("adopted",), label=label, timeout=timeout)
+            runtime.adopt(request, take, record.launched, one.cgroup)
+            held.append(one)
+        crashed = sum(one.crashed for one in held)
+        if held:
             log.info(
-                "holding %d running workload(s) a stopped scheduler handed over (%s); each is adopted when "
-                "the scheduler offers its task instance",
-                len(records),
-                ", ".join(f"pid {r.pid}" for r in records[:10]) + (" ..." if len(records) > 10 else ""),
+                "holding %d running workload(s) for adoption when the scheduler offers their task instances: "
+                "%d handed over by a stopped scheduler, %d left running by a crashed one (%s)",
+                len(held),
+                len(held) - crashed,
+                crashed,
+                ", ".join(f"pid {one.pid}" for one in held[:10]) + (" ..." if len(held) > 10 else ""),
             )
 
-    def _adoption(
-        self, record: recovery.Held, key: object, label: str, custody: Path, timeout: float | None
-    ) -> tuple[LaunchRequest, Any, float, str | None]:
-        read = functools.partial(_read_exit_once, custody, record.pid, record.start)
-        cgroup = Path(record.cgroup) if record.cgroup else None
-        take = _taken_now(functools.partial(AdoptedChild.take, record.pid, record.start, read, cgroup))
-        request = LaunchRequest(key=key, argv=("adopted",), label=label, timeout=timeout)
-        return request, take, launched_at(record.info) or record.at, record.cgroup
+    def _reclaim_since(self, offered: set[TaskInstanceKey]) -> None:
+        """Hold what an executor of this deployment and team that stopped since this one started handed
+        over, from the journals that name a task instance of ``offered``."""
+        if self._journal is None or self._state_dir is None or self._runtime is None:
+            return
+
+        def wanted(info: Mapping[str, object]) -> bool:
+            try:
+                return TaskRecord.from_json(info).key in offered
+            except UnknownRecord:
+                return False
+
+        self._hold(
+            recovery.reclaim_since(self._state_dir, self._journal, owner_key=self._owner_key, wanted=wanted)
+        )
+
+    def _expire_holds(self) -> None:
+        """Stop and forget the held workloads whose task instances Airflow never offered.
+
+        It offers a dead scheduler's task instances within ``[scheduler] orphaned_tasks_check_interval``
+        once the dead job's heartbeat is ``scheduler_health_check_threshold`` old; one not offered by
+        then went to another scheduler, which reset it (or it ended). Held on, its process would run
+        beside its task instance's next try until its heartbeat is refused.
+        """
+        runtime = self._runtime
+        for held in self._holding.unclaimed_since(self.clock.monotonic() - self._hold_bound):
+            self._holding.forget(held.key)
+            self._records.pop(held.key, None)
+            self._custody_timeouts.pop(held.key, None)
+            submission = self._submissions.pop(held.key, None)
+            if held.ended is not None or submission is None or runtime is None:
+                continue
+            log.warning(
+                "workload pid %d (%s) was held %.0fs for adoption and the scheduler never offered its task "
+                "instance (another scheduler took it, or reset it): it is stopped",
+                held.pid,
+                held.label,
+                self._hold_bound,
+            )
+            runtime.stop(submission.ticket, "never offered for adoption")
 
     def _fork_target(self) -> str:
         """What a fork-server child runs: ``module:function`` taking ``(argv, stdin_bytes)``."""
@@ -509,6 +680,9 @@ class AsyncLocalExecutor(BaseExecutor):
         if checked is None:
             return None
         ticket = Ticket(handed.key, next(self._serials))
+        self._records.pop(
+            handed.key, None
+        )  # an earlier submission's, revoked: this one's launch makes its own
         self._submissions[handed.key] = Submission(
             ticket,
             handed.running,
@@ -609,6 +783,8 @@ class AsyncLocalExecutor(BaseExecutor):
             raise RuntimeNotRunning(
                 "the executor's event loop thread died; see the CRITICAL log line before this one"
             ) from runtime.failure
+        if self._holding.any_waiting():
+            self._expire_holds()
         events = self._mailbox.events
         ended = False
         while events:
@@ -652,7 +828,11 @@ class AsyncLocalExecutor(BaseExecutor):
     ) -> None:
         self._finish(key, submission, outcome, tail)
         del self._submissions[key]  # after its final event: until then, a failure here still gives one
+        if self._holding.was_claimed(key):
+            log.info("adopted workload %s ended: %s", submission.label, outcome.reason or "exit 0")
         self._holding.forget(key)
+        self._records.pop(cast("TaskInstanceKey", key), None)
+        self._custody_timeouts.pop(cast("TaskInstanceKey", key), None)
         self._metrics.final_event(outcome)
 
     def _finish(
@@ -686,6 +866,10 @@ class AsyncLocalExecutor(BaseExecutor):
         reason = outcome.reason
         if outcome.kind is OutcomeKind.EXITED:
             reason = _EXIT_REASONS.get(outcome.returncode or 0, reason)
+            if outcome.returncode == entry.EXIT_CRASHED and self._holding.was_claimed(key):
+                # It crashed after its handover: its own output reached no scheduler, and it wrote the
+                # traceback to its task's log instead (core/custody.py, Custody.tell).
+                reason = "workload process crashed after its handover (its traceback is in the task's log)"
         if outcome.kind in (OutcomeKind.LAUNCH_FAILED, OutcomeKind.NOT_STARTED):
             self._not_launched(key, submission.label, submission.failure, reason, submission.log_path)
             return
@@ -804,6 +988,7 @@ class AsyncLocalExecutor(BaseExecutor):
             return
         submission = self._submissions.pop(key, None)
         self.running.discard(key)
+        self._records.pop(key, None)
         if submission is None or self._runtime is None:
             return
         self.log.info("revoking %s: stopping it if it started", submission.label)
@@ -818,22 +1003,33 @@ class AsyncLocalExecutor(BaseExecutor):
         Airflow offers the task instances a dead scheduler job left queued or running; those whose
         workload this executor holds (still running as recorded, see adapter/adoption) are adopted,
         the rest are returned for the scheduler to reset, as every executor that adopts nothing does.
+        Asked again with the same task instances (Airflow retries the call when its database
+        transaction failed), it gives the same answer, and no end twice.
         """
+        unknown = {ti.key for ti in tis if not self._holding.knows(ti.key)}
+        if self._config.hands_over and unknown:
+            # A scheduler that stopped after this one started (its journal was locked at the start)
+            # may have handed them over: held now, they are adopted instead of run twice. Only now, and
+            # only journals that name one of them: Airflow offered them to this scheduler, so they are
+            # its to take; a journal taken otherwise may hold what Airflow offers another scheduler.
+            self._reclaim_since(unknown)
         refused: list[TaskInstance] = []
         adopted = 0
         for ti in tis:
-            held = self._holding.claim(ti.key)
-            if held is None:
+            if not self._holding.claim(ti.key):
                 refused.append(ti)
                 continue
             adopted += 1
-            self.running.add(ti.key)
             submission = self._submissions.get(ti.key)
-            if held.ended is not None and submission is not None:
-                self._deliver(ti.key, submission, held.ended, ())
+            if submission is None:
+                continue  # its end was given at an earlier offer
+            self.running.add(ti.key)
+            ended = self._holding.take_end(ti.key)
+            if ended is not None:
+                self._deliver(ti.key, submission, ended, ())
         if tis:
             log.info(
-                "adopted %d task instance(s) whose workloads a stopped scheduler handed over; %d others "
+                "adopted %d task instance(s) whose workloads were handed over to this scheduler; %d others "
                 "are left for the scheduler to reset",
                 adopted,
                 len(refused),
@@ -852,27 +1048,36 @@ class AsyncLocalExecutor(BaseExecutor):
         if runtime is None:
             return
         config = self._config
-        self.log.info(
-            "stopping: %d running workload(s) are handed over to the next scheduler on this host "
-            "(on_stop = handover, handover_timeout = %.0fs); the others stop as at a shutdown",
-            len(self.running),
-            config.handover_timeout,
-        )
+        running = len(self.running) + len(self._holding.waiting())
+        if running:
+            self.log.info(
+                "stopping: %d running workload(s) are handed over to the next scheduler on this host "
+                "(on_stop = handover, handover_timeout = %.0fs); the others stop as at a shutdown",
+                running,
+                config.handover_timeout,
+            )
+        else:
+            self.log.info("stopping: no workload runs, nothing to hand over")
         handovers = runtime.release(
             config.shutdown_timeout,
-            timeout=config.shutdown_timeout + config.termination_grace_period + SHUTDOWN_MARGIN,
+            timeout=config.shutdown_timeout
+            + config.termination_grace_period
+            + SHUTDOWN_MARGIN
+            + _CUSTODY_WAIT,
             which=_a_task,
+            settle=_into_custody,
         )
         self._runtime = None
         self._stopped = True
         self.sync()  # the final events of what was stopped rather than handed over
         recorded = self._record(handovers)
-        self.log.info(
-            "handed over %d running task workload(s); each kills itself (and what it started) if no "
-            "scheduler adopts it within %.0fs",
-            recorded,
-            config.handover_timeout,
-        )
+        if recorded:
+            self.log.info(
+                "handed over %d running task workload(s); each kills itself (and what it started) if no "
+                "scheduler adopts it within %.0fs",
+                recorded,
+                config.handover_timeout,
+            )
         writer, self._status = self._status, None
         if writer is not None:
             writer.remove()
@@ -887,7 +1092,7 @@ class AsyncLocalExecutor(BaseExecutor):
         if containment is not None:
             containment.close()  # populated cgroups (the handed-over workloads') stay
 
-    def _record(self, handovers: Sequence[Handover]) -> int:
+    def _record(self, handovers: Sequence[LetGo]) -> int:
         """Journal each handed-over workload and mark it handed over in its custody file."""
         launches = self._journal
         if launches is None:
@@ -895,16 +1100,22 @@ class AsyncLocalExecutor(BaseExecutor):
         custody = Path(self._custody)
         me, my_start = os.getpid(), start_ticks(os.getpid()) or 0
         recorded = 0
-        for handover_ in handovers:
-            key = cast("WorkloadKey", cast("Ticket", handover_.key).key)
+        for released in handovers:
+            key = cast("WorkloadKey", cast("Ticket", released.key).key)
             submission = self._submissions.get(key)
-            start = start_ticks(handover_.pid)
+            start = start_ticks(released.pid)
             if not isinstance(key, TaskInstanceKey) or submission is None or start is None:
                 continue  # ended meanwhile: its task reported its own end, or the next scheduler resets it
-            info = handover_info(key, submission.ti_id, handover_.launched)
-            info["timeout_left"] = handover_.timeout
-            launches.handed_over(handover_.pid, info, handover_.cgroup, self._config.handover_timeout)
-            custody_dir.name_owner(custody, handover_.pid, start, me, my_start)
+            record = self._records.get(key)
+            if record is None:  # every task launch makes one: a bug, and its limit is lost with it
+                log.warning(
+                    "workload %s has no launch record: handed over without its limit", submission.label
+                )
+                record = TaskRecord(key, submission.ti_id, released.launched, None)
+            # The workload's own countdown, which its launch set: what its custody holds it to.
+            timeout = self._custody_timeouts.get(key, self._config.handover_timeout)
+            launches.handed_over(released.pid, record.to_json(), released.cgroup, timeout)
+            custody_dir.name_owner(custody, released.pid, start, me, my_start)
             recorded += 1
         return recorded
 

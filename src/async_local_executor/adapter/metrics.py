@@ -38,6 +38,7 @@ class Metrics:
         self._tags: dict[str, str] = prune_dict({"executor_class_name": executor_class, "team_name": team})
         self._qualify = qualify
         self._memory_waits_seen = 0
+        self._descriptor_waits_seen = 0
 
     def name(self, name: str) -> str:
         name = f"async_local_executor.{name}"
@@ -73,7 +74,11 @@ class Metrics:
         stats.gauge(self.name("loop_lag"), report.lag * 1000, tags=tags)
         stats.gauge(self.name("waiting"), state.waiting, tags=tags)
         stats.gauge(self.name("memory_guard_holding"), int(state.memory_low), tags=tags)
+        stats.gauge(self.name("descriptors_holding"), int(state.descriptors_full is not None), tags=tags)
         stats.gauge(self.name("healthy"), int(report.health.verdict is Verdict.HEALTHY), tags=tags)
         if waits := state.memory_waits_total - self._memory_waits_seen:
             self._memory_waits_seen = state.memory_waits_total
             stats.incr(self.name("memory_guard_waits"), waits, tags=tags)
+        if waits := state.descriptor_waits_total - self._descriptor_waits_seen:
+            self._descriptor_waits_seen = state.descriptor_waits_total
+            stats.incr(self.name("descriptor_waits"), waits, tags=tags)

@@ -78,4 +78,5 @@ def plan(
         limits=config.limits,
         kill_leftovers=config.kill_leftover_processes,
         crowd=config.workload_cpu_priority == cpu_priority.AUTO,
+        idle_workloads=config.workload_cpu_priority == cpu_priority.IDLE,
     )

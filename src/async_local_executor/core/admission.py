@@ -1,7 +1,9 @@
-"""Who may launch now: a slot under the executor-wide limit, one under its group's limit, and memory.
+"""Who may launch now: a slot under the executor-wide limit, one under its group's limit, memory, and
+room in the descriptor table.
 
 Waiting here is the only queue there is: an accepted workload holds no slot until every limit lets it
-through, and low memory delays launches but never fails them. A process that already runs (one adopted
+through, and low memory delays launches but never fails them. Nor does a full descriptor table: a launch
+that finds it full waits, with its slot, for a running workload to end (:meth:`Admission.hold_back`). A process that already runs (one adopted
 from a stopped executor) never waits: it takes its slot at once, on credit when none is free, and the
 limit is that much lower until it ends.
 """
@@ -14,18 +16,105 @@ import math
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 
 import anyio
+import anyio.lowlevel
 import psutil
 
+from async_local_executor.core import descriptors
 from async_local_executor.core.clock import SYSTEM, Clock
+from async_local_executor.core.errors import DescriptorsFull
 from async_local_executor.core.launchers.base import LaunchRequest
 
 log = logging.getLogger(__name__)
 
 MB = 1024 * 1024
+# How often a launch held back by a full descriptor table tries again when no workload has ended: the
+# process's other descriptors (the scheduler's own) may have been closed meanwhile.
+DESCRIPTOR_RETRY = 1.0
 
 
 def host_available_memory() -> int:
     return int(psutil.virtual_memory().available)
+
+
+class Slots:
+    """At most ``limit`` held at once, handed out in the order they were asked for, except that a running
+    process takes one at once, over the limit if none is free. Loop thread only.
+
+    Counted here, not by an anyio ``CapacityLimiter`` whose limit is lowered for each slot taken on credit:
+    anyio 4.7 to 4.11 (which pyproject allows) refuses a limit below
+    1, and when a limit is raised wakes as many waiters as it rose, however many tokens are borrowed.
+    """
+
+    def __init__(self, limit: float) -> None:
+        self.limit = limit
+        self.held = 0
+        self._waiters: dict[anyio.Event, None] = {}  # first come, first served
+
+    @property
+    def free(self) -> float:
+        """Slots free now; below 0 while slots taken on credit hold the count over the limit."""
+        return self.limit - self.held
+
+    async def acquire(self) -> None:
+        """Wait for a slot; the caller must :meth:`release` it."""
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        if not self._waiters and self.held < self.limit:
+            self.held += 1
+            try:
+                # As a lock would: whoever gets a slot at once still lets the others run first.
+                await anyio.lowlevel.cancel_shielded_checkpoint()
+            except BaseException:
+                self.release()
+                raise
+            return
+        handed = anyio.Event()
+        self._waiters[handed] = None
+        try:
+            await handed.wait()
+        except BaseException:
+            if handed.is_set():
+                self.release()  # handed one as it was cancelled: it goes to the next in line
+            else:
+                del self._waiters[handed]
+            raise
+
+    def take(self) -> None:
+        """One slot at once, over the limit if none is free; the caller must :meth:`release` it."""
+        self.held += 1
+
+    def release(self) -> None:
+        self.held -= 1
+        # Counted as held when handed on, not when the waiter runs: nothing that asks in between can
+        # take it too.
+        while self._waiters and self.held < self.limit:
+            handed = next(iter(self._waiters))
+            del self._waiters[handed]
+            self.held += 1
+            handed.set()
+
+
+@contextlib.asynccontextmanager
+async def _held(slots: Slots | None) -> AsyncIterator[None]:
+    if slots is None:
+        yield
+        return
+    await slots.acquire()
+    try:
+        yield
+    finally:
+        slots.release()
+
+
+@contextlib.contextmanager
+def _taken(slots: Slots | None) -> Iterator[None]:
+    if slots is None:
+        yield
+        return
+    slots.take()
+    try:
+        yield
+    finally:
+        slots.release()
 
 
 class Admission:
@@ -39,6 +128,9 @@ class Admission:
     :param available_memory: reads the host's available memory in bytes
     :param memory_poll: seconds between two reads while memory is low
     :param clock: what the memory guard sleeps on between reads
+    :param descriptor_table: reads the descriptor table's fill, for what a hold says
+    :param descriptor_reserve: launches wait while fewer than this many descriptors are free, as if the
+        table were full; 0: only a full table holds them back
     """
 
     def __init__(
@@ -50,21 +142,16 @@ class Admission:
         available_memory: Callable[[], int] = host_available_memory,
         memory_poll: float = 1.0,
         clock: Clock = SYSTEM,
+        descriptor_table: Callable[[], descriptors.Table] = descriptors.table,
+        descriptor_reserve: int = 0,
     ) -> None:
         if limit is not None and limit < 1:
             raise ValueError(f"limit must be >= 1 or None, got {limit}")
         for group, group_limit in (group_limits or {}).items():
             if group_limit < 1:
                 raise ValueError(f"limit of group {group!r} must be >= 1, got {group_limit}")
-        self._limiter = anyio.CapacityLimiter(math.inf if limit is None else limit)
-        self._group_limiters = {
-            group: anyio.CapacityLimiter(group_limit) for group, group_limit in (group_limits or {}).items()
-        }
-        # Each limiter's own limit, and how many slots running processes took from it on credit.
-        self._limits: dict[anyio.CapacityLimiter, float] = {
-            limiter: limiter.total_tokens for limiter in (self._limiter, *self._group_limiters.values())
-        }
-        self._owed: dict[anyio.CapacityLimiter, int] = dict.fromkeys(self._limits, 0)
+        self._slots = Slots(math.inf if limit is None else limit)
+        self._group_slots = {group: Slots(group_limit) for group, group_limit in (group_limits or {}).items()}
         self._saturated: set[str] = set()
         self.memory_floor = memory_floor
         self._available_memory = available_memory
@@ -73,69 +160,43 @@ class Admission:
         self.memory_low = False
         self.last_available: int | None = None  # bytes, as last read by the guard
         self.memory_waits_total = 0  # workloads that had to wait for memory
+        self._descriptor_table = descriptor_table
+        self.descriptor_reserve = descriptor_reserve
+        self._ended = anyio.Event()  # set when a workload ends, which frees its descriptors
+        self._held_back = 0  # launches waiting now for descriptors
+        self.descriptors_full: descriptors.Table | None = None  # the table when a launch last found it full
+        self.descriptor_waits_total = 0  # launches that found the table full and waited
 
     @contextlib.asynccontextmanager
     async def slot(self, request: LaunchRequest, *, running: bool = False) -> AsyncIterator[None]:
         """Hold a slot in ``request``'s group and one executor-wide, for as long as the body runs.
 
         :param running: the workload's process runs already (it was adopted): it takes its slots at once,
-            without waiting. Where a limit has none free, it takes one on credit: that limit is one lower
-            until the body ends, so workloads waiting to launch go only once enough others have ended
-            to bring the count back under the limit. Nothing that runs is held back, or stopped, for it.
+            without waiting. Where a limit has none free, it takes one on credit: the count goes over that
+            limit, so workloads waiting to launch go only once enough others have ended to bring it back
+            under. Nothing that runs is held back, or stopped, for it.
         """
+        group = self._group_slots.get(request.group)
         if running:
-            with self._on_credit(self._group_limiters.get(request.group)), self._on_credit(self._limiter):
+            with _taken(group), _taken(self._slots):
                 yield
             return
-        async with self._group_slot(request), self._limiter:
+        # The group's slot before the executor-wide one, so a workload held back by its group's limit
+        # does not also hold a slot another group could use.
+        if group is not None:
+            self._note_saturation(request.group, group)
+        async with _held(group), _held(self._slots):
             yield
 
-    @contextlib.contextmanager
-    def _on_credit(self, limiter: anyio.CapacityLimiter | None) -> Iterator[None]:
-        if limiter is None:
-            yield
-            return
-        try:
-            limiter.acquire_nowait()
-        except anyio.WouldBlock:
-            pass
-        else:
-            try:
-                yield
-            finally:
-                limiter.release()
-            return
-        # Lowering the limit never wakes a waiter; every slot freed while something is owed pays it back
-        # (anyio hands a freed token on only while fewer are borrowed than the limit).
-        self._owed[limiter] += 1
-        self._set_limit(limiter)
-        try:
-            yield
-        finally:
-            self._owed[limiter] -= 1
-            self._set_limit(limiter)
-
-    def _set_limit(self, limiter: anyio.CapacityLimiter) -> None:
-        limit = self._limits[limiter]
-        limiter.total_tokens = limit if math.isinf(limit) else max(0, int(limit) - self._owed[limiter])
-
-    def _group_slot(self, request: LaunchRequest) -> contextlib.AbstractAsyncContextManager[object]:
-        # Taken before the executor-wide slot, so a workload held back by its group's limit does not
-        # also hold a slot another group could use.
-        limiter = self._group_limiters.get(request.group)
-        if limiter is None:
-            return contextlib.nullcontext()
-        if limiter.available_tokens < 1:
-            if request.group not in self._saturated:
-                self._saturated.add(request.group)
+    def _note_saturation(self, name: str, group: Slots) -> None:
+        if group.free < 1:
+            if name not in self._saturated:
+                self._saturated.add(name)
                 log.info(
-                    "queue %r is at its limit of %d running workloads; its next ones wait",
-                    request.group,
-                    int(limiter.total_tokens),
+                    "queue %r is at its limit of %d running workloads; its next ones wait", name, group.limit
                 )
         else:
-            self._saturated.discard(request.group)
-        return limiter
+            self._saturated.discard(name)
 
     async def wait_for_memory(self, request: LaunchRequest) -> None:
         """Return once available memory is at or above the floor; at once if the guard is off."""
@@ -161,3 +222,65 @@ class Admission:
         if self.memory_low:
             self.memory_low = False
             log.warning("available memory is back above %d MB; launching again", self.memory_floor // MB)
+
+    def workload_ended(self) -> None:
+        """A workload ended: the descriptors it held are free, for a launch held back to try again."""
+        self._ended.set()
+        self._ended = anyio.Event()
+
+    def short_of_descriptors(self) -> DescriptorsFull | None:
+        """Before a launch, where a reserve is kept: the table's room down to the reserve, as a full table
+        (the process's own work, its journal and its database connections, needs those descriptors)."""
+        if not self.descriptor_reserve:
+            return None
+        table = self._descriptor_table()
+        if table.soft == descriptors.UNLIMITED or table.open + self.descriptor_reserve < table.soft:
+            return None
+        return DescriptorsFull(
+            f"the last {self.descriptor_reserve} descriptors are kept for the scheduler itself"
+        )
+
+    async def hold_back(
+        self, request: LaunchRequest, full: DescriptorsFull, others: int, *, again: bool
+    ) -> None:
+        """Wait, after ``request``'s launch found the descriptor table full, until it may try again:
+        until a workload ends, or :data:`DESCRIPTOR_RETRY` seconds have passed. The caller then tries
+        again, and once it launched or gave up says so with :meth:`held_back_ended` (once, if it was
+        held back at all).
+
+        :param others: workloads with a process, or launching, besides this one, whose ends would free
+            descriptors
+        :param again: it was held back before, and its last try found the table full again
+        :raises DescriptorsFull: ``full``, with the table's fill, when none runs: nothing would free any
+        """
+        if others == 0:
+            raise DescriptorsFull(
+                f"{full} (descriptor table full: {self._descriptor_table().describe()}, and no other "
+                "workload runs to free one)"
+            ) from full
+        if not again:
+            self._held_back += 1
+            self.descriptor_waits_total += 1
+            log.debug("workload %s held back: descriptor table full", request.label or request.key)
+        if self.descriptors_full is None:
+            table = self._descriptor_table()
+            log.warning(
+                "launches held back: descriptor table full (%s); workload %s and the ones after it wait "
+                "for a running workload to end (%s)",
+                table.describe(),
+                request.label or request.key,
+                full,
+            )
+            self.descriptors_full = table
+        with self._clock.move_on_after(DESCRIPTOR_RETRY):
+            await self._ended.wait()
+
+    def held_back_ended(self, *, launched: bool) -> None:
+        """A workload held back for descriptors launched, or will not (it failed, or was stopped)."""
+        self._held_back -= 1
+        if self.descriptors_full is not None and not self._held_back:
+            if launched:
+                log.warning(
+                    "launching again: the descriptor table has room (%s)", self._descriptor_table().describe()
+                )
+            self.descriptors_full = None

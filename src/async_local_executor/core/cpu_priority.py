@@ -4,7 +4,8 @@
 workload process itself, first thing, before it starts any thread or process (Linux priorities are per
 thread and inherited), for its whole life. ``auto`` is decided per workload by the scheduler
 (``core/launchers/crowd.py``): a workload that starts in a crowd is put in ``SCHED_IDLE`` from outside, with what
-lets it leave that class again (:func:`lower`), and put back when the crowd ends (:func:`restore`).
+lets it leave that class again (:func:`lower`), and put back when the crowd ends, or when the workload is
+handed over to a successor or taken over from a predecessor (:func:`idle`, :func:`restore`).
 An unprivileged process may enter ``SCHED_IDLE`` but leave it only within its ``RLIMIT_NICE``.
 """
 
@@ -108,6 +109,22 @@ def lower(pid: int) -> None:
         if soft != resource.RLIM_INFINITY and soft < _needed_rlimit():
             resource.prlimit(pid, resource.RLIMIT_NICE, (hard, hard))
     os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
+
+
+def idle(pids: Iterable[int]) -> bool:
+    """Whether any thread of ``pids`` is in ``SCHED_IDLE`` (a process gone meanwhile has none)."""
+    for pid in pids:
+        try:
+            threads = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue  # exited
+        for tid in map(int, threads):
+            try:
+                if os.sched_getscheduler(tid) == os.SCHED_IDLE:
+                    return True
+            except ProcessLookupError:
+                continue
+    return False
 
 
 def restore(pids: Iterable[int]) -> int:

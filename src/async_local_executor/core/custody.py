@@ -10,9 +10,16 @@ workload's entry process, :class:`Custody` takes the place of the parent-death s
   kills a shell with SIGPIPE;
 - a watchdog thread: it follows the process that answers for the workload (the executor that launched it,
   then whichever executor ``<custody>/<id>.json`` names) and, once none has for ``timeout`` seconds, kills
-  the workload: its own cgroup, and its process group;
+  the workload: its own cgroup, and its process group. Those seconds add up over every owner that exits
+  within ``timeout`` of taking it (a successor that crash-loops renews nothing); an owner that kept it
+  for ``timeout`` gives it the whole of them again;
 - ``<custody>/<id>.exit`` at the exit of a workload that was handed over: a process that is not its parent
-  has no other way to learn its exit status.
+  has no other way to learn its exit status;
+- :attr:`Custody.tell`, which the entry point sets: where the last lines the workload wrote after its
+  owner's exit go when it fails or kills itself (its task's log), since nobody reads ``<id>.out``.
+
+A workload whose executor is already gone when it takes custody (released, or crashed, while this process
+started) waits for a successor as if its owner had just died: that executor recorded it for one.
 
 The watchdog's thread is named ``ale-custody`` (``/proc/<pid>/task/<tid>/comm``), so anyone can tell a
 process whose life a watchdog bounds (:func:`watched`) without knowing whose it is: a reclaim leaves it
@@ -31,9 +38,11 @@ import os
 import re
 import select
 import signal
+import stat
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -42,10 +51,16 @@ from async_local_executor.core.proc_identity import runs_as, start_ticks
 
 WATCHDOG = "ale-custody"  # the watchdog thread's name, as the kernel shows it (15 bytes at most)
 _PR_SET_NAME = 15
+_NAMING_GUARD = 5.0  # seconds at most: the watchdog names itself before anything else
 OUT_CAP = 8 * 1024 * 1024  # what <id>.out keeps at most: a runaway task must not fill the state directory
 CLAIM_POLL = 0.5  # how often a workload without an owner looks for a successor's claim, in seconds
 OWNER_POLL = 1.0  # how often the owner is looked at where pidfd_open is missing, in seconds
 DRAIN = 1.0  # how long the exit waits for the relay to copy what is still in its pipe, in seconds
+LATE_TAIL = 64 * 1024  # the last bytes written after the owner's exit kept for tell(), past OUT_CAP too
+TELL_LINES = 100  # at most this many of them
+TELL_GUARD = 5.0  # how long tell() may take before the workload exits (or kills itself) without it
+_CLAIM_MAX = 4096  # far above any claim; a larger file is not one
+CUSTODY_POLL = 0.02  # how often await_custody() looks at the workloads it waits for, in seconds
 _UPSTREAM_WAIT_MS = 500  # how long the relay waits for room in the executor's pipe before it looks again
 _CHUNK = 65536
 # A workload's own cgroup as the contained launcher names it: `w<N>` inside its instance's cgroup,
@@ -74,7 +89,9 @@ class Owner(NamedTuple):
 class Custody:
     """Custody of the workload in this process; :meth:`start` it once, :meth:`record_exit` at the end."""
 
-    def __init__(self, owner: Owner, pidfd: int | None, timeout: float, directory: Path) -> None:
+    def __init__(
+        self, owner: Owner, pidfd: int | None, timeout: float, directory: Path, *, orphaned: bool = False
+    ) -> None:
         self._pid = os.getpid()
         self.name = custody_name(self._pid, start_ticks(self._pid) or 0)
         self._first = owner
@@ -84,7 +101,12 @@ class Custody:
         self._claim = directory / f"{self.name}.json"
         self._exit = directory / f"{self.name}.exit"
         self._out = directory / f"{self.name}.out"
-        self._orphaned = False  # set once an owner died: output no longer goes to its pipe
+        # Set once an owner died (from the start when it was gone already): output no longer goes to its pipe.
+        self._orphaned = orphaned
+        self._late = b""  # the last LATE_TAIL bytes of the output written since then
+        # Given the last lines written since the owner's exit (the first says what happened) when the
+        # workload fails or kills itself; never raises. Set by the entry point once it knows its task.
+        self.tell: Callable[[list[str]], None] | None = None
         self._inbox: int | None = None  # the relay's read end of the internal pipe
         self._upstream: int | None = None  # the executor's pipe (the original fd 1); None once given up
         self._out_fd: int | None = None
@@ -95,10 +117,15 @@ class Custody:
 
     @classmethod
     def start(cls, parent_pid: int, timeout: float, directory: str) -> Custody | None:
-        """Take custody of this process from the parent-death tie; None when the parent is already gone.
+        """Take custody of this process from the parent-death tie; None when ``parent_pid`` runs but is
+        not our parent (named wrongly: nobody recorded this process for a successor).
+
+        A parent that is gone already (it released us, or crashed, while this process started) is an
+        owner that has just died: the countdown starts at once.
 
         :param parent_pid: the executor that launched us (our parent, also for a fork-server child)
-        :param timeout: how long the workload waits for a new owner once its owner died, in seconds (> 0)
+        :param timeout: how long the workload waits for a new owner once its owner died, in seconds (> 0);
+            over every owner that exits within ``timeout`` of taking it, in all
         :param directory: the custody directory (made 0700 when missing)
         """
         lifeline.outlive_parent()
@@ -106,21 +133,29 @@ class Custody:
         # and the start read in between is its start (a dead parent would have changed our ppid first).
         pidfd = _pidfd(parent_pid)
         parent_start = start_ticks(parent_pid)
-        if os.getppid() != parent_pid or parent_start is None:
+        gone = os.getppid() != parent_pid or parent_start is None
+        if gone and parent_start is not None and runs_as(parent_pid, parent_start):
+            # It runs, and is not our parent: named wrongly, not dead. Nobody recorded us for a successor.
             if pidfd is not None:
                 os.close(pidfd)
             return None
+        # Gone already: the executor released us (or crashed) while this process started, and recorded
+        # us for a successor as it did; waiting for one is what it handed us over for.
+        if gone and pidfd is not None:
+            os.close(pidfd)
+            pidfd = None
         place = Path(directory)
         with contextlib.suppress(OSError):  # without it only <id>.out and <id>.exit are lost, not the task
             place.mkdir(mode=0o700, parents=True, exist_ok=True)
-        custody = cls(Owner(parent_pid, parent_start), pidfd, timeout, place)
+        custody = cls(Owner(parent_pid, parent_start or 0), pidfd, timeout, place, orphaned=gone)
         custody._begin()
         return custody
 
     def _begin(self) -> None:
         # What Python buffered so far would otherwise reach the pipe after what the relay copies.
         _flush_python_streams()
-        self._upstream = _above_stdio_or_none(1)
+        # An owner gone already left its pipe's reader to nobody: the output goes to <id>.out from the start.
+        self._upstream = None if self._orphaned else _above_stdio_or_none(1)
         read, write = os.pipe()  # both close-on-exec: a program the task runs gets fds 1 and 2 only
         self._inbox = _above_stdio(read)
         write = _above_stdio(write)
@@ -129,7 +164,11 @@ class Custody:
         os.register_at_fork(after_in_child=self._forget)
         try:
             threading.Thread(target=self._relay, name="custody-relay", daemon=True).start()
-            threading.Thread(target=self._watch, name="custody-watchdog", daemon=True).start()
+            named = threading.Event()
+            threading.Thread(target=self._watch, args=(named,), name="custody-watchdog", daemon=True).start()
+            # Custody is taken once the watchdog shows (watched()): what reads it from then on, an
+            # executor waiting to exit or another deployment's reclaim, must not find it unnamed yet.
+            named.wait(_NAMING_GUARD)
         except BaseException:
             # Nothing was re-pointed yet: closing the write end ends a relay that started (EOF), and the
             # caller can fall back on the parent-death tie.
@@ -207,14 +246,15 @@ class Custody:
         return sent
 
     def _append(self, data: memoryview) -> None:
+        # The tail tell() gets: kept whole here, whatever the cap or the disk does to <id>.out.
+        self._late = (self._late + bytes(data))[-LATE_TAIL:]
         if self._out_fd is None:
             if self._out_failed:
                 return
             try:
-                flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
-                self._out_fd = os.open(self._out, flags, 0o600)
+                self._out_fd = _open_regular(self._out, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
             except OSError:
-                self._out_failed = True  # no custody directory to write in: the output is lost
+                self._out_failed = True  # no custody directory to write in (or not a file there): lost
                 return
         kept = data[: max(0, OUT_CAP - self._out_size)]
         self._out_size += len(kept)
@@ -242,28 +282,40 @@ class Custody:
 
     # The watchdog.
 
-    def _watch(self) -> None:
+    def _watch(self, named: threading.Event) -> None:
         with contextlib.suppress(OSError):  # unnamed, it is only not spared by another's reclaim
             lifeline.prctl(_PR_SET_NAME, WATCHDOG.encode())
+        named.set()
         owner, pidfd = self._owner, self._pidfd
+        since = time.monotonic()  # when this owner began to answer for the workload
+        left = self._timeout  # the seconds it may still spend without a live owner
+        claims = 0  # successors that claimed it since it last had the whole timeout
         while True:
             _await_exit(owner, pidfd)
+            died = time.monotonic()
             if pidfd is not None:
                 self._pidfd = None  # before the close: a fork in between must not close a reused number
                 with contextlib.suppress(OSError):
                     os.close(pidfd)
             self._orphaned = True
-            successor = self._await_successor(owner)
+            if died - since >= self._timeout:
+                # That owner kept it for a whole timeout: a scheduler that ran, not one that crashed
+                # straight after its start's claim. A scheduler that crash-loops claims it on each start;
+                # without this bound each claim would give it the whole timeout again, for ever.
+                left, claims = self._timeout, 0
+            successor = self._await_successor(owner, died + left)
             if successor is None:
-                self._expire()
+                self._expire(claims)
                 return
             owner, pidfd = successor
             self._owner = owner
             self._pidfd = pidfd
+            since = time.monotonic()
+            left -= since - died
+            claims += 1
 
-    def _await_successor(self, dead: Owner) -> tuple[Owner, int | None] | None:
-        """The owner a claim names within the timeout (its pidfd, if any); None when none claimed us."""
-        deadline = time.monotonic() + self._timeout
+    def _await_successor(self, dead: Owner, deadline: float) -> tuple[Owner, int | None] | None:
+        """The owner a claim names before ``deadline`` (monotonic; its pidfd, if any); None: none did."""
         while True:
             found = self._claimed(dead)
             if found is not None:
@@ -275,10 +327,21 @@ class Custody:
 
     def _claimed(self, dead: Owner) -> tuple[Owner, int | None] | None:
         try:
-            claim = json.loads(self._claim.read_bytes())
-            owner = Owner(claim["owner_pid"], claim["owner_start"])
-        except (OSError, ValueError, TypeError, KeyError):  # none yet, or half a file written by hand
+            # Never through a link nor into a FIFO planted under its name: either would let a file
+            # elsewhere keep the workload, or block this thread, and the countdown with it, for ever.
+            fd = _open_regular(self._claim, os.O_RDONLY)
+        except OSError:  # none yet, or not a file
             return None
+        try:
+            raw = os.read(fd, _CLAIM_MAX + 1)
+            if len(raw) > _CLAIM_MAX:
+                return None
+            claim = json.loads(raw)
+            owner = Owner(claim["owner_pid"], claim["owner_start"])
+        except (OSError, ValueError, TypeError, KeyError, RecursionError):  # half a file written by hand
+            return None
+        finally:
+            os.close(fd)
         if not all(type(value) is int for value in owner) or owner == dead:
             return None
         pidfd = _pidfd(owner.pid)
@@ -289,15 +352,42 @@ class Custody:
             os.close(pidfd)
         return None
 
-    def _expire(self) -> None:
-        say = (
-            f"async_local_executor: workload process {self._pid} kills itself and its tree: no scheduler "
-            f"adopted it within {self._timeout:g} s of its owner's exit\n"
-        )
+    def _expire(self, claims: int) -> None:
+        if claims:
+            why = (
+                f"{self._timeout:g} s without a live owner in all, over {claims} scheduler(s) that claimed it "
+                f"and exited within {self._timeout:g} s"
+            )
+        else:
+            why = f"no scheduler adopted it within {self._timeout:g} s of its owner's exit"
+        say = f"async_local_executor: workload process {self._pid} kills itself and its tree: {why}\n"
         with contextlib.suppress(OSError):
             os.write(2, say.encode())
-        self._drain()  # so the line reaches <id>.out before everything here dies
+        self._drain()  # so the line reaches <id>.out, and the tail told, before everything here dies
+        self._tell(f"workload process {self._pid} killed itself")
         kill_workload()
+
+    def _tell(self, what: str) -> None:
+        """Give :attr:`tell` the last lines written since the owner's exit, for at most TELL_GUARD seconds.
+
+        Bounded: a task log on a hung file system must not keep the workload, nor its exit, waiting.
+        """
+        tell = self.tell
+        if tell is None:
+            return
+        lines = self._late.decode("utf-8", "replace").splitlines()[-TELL_LINES:]
+        header = f"async_local_executor: {what}; its last {len(lines)} output line(s) since its owner's exit:"
+        if not lines:
+            header = f"async_local_executor: {what}; it wrote nothing since its owner's exit"
+
+        def run() -> None:
+            with contextlib.suppress(Exception):
+                tell([header, *lines])
+
+        with contextlib.suppress(RuntimeError):  # no thread left: told nothing
+            teller = threading.Thread(target=run, name="custody-tell", daemon=True)
+            teller.start()
+            teller.join(TELL_GUARD)
 
     # The exit.
 
@@ -312,6 +402,10 @@ class Custody:
             return
         _flush_python_streams()
         self._drain()
+        if self._orphaned and code != 0:
+            # Before the code is recorded: an adopter reports the failure once it reads that, and the
+            # task's log should hold the why (a traceback) by then.
+            self._tell(f"workload process {self._pid} exited with code {code}")
         if self._claim.exists() or not runs_as(*self._first):
             try:
                 _write_atomically(self._exit, json.dumps({"status": code}).encode())
@@ -350,6 +444,25 @@ def watched(pid: int) -> bool:
     return False
 
 
+def await_custody(workloads: Iterable[tuple[int, int]], guard: float) -> list[int]:
+    """Wait until each workload ``(pid, start ticks)`` runs its watchdog (:func:`watched`) or is gone.
+
+    For an executor that released them, before it exits: a workload that has not taken custody yet may
+    still have its parent-death signal armed (a fork-server child has it from the helper), which that
+    exit fires. One that took custody has cleared it.
+
+    :param guard: seconds after which it returns anyway
+    :returns: the pids of those that still run without a watchdog after ``guard``
+    """
+    pending = list(workloads)
+    deadline = time.monotonic() + guard
+    while True:
+        pending = [(pid, start) for pid, start in pending if runs_as(pid, start) and not watched(pid)]
+        if not pending or time.monotonic() >= deadline:
+            return [pid for pid, _ in pending]
+        time.sleep(CUSTODY_POLL)
+
+
 def _flush_python_streams() -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # closed, replaced, or writing to a broken pipe
@@ -379,10 +492,26 @@ def _write_all(fd: int, data: memoryview) -> None:
         data = data[os.write(fd, data) :]
 
 
+def _open_regular(path: Path, flags: int) -> int:
+    """An fd of the regular file ``path`` (0600 if created), without following a link or blocking.
+
+    :raises OSError: it is a link (ELOOP), something else than a regular file (a FIFO, a device), or
+        cannot be opened
+    """
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def _write_atomically(path: Path, data: bytes) -> None:
     """``path`` (0600) holds ``data`` whole or not at all: a reader never sees half of it."""
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    fd = _open_regular(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     try:
         _write_all(fd, memoryview(data))
     finally:

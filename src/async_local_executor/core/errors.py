@@ -11,6 +11,11 @@ class LaunchError(AsyncLocalExecutorError):
     """A workload could not be turned into a running process."""
 
 
+class DescriptorsFull(LaunchError):
+    """A launch found the descriptor table full (``EMFILE``, or the system's: ``ENFILE``): a capacity
+    reached, so the workload waits for a running one to end, like one over the workload limit."""
+
+
 class ChildLost(AsyncLocalExecutorError):
     """A launched process ended but its exit status can no longer be read (something else reaped it)."""
 

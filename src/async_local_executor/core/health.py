@@ -50,16 +50,12 @@ PUBLIC_REASONS: Mapping[str, str] = MappingProxyType(
         "launcher_degraded": "the launch path is degraded",
         "launch_failures": "launches keep failing",
         "memory_low": "the memory guard is holding workloads until memory frees up",
+        "descriptors_full": "launches are held back until the descriptor table has room",
         "waiting_too_long": "workloads have waited too long to launch",
         "no_report": "no health report yet",
         WITHHELD: "the reasons are in the authenticated status",
     }
 )
-
-
-def public_reason(code: str) -> str:
-    """The fixed words for ``code``; those of :data:`WITHHELD` for a code this version does not know."""
-    return PUBLIC_REASONS.get(code, PUBLIC_REASONS[WITHHELD])
 
 
 @dataclass(frozen=True)
@@ -154,6 +150,9 @@ def assess(state: SupervisorState, lag: float, thresholds: Thresholds, now: floa
             f"floor {state.memory_floor // MB} MB"
         )
         found.append((said, "memory_low"))
+    if state.descriptors_full is not None:
+        said = f"launches held back: descriptor table full ({state.descriptors_full.describe()})"
+        found.append((said, "descriptors_full"))
     if state.oldest_waiting_since is not None:
         waited = now - state.oldest_waiting_since
         if waited > thresholds.max_wait:

@@ -44,8 +44,10 @@ TRANSITIONS: dict[tuple[Phase, Step], Phase] = {
     (Phase.RUNNING, Step.TERMINATE): Phase.TERMINATING,
     (Phase.RUNNING, Step.EXIT): Phase.FINISHED,
     (Phase.TERMINATING, Step.EXIT): Phase.FINISHED,
-    # Only a running workload is handed over; one being stopped is stopped to its end.
+    # A running workload is handed over; one being stopped is stopped to its end, unless it is being
+    # stopped for its run-time limit (see Supervisor.release).
     (Phase.RUNNING, Step.RELEASE): Phase.RELEASED,
+    (Phase.TERMINATING, Step.RELEASE): Phase.RELEASED,
     # A bug may strike in any phase; the workload must still get its one final event (from us, unless
     # it was handed over: then from whoever adopts it).
     **{(phase, Step.ABANDON): Phase.FINISHED for phase in Phase if phase not in _ENDED},

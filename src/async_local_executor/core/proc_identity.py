@@ -6,32 +6,9 @@ process is made. psutil's ``create_time`` adds the boot time to it, which it der
 (``btime`` in ``/proc/stat``, re-read on each call): an NTP step, a VM resume or ``date -s`` moves every
 process's ``create_time`` by the step, and a comparison of it against a recorded one then takes each
 process for a later one under the same pid.
-
-Versions before this one recorded ``create_time``; such a record (:class:`WallClockStart`) is still
-matched the way they matched it, within 0.05 s, so it is recognised as before (and, like before, not
-across a clock step).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import TypeAlias
-
-import psutil
-
-# Two reads of one process's create_time agree to the tick (1/100 s); a later process differs by more.
-WALL_CLOCK_TOLERANCE = 0.05
-
-
-@dataclass(frozen=True)
-class WallClockStart:
-    """A start recorded by an older version: psutil's ``create_time``, in seconds since the epoch."""
-
-    seconds: float
-
-
-# A process's start as recorded: clock ticks since boot, or an older version's wall-clock start.
-Start: TypeAlias = int | WallClockStart
 
 
 def _stat(pid: int) -> tuple[bytes, int] | None:
@@ -56,23 +33,16 @@ def start_ticks(pid: int) -> int | None:
     return None if found is None else found[1]
 
 
-def started_as(pid: int, start: Start) -> bool:
+def started_as(pid: int, start: int) -> bool:
     """Whether the process under ``pid`` is the one that started at ``start`` (a zombie included)."""
     return _matches(pid, start, zombie=True)
 
 
-def runs_as(pid: int, start: Start) -> bool:
+def runs_as(pid: int, start: int) -> bool:
     """Whether the process that started at ``start`` still runs under ``pid``: not a later one, no zombie."""
     return _matches(pid, start, zombie=False)
 
 
-def _matches(pid: int, start: Start, *, zombie: bool) -> bool:
-    if isinstance(start, WallClockStart):
-        try:
-            proc = psutil.Process(pid)
-            same = abs(proc.create_time() - start.seconds) < WALL_CLOCK_TOLERANCE
-            return bool(same and (zombie or proc.status() != psutil.STATUS_ZOMBIE))
-        except psutil.Error:
-            return False
+def _matches(pid: int, start: int, *, zombie: bool) -> bool:
     found = _stat(pid)
     return found is not None and found[1] == start and (zombie or found[0] != b"Z")

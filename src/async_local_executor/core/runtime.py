@@ -32,7 +32,7 @@ from async_local_executor.core.errors import RuntimeNotRunning
 from async_local_executor.core.health import Probe, Report
 from async_local_executor.core.launchers.base import Child, LaunchRequest
 from async_local_executor.core.lifeline import prctl
-from async_local_executor.core.supervisor import Handover, Supervisor, every
+from async_local_executor.core.supervisor import LetGo, Supervisor, every
 
 log = logging.getLogger(__name__)
 
@@ -215,8 +215,12 @@ class Runtime:
         thread.join(max(0.0, deadline - time.monotonic()))
 
     def release(
-        self, grace: float, timeout: float, which: Callable[[Hashable], bool] = every
-    ) -> list[Handover]:
+        self,
+        grace: float,
+        timeout: float,
+        which: Callable[[Hashable], bool] = every,
+        settle: Callable[[list[LetGo]], object] | None = None,
+    ) -> list[LetGo]:
         """Let every running workload go alive (see :meth:`Supervisor.release`) and join the loop thread.
 
         Blocks the calling thread: for ``end()`` only.
@@ -225,14 +229,23 @@ class Runtime:
             process cannot be let go) get to end before they are stopped
         :param timeout: give up after this long; what was let go by then is returned
         :param which: the keys of the workloads that may be let go; the others are stopped
+        :param settle: called in a worker thread with what was let go, before the loop thread exits:
+            a child forked for the loop thread dies with it while its parent-death signal is armed, so
+            whatever it must do first (take custody of itself) is waited for here
         """
         thread = self._thread
         if thread is None or not self.alive:
             return []
-        done: concurrent.futures.Future[list[Handover]] = concurrent.futures.Future()
+        done: concurrent.futures.Future[list[LetGo]] = concurrent.futures.Future()
 
         async def release(supervisor: Supervisor) -> None:
-            done.set_result(await supervisor.release(grace, which=which))
+            let_go = await supervisor.release(grace, which=which)
+            if settle is not None:
+                try:
+                    await anyio.to_thread.run_sync(settle, let_go)
+                except Exception:
+                    log.exception("settling the workloads handed over failed")
+            done.set_result(let_go)
 
         deadline = time.monotonic() + timeout
         self._post(lambda supervisor, tg: tg.start_soon(release, supervisor))

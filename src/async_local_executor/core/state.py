@@ -9,6 +9,7 @@ from typing import Any
 
 from async_local_executor.core.admission import Admission
 from async_local_executor.core.cgroups.group import WorkloadCgroup
+from async_local_executor.core.descriptors import Table
 from async_local_executor.core.launchers.base import LauncherReport
 from async_local_executor.core.outcome import Outcome, OutcomeKind
 
@@ -66,6 +67,9 @@ class SupervisorState:
     recent_finished: tuple[FinishedWorkload, ...] = ()  # the latest last
     launcher_state: str | None = None  # the launch path in words (which fork server, say)
     preload: Mapping[str, Any] | None = None  # what the fork server preloads and refused (learned)
+    # The descriptor table when a launch found it full, while launches are held back for it; else None.
+    descriptors_full: Table | None = None
+    descriptor_waits_total: int = 0  # launches that found the descriptor table full and waited
 
 
 class Tally:
@@ -124,4 +128,6 @@ def snapshot(
         recent_finished=tuple(tally.finished_recently),
         launcher_state=launcher.description,
         preload=launcher.preload,
+        descriptors_full=admission.descriptors_full,
+        descriptor_waits_total=admission.descriptor_waits_total,
     )

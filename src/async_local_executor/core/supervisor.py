@@ -24,10 +24,11 @@ from typing import Protocol
 import anyio
 import anyio.abc
 
+from async_local_executor.core import descriptors
 from async_local_executor.core.admission import Admission, host_available_memory
 from async_local_executor.core.clock import SYSTEM, Clock
-from async_local_executor.core.errors import LaunchError, Released
-from async_local_executor.core.launchers.base import Child, Launcher, LaunchRequest
+from async_local_executor.core.errors import DescriptorsFull, LaunchError, Released
+from async_local_executor.core.launchers.base import Child, Launcher, LaunchRequest, adopted_by
 from async_local_executor.core.lifecycle import Phase, Step
 from async_local_executor.core.outcome import (
     ExitStatus,
@@ -42,7 +43,7 @@ from async_local_executor.core.state import RunningWorkload, SupervisorState, Ta
 from async_local_executor.core.stopping import Deadline, TerminationPolicy, escalate
 from async_local_executor.core.workload import Workload
 
-__all__ = ["Handover", "Listener", "Supervisor", "every"]
+__all__ = ["LetGo", "Listener", "Supervisor", "every"]
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +62,14 @@ def every(_: Hashable) -> bool:
 
 
 @dataclass(frozen=True)
-class Handover:
+class LetGo:
     """A running workload let go alive by :meth:`Supervisor.release`, for a successor to adopt.
 
+    What is left of its run-time limit is not here: the wall clock this supervisor stamps workloads
+    with may be stepped, so whoever hands it over keeps the limit on a clock no step moves.
+
     :param cgroup: its cgroup2 directory, when it is contained
-    :param launched: wall clock of its launch (or of its adoption's first launch)
-    :param timeout: what was left of its run-time limit, in seconds; None for none
+    :param launched: wall clock of its launch (or of its adoption's first launch), for display
     """
 
     key: Hashable
@@ -74,7 +77,6 @@ class Handover:
     label: str
     cgroup: str | None
     launched: float
-    timeout: float | None
 
 
 class Supervisor:
@@ -92,6 +94,8 @@ class Supervisor:
     :param memory_poll: seconds between two reads while memory is low
     :param clock: the wall time stamped on workloads, and what grace periods, timeouts and memory polls
         wait on; tests inject one they drive by hand
+    :param descriptor_reserve: launches wait while fewer descriptors than this are free; 0: only while
+        the table is full
     """
 
     def __init__(
@@ -106,6 +110,7 @@ class Supervisor:
         available_memory: Callable[[], int] = host_available_memory,
         memory_poll: float = 1.0,
         clock: Clock = SYSTEM,
+        descriptor_reserve: int = 0,
     ) -> None:
         self._admission = Admission(
             limit=limit,
@@ -114,6 +119,7 @@ class Supervisor:
             available_memory=available_memory,
             memory_poll=memory_poll,
             clock=clock,
+            descriptor_reserve=descriptor_reserve,
         )
         self._launcher = launcher
         self._listener = listener
@@ -124,7 +130,7 @@ class Supervisor:
         self._serials = itertools.count()
         self._accepting = True
         self._releasing: Callable[[Hashable], bool] | None = None  # which keys release() lets go
-        self._late_handovers: list[Handover] = []
+        self._late_handovers: list[LetGo] = []
         self._idle = anyio.Event()
         self._idle.set()
         self._closed = anyio.Event()
@@ -219,22 +225,27 @@ class Supervisor:
         await self._idle.wait()
         self._closed.set()
 
-    async def release(self, grace: float, *, which: Callable[[Hashable], bool] = every) -> list[Handover]:
+    async def release(self, grace: float, *, which: Callable[[Hashable], bool] = every) -> list[LetGo]:
         """Stop accepting and let every running workload ``which`` accepts go alive, for a successor.
 
         What has no process yet is dropped (its final event says so), as at a shutdown. A workload being
-        stopped (revoked, timed out), or whose launch path cannot let a process go, is stopped to its end
-        as at a shutdown, within ``grace`` seconds plus the termination policy's. Released workloads get
-        no final event from here: their end is their adopter's to report.
+        stopped because its run-time limit ran out is let go too: the event of its end would come after
+        the caller stops reading events (a scheduler reads none once it stops), so that end is its
+        adopter's to report, which stops it at once (its limit is long gone). A workload being stopped
+        for any other reason (revoked), or whose launch path cannot let a process go, is stopped to its
+        end as at a shutdown, within ``grace`` seconds plus the termination policy's. Released workloads
+        get no final event from here: their end is their adopter's to report.
         """
         self._accepting = False
         self._releasing = which
-        handovers: list[Handover] = []
+        handovers: list[LetGo] = []
         for workload in list(self._workloads.values()):
             if (handover := self._release_one(workload)) is not None:
                 handovers.append(handover)
-            elif workload.lifecycle.phase is not Phase.LAUNCHING and workload.take is None:
-                self._stop(workload, "executor shut down")
+            elif (
+                workload.lifecycle.phase is not Phase.LAUNCHING or workload.held_back is not None
+            ) and workload.take is None:
+                self._stop(workload, "executor shut down")  # held back for descriptors: ends unlaunched
         # Those launching, and adopted ones not yet taken, are released by _launch once it has their process.
         with self._clock.move_on_after(grace):
             await self._idle.wait()
@@ -245,13 +256,17 @@ class Supervisor:
         self._closed.set()
         return handovers
 
-    def _release_one(self, workload: Workload) -> Handover | None:
+    def _release_one(self, workload: Workload) -> LetGo | None:
         child = workload.child
         if (
             self._releasing is None
             or child is None
             or workload.launched is None
-            or workload.lifecycle.phase is not Phase.RUNNING
+            or workload.exited.is_set()  # its exit was read: its end is to be reported here
+            or not (
+                workload.lifecycle.phase is Phase.RUNNING
+                or (workload.lifecycle.phase is Phase.TERMINATING and workload.timed_out)
+            )
             or not child.releasable
             or not self._releasing(workload.request.key)
         ):
@@ -259,18 +274,16 @@ class Supervisor:
         workload.lifecycle.advance(Step.RELEASE)
         if workload.deadline is not None:
             workload.deadline.cancel()
+        if workload.escalation is not None:
+            workload.escalation.cancel()
         child.release()
-        timeout = workload.request.timeout
-        if timeout is not None:
-            timeout = max(0.0, timeout - (self._clock.time() - (workload.armed or workload.launched)))
         cgroup = child.cgroup
-        return Handover(
+        return LetGo(
             workload.request.key,
             child.pid,
             workload.label,
             str(cgroup.path) if cgroup is not None else workload.cgroup_dir,
             workload.launched,
-            timeout,
         )
 
     def adopt(
@@ -332,6 +345,9 @@ class Supervisor:
             if workload.deadline is not None:
                 workload.deadline.cancel()  # else a long timeout's timer would hold up shutdown
             self._workloads.pop(serial, None)
+            if workload.child is not None:
+                descriptors.running_changed(-1)
+                self._admission.workload_ended()  # its descriptors are closed: a held-back launch tries again
             if not self._workloads:
                 self._idle.set()
 
@@ -339,12 +355,26 @@ class Supervisor:
         """Start the process and arm its stop or its timeout; None if it could not be started."""
         request = workload.request
         try:
-            child = workload.take() if workload.take is not None else await self._launcher.launch(request)
+            if workload.take is None:
+                child = await self._start(workload)
+                if child is None:
+                    return None
+            else:
+                taken = workload.take()
+                try:
+                    # Through the launch paths' wrappers too: the crowd counts it and gives it back a CPU
+                    # share a predecessor's crash left lowered.
+                    child = await adopted_by(self._launcher, taken, workload.cgroup_dir)
+                except Exception:
+                    # Its process runs and is ours now: supervised as it is rather than left to nobody.
+                    log.exception("taking over workload %s through its launch path failed", workload.label)
+                    child = taken
         except LaunchError as exc:
             self._end(workload, exc, Step.LAUNCH_FAILED)
             return None
         workload.child = child
-        workload.launched = workload.armed = now = self._clock.time()
+        descriptors.running_changed(+1)
+        workload.launched = now = self._clock.time()
         if workload.take is None:
             self._tally.launched(now)
         else:
@@ -362,11 +392,61 @@ class Supervisor:
                 request.timeout,
                 clock=self._clock,
                 exited=workload.exited,
-                expire=lambda reason: self._stop(workload, reason),
+                expire=lambda reason: self._time_out(workload, reason),
                 label=request.label or request.key,
             )
             self._tg.start_soon(workload.deadline.run)
         return child
+
+    async def _start(self, workload: Workload) -> Child | None:
+        """Its process, launched; held back while the descriptor table is full and another workload runs
+        whose end would free some. None: it was stopped while held back (its end is reported).
+
+        :raises LaunchError: it cannot be launched (a full table with nothing else running included)
+        """
+        held = launched = False
+        try:
+            while True:
+                try:
+                    if (short := self._admission.short_of_descriptors()) is not None:
+                        raise short
+                    child = await self._launcher.launch(workload.request)
+                except DescriptorsFull as full:
+                    if not self._accepting and workload.stop_reason is None:
+                        workload.stop_reason = "executor shut down"  # a stop began: it launches nothing
+                    if workload.stop_reason is not None:
+                        self._end(workload, None, Step.LAUNCH_FAILED)
+                        return None
+                    # Processes of any supervisor here (they share the table), and this one's launches
+                    # in flight (they hold descriptors now, and either run or close them); not the ones
+                    # held back, which hold none.
+                    others = descriptors.running() + sum(
+                        1
+                        for w in self._workloads.values()
+                        if w is not workload
+                        and w.child is None
+                        and w.lifecycle.phase is Phase.LAUNCHING
+                        and w.held_back is None
+                    )
+                    with anyio.CancelScope() as workload.held_back:
+                        await self._admission.hold_back(workload.request, full, others, again=held)
+                    held = True
+                    workload.held_back = None
+                    if workload.stop_reason is not None:
+                        self._end(workload, None, Step.LAUNCH_FAILED)
+                        return None
+                    continue
+                launched = True
+                return child
+        finally:
+            workload.held_back = None
+            if held:
+                self._admission.held_back_ended(launched=launched)
+
+    def _time_out(self, workload: Workload, reason: str) -> None:
+        if workload.stop_reason is None:
+            workload.timed_out = True
+        self._stop(workload, reason)
 
     def _stop(self, workload: Workload, reason: str) -> None:
         if workload.stop_reason is not None:
@@ -378,6 +458,8 @@ class Supervisor:
             self._end(workload, None, Step.DROP)
         elif phase is Phase.RUNNING:
             self._terminate(workload)
+        elif workload.held_back is not None:  # waiting for descriptors: it ends unlaunched at once
+            workload.held_back.cancel()
         # LAUNCHING, or adopted and not taken yet (its process runs: dropping it would leave that process
         # to nobody): _launch terminates it as soon as it has the process.
 
@@ -386,7 +468,14 @@ class Supervisor:
         assert self._tg is not None
         assert workload.child is not None
         label = workload.request.label or workload.request.key
-        self._tg.start_soon(escalate, workload.child, workload.exited, self._policy, self._clock, label)
+        child, scope = workload.child, anyio.CancelScope()
+        workload.escalation = scope
+
+        async def stop() -> None:
+            with scope:  # cancelled when it is let go: its stop is its adopter's then
+                await escalate(child, workload.exited, self._policy, self._clock, label)
+
+        self._tg.start_soon(stop)
 
     def _abandon(self, workload: Workload, error: Exception) -> None:
         if workload.lifecycle.finished:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from async_local_executor.core.admission import MB
 from async_local_executor.core.cgroups import Containment, Limits
 from async_local_executor.core.clock import SYSTEM, Clock
+from async_local_executor.core.descriptors import GiveBackLimit
 from async_local_executor.core.health import Probe, Report, Thresholds
 from async_local_executor.core.launchers import crowd
 from async_local_executor.core.launchers.base import Launcher, OutputSink
@@ -61,6 +62,10 @@ class Plan:
     :param max_wait: health: seconds a workload may wait to launch
     :param limits: every workload's memory, CPU and process limits (they need containment)
     :param kill_leftovers: when a contained workload's main process exits, kill what is left in its cgroup
+    :param workload_nofile: the soft ``RLIMIT_NOFILE`` each workload gets before it runs (what the process
+        had before :func:`~async_local_executor.core.descriptors.make_room` raised it); None: its own
+    :param descriptor_reserve: launches wait while fewer descriptors than this are free (where the limit
+        is below what parallelism needs); 0: only while the table is full
     """
 
     parallelism: int
@@ -83,8 +88,13 @@ class Plan:
     max_wait: float = Thresholds.max_wait
     limits: Limits = Limits()  # noqa: RUF009 - frozen
     kill_leftovers: bool = True
+    workload_nofile: int | None = None
+    descriptor_reserve: int = 0
     crowd: bool = False
     """Lower the CPU share of workloads that start in a crowd, until it ends (``core/launchers/crowd.py``)."""
+    idle_workloads: bool = False
+    """Workloads put themselves in ``SCHED_IDLE`` (``workload_cpu_priority = idle``): an adopted one that
+    arrives there keeps it; under any other setting it gets its share back."""
 
     def __post_init__(self) -> None:
         if self.launcher not in LAUNCHERS:
@@ -156,6 +166,8 @@ def wire(
                 clock=clock,
                 learning=learning,
             )
+        if plan.workload_nofile is not None:
+            launcher = GiveBackLimit(launcher, plan.workload_nofile)
         if containment is not None:
             launcher = ContainedLauncher(
                 launcher, containment, limits=plan.limits, kill_leftovers=plan.kill_leftovers
@@ -164,6 +176,10 @@ def wire(
             choice = crowd.choose(containment is not None and containment.weighs_cpu)
             launcher = crowd.CrowdLauncher(launcher, choice, crowd=crowd.threshold())
             log.info("CPU share: %s", choice.describe(crowd.threshold()))
+        elif not plan.idle_workloads:
+            # Lowers nothing; there only to give an adopted workload back the share a predecessor's crowd
+            # lowered (a crash undoes nothing).
+            launcher = crowd.CrowdLauncher(launcher, crowd.Choice(crowd.How.NONE, "crowd off"), crowd=0)
         return Supervisor(
             launcher,
             listener,
@@ -172,6 +188,7 @@ def wire(
             group_limits=group_limits,
             memory_floor=int(plan.memory_floor_mb * MB),
             clock=clock,
+            descriptor_reserve=plan.descriptor_reserve,
         )
 
     def make_probe(supervisor: Supervisor) -> Probe:

@@ -22,11 +22,14 @@ class Workload:
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)  # cancelled to drop it unlaunched
     child: Child | None = None
     stop_reason: str | None = None  # set once we decide to stop it
+    timed_out: bool = False  # stopped because its run-time limit ran out
+    escalation: anyio.CancelScope | None = None  # its stop's signals, while they are being sent
     exited: anyio.Event = field(default_factory=anyio.Event)  # set once its process's exit is known
     deadline: Deadline | None = None  # the timeout's timer, while one runs
     launched: float | None = None  # wall clock
     exit_awaited: bool = False  # its process is being awaited (or was): it must not be awaited twice
-    armed: float | None = None  # clock time its run-time limit counts from (its launch, or adoption)
+    # While its launch is held back for want of descriptors: cancelled by a stop, which ends the wait.
+    held_back: anyio.CancelScope | None = None
     # An adopted workload: how its running process is taken instead of launched, when that process was
     # first launched (wall clock), and its cgroup2 directory if it was contained.
     take: Callable[[], Child] | None = None

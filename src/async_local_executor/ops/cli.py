@@ -20,7 +20,8 @@ from rich.text import Text
 
 from async_local_executor.ops import state_dir
 from async_local_executor.ops.cli_options import STATUS_HELP, STATUS_OPTIONS
-from async_local_executor.ops.status import Found, read_all
+from async_local_executor.ops.status import ADOPTION_ADOPTED, ADOPTION_HELD, Found, read_all
+from async_local_executor.ops.status_read import adoption_of
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,6 +70,8 @@ def _check(found: list[Found]) -> int:
     return 0 if all(f.healthy for f in found) else 1
 
 
+# After a running workload's key: what its adoption is (see ops/status.py), if it was handed over.
+_ADOPTION_MARK = {ADOPTION_HELD: " (held for adoption)", ADOPTION_ADOPTED: " (adopted)"}
 COLUMNS = ("key", "pid", "queue", "age (s)", "memory (MB)", "peak (MB)", "CPU (s)")
 
 
@@ -110,12 +113,11 @@ def render(found: list[Found], directory: Path) -> Group | Text:
             table.add_column(column, justify="right" if column != "key" else "left")
         for w in running:
             table.add_row(
-                str(w.get("key")) + (" (adopted)" if w.get("adopted") else ""),
+                str(w.get("key")) + _ADOPTION_MARK.get(adoption_of(w) or "", ""),
                 str(w.get("pid")),
                 str(w.get("queue") or "-"),
                 _number(w.get("age_s"), "{:.0f}"),
-                # memory_mb: absent from an older version's file, which has rss_mb only.
-                _number(w.get("memory_mb", w.get("rss_mb"))),
+                _number(w.get("memory_mb")),
                 _number(w.get("peak_mb")),
                 _number(w.get("cpu_s")),
             )

@@ -6,10 +6,15 @@ after it, ``<pid>-<start ticks>`` (:func:`name`):
 - ``.json``, ``{"owner_pid": int, "owner_start": int}``: the executor process that answers for it now,
   written (atomically) by the scheduler that hands it over, naming itself as it is about to exit, and by
   the one that takes it over (:func:`name_owner`). The workload's watchdog reads it once its owner has
-  died: while it names a live process other than the dead one, the workload does not kill itself.
+  died (never through a link, never a FIFO): while it names a live process other than the dead one, the
+  workload does not kill itself. Claims do not renew its countdown for ever: it spends at most its
+  ``handover_timeout`` without a live owner in all, unless an owner kept it for that long
+  (:mod:`async_local_executor.core.custody`).
 - ``.exit``, ``{"status": int}``: the workload's exit code, written by the workload itself
   (:func:`read_exit`): a process that is not its parent has no other way to learn it.
-- ``.out``: its output once the scheduler's pipe had no reader any more (:func:`out_path`).
+- ``.out``: its output once the scheduler's pipe had no reader any more (:func:`out_path`), for whoever
+  looks while it runs. No executor reads it: a workload that fails or kills itself after its owner's
+  exit writes the last lines of it to its task's log itself, the one log it knows that someone reads.
 
 Whoever finishes with a workload removes its files (:func:`remove`); an executor that starts removes
 those of workloads no longer running that no live executor answers for (:func:`remove_stale`). Nothing

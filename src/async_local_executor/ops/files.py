@@ -51,15 +51,6 @@ def read_fd(fd: int, limit: int = READ_LIMIT) -> bytes:
     return b"".join(chunks)
 
 
-def read_regular(path: Path, limit: int = READ_LIMIT) -> bytes:
-    """The content of the regular file ``path`` (see :func:`open_regular` for what it refuses)."""
-    fd = open_regular(path)
-    try:
-        return read_fd(fd, limit)
-    finally:
-        os.close(fd)
-
-
 def write_all(fd: int, data: bytes) -> None:
     """Write every byte of ``data``: ``write(2)`` may write fewer than asked (a signal, a full disk)."""
     view = memoryview(data)

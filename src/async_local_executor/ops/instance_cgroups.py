@@ -6,14 +6,13 @@ still runs is its journal's lock's to say: its executor holds it for its whole l
 it however that ends, and it answers the same whatever the clock did or whichever pid namespace the
 owner runs in. Only an instance with no journal in the state directory (a crashed one's, reclaimed
 before its cgroups are looked at) is judged by its name: dead once no process runs under its pid with
-its start. Names of older versions, ``<pid>-<start>-<id>`` with psutil's start time in hundredths of a
-second, are judged as those versions judged them. The cgroups of workloads a dead instance handed over
-(held by the journals' reclaim, which runs first) are spared, processes and all, with their instance's
-directory. So is a workload cgroup that holds a process in custody (:func:`~async_local_executor.core.
-custody.watched`) when its instance was not judged by the journals' reclaim here: another deployment's
-handed-over workload (its journal is in a state directory of its own), which its own successor may adopt
-and its own watchdog ends otherwise. A workload of an instance reclaimed here that the reclaim did not
-hold is not ours to keep: it is killed. Nothing here knows Airflow.
+its start. The cgroups of workloads a dead instance handed over (held by the journals' reclaim, which
+runs first) are spared, processes and all, with their instance's directory. So is a workload cgroup that
+holds a process in custody (:func:`~async_local_executor.core.custody.watched`) when its instance was
+not judged by the journals' reclaim here: another deployment's handed-over workload (its journal is in a
+state directory of its own), which its own successor may adopt and its own watchdog ends otherwise. A
+workload of an instance reclaimed here that the reclaim did not hold is not ours to keep: it is killed.
+Nothing here knows Airflow.
 """
 
 from __future__ import annotations
@@ -22,19 +21,21 @@ import functools
 import logging
 import os
 import re
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from async_local_executor.core import custody
 from async_local_executor.core.cgroups import Containment, Limits, Mode
 from async_local_executor.core.cgroups.discovery import MOUNTINFO
-from async_local_executor.core.proc_identity import Start, WallClockStart, runs_as, start_ticks
+from async_local_executor.core.proc_identity import runs_as, start_ticks
+from async_local_executor.ops import custody_dir
 from async_local_executor.ops.journal_file import SUFFIX as JOURNAL_SUFFIX
 from async_local_executor.ops.journal_file import holder_alive
 
 log = logging.getLogger(__name__)
 
-# pid, "t" for a start in ticks (none: an older version's, in hundredths of a second), start, journal id
-_OWNED = re.compile(r"^(\d+)-(t?)(\d+)-([0-9a-f]+)$")
+# pid, start in clock ticks since boot, journal id
+_OWNED = re.compile(r"^(\d+)-t(\d+)-([0-9a-f]+)$")
 _NAMED_ID = 12  # how much of the journal's id an instance's cgroup name holds (instance_name)
 _CONTROLLER_OF = {"memory": "task_memory_limit", "cpu": "task_cpu_limit", "pids": "task_pids_limit"}
 
@@ -54,25 +55,32 @@ def owner_lives(name: str) -> bool:
     match = _OWNED.match(name)
     if match is None:
         return True  # not named by this scheme: left alone
-    pid, ticks, start, _ = match.groups()
-    recorded: Start = int(start) if ticks else WallClockStart(int(start) / 100)
-    return runs_as(int(pid), recorded)
+    pid, start, _ = match.groups()
+    return runs_as(int(pid), int(start))
 
 
-def instance_lives(name: str, journals: Path) -> bool:
+# Every instance whose journal an executor of this process reclaimed: another team's executor, started
+# after the one that reclaimed it, finds its cgroups without a journal, and that is no news either. For
+# what is said only; what is killed is judged by the starting executor's own reclaim.
+_RECLAIMED_IN_THIS_PROCESS: set[str] = set()
+
+
+def instance_lives(name: str, journals: Path, *, reclaimed: Collection[str] = ()) -> bool:
     """Whether the instance that owns the cgroup ``name`` still runs: its journal's lock, else its owner.
 
     True for a name not ours, and for a journal that is there but cannot be asked (not a regular file,
     unreadable): what cannot be told dead is left alone.
 
     :param journals: the directory of the instances' launch journals (the state directory)
+    :param reclaimed: the instances whose journals this executor has just reclaimed (as in
+        :func:`open_containment`): that theirs is gone is no news
     """
     match = _OWNED.match(name)
     if match is None:
         return True  # not named by this scheme: left alone
     # The name holds the start of the journal's id: any journal it could be is asked.
     verdicts: list[bool] = []
-    for path in sorted(journals.glob(f"{match.group(4)}*{JOURNAL_SUFFIX}")):
+    for path in sorted(journals.glob(f"{match.group(3)}*{JOURNAL_SUFFIX}")):
         held = holder_alive(path)
         if held is None and os.path.lexists(path):
             log.warning(
@@ -87,7 +95,13 @@ def instance_lives(name: str, journals: Path) -> bool:
     if verdicts:
         return any(verdicts)
     lives = owner_lives(name)
-    log.info(
+    # A live one is another deployment's (its journal is in a state directory of its own) and is left
+    # alone: nothing to act on. A dead one is reclaimed here: that is said, unless its journal was just
+    # reclaimed here too (a predecessor's, after every restart), which said what it found.
+    known = {instance[:_NAMED_ID] for instance in (*reclaimed, *_RECLAIMED_IN_THIS_PROCESS)}
+    expected = match.group(3)[:_NAMED_ID] in known
+    log.log(
+        logging.DEBUG if lives or expected else logging.INFO,
         "no launch journal in %s for the executor instance of cgroup %s: judged by its owner process, "
         "pid %s, which %s",
         journals,
@@ -96,6 +110,25 @@ def instance_lives(name: str, journals: Path) -> bool:
         "still runs" if lives else "runs no more",
     )
     return lives
+
+
+def handed_over_by_this_process(custody: Path) -> Callable[[int], bool]:
+    """Whether a process is a workload this process handed over: its custody file names this process.
+
+    A stopping executor names itself there for each workload it hands over (``custody_dir.name_owner``),
+    before it closes its cgroups; a successor that takes one over names itself instead.
+
+    :param custody: the custody directory (``<state_dir>/custody``)
+    """
+
+    def handed_over(pid: int) -> bool:
+        start = start_ticks(pid)
+        if start is None:
+            return False
+        me = os.getpid()
+        return custody_dir.read_owner(custody, pid, start) == (me, start_ticks(me))
+
+    return handed_over
 
 
 def open_containment(
@@ -112,7 +145,9 @@ def open_containment(
     """This instance's cgroups, after killing what dead instances left in theirs.
 
     :param instance: the executor instance (its journal's id)
-    :param journals: where the instances' launch journals are, whose locks tell which instances live
+    :param journals: where the instances' launch journals are, whose locks tell which instances live (the
+        state directory: its custody directory says which workloads this process hands over at its stop,
+        whose cgroups :meth:`~async_local_executor.core.cgroups.Containment.close` leaves alone)
     :param enabled: False for ``containment = off``: no cgroup is made or reclaimed
     :param root: ``cgroup_root``, or ``""`` for the scheduler's own cgroup
     :param limits: the executor-wide limits, which must be enforceable here
@@ -127,16 +162,23 @@ def open_containment(
     :raises LimitsUnavailable: a limit is set whose controller is not available
     """
     name = instance_name(instance)
+    _RECLAIMED_IN_THIS_PROCESS.update(reclaimed)
     if not enabled:
         containment = Containment(name, Mode.NONE, "containment = off")
     else:
-        containment = Containment.open(name, root=root or None, mountinfo=mountinfo)
-        lives = functools.partial(instance_lives, journals=journals)
+        containment = Containment.open(
+            name,
+            root=root or None,
+            mountinfo=mountinfo,
+            # What a stop hands over keeps its cgroup: the close at the end leaves it to the adopter.
+            handed_over=handed_over_by_this_process(custody_dir.path(journals)),
+        )
+        lives = functools.partial(instance_lives, journals=journals, reclaimed=reclaimed)
         judged = {instance[:_NAMED_ID] for instance in reclaimed}
 
         def answered_for(name: str, pid: int) -> bool:
             match = _OWNED.match(name)
-            return match is not None and match.group(4)[:_NAMED_ID] not in judged and custody.watched(pid)
+            return match is not None and match.group(3)[:_NAMED_ID] not in judged and custody.watched(pid)
 
         for found in containment.reclaim(lives, spare=spare, answered_for=answered_for):
             log.warning(

@@ -40,10 +40,13 @@ from async_local_executor.core.proc_identity import runs_as, start_ticks
 from async_local_executor.core.supervisor import Listener
 from async_local_executor.ops.files import write_all
 from async_local_executor.ops.journal_file import (
+    COMPANIONS_KEY,
     HANDOVER_TIMEOUT_KEY,
     INSTANCE_ENV,
+    OWNER_KEY,
     START_KEY,
     SUFFIX,
+    Companion,
     encode,
     install_locked,
 )
@@ -52,6 +55,7 @@ from async_local_executor.ops.reclaim import Held, ReclaimResult, Survivor, recl
 __all__ = [
     "INSTANCE_ENV",
     "SUFFIX",
+    "Companion",
     "Held",
     "LaunchJournal",
     "ReclaimResult",
@@ -105,6 +109,7 @@ class LaunchJournal:
         self._seen_lines = 0
         self._lines = 1
         self._broken = False
+        self._compact_failed = False  # said once until a compaction works again
         self._lock = threading.Lock()
         _open_journals.add(self)
 
@@ -118,14 +123,28 @@ class LaunchJournal:
                 os.close(fd)
 
     @classmethod
-    def open(cls, directory: Path, *, owner: str) -> LaunchJournal:
+    def open(
+        cls, directory: Path, *, owner: str, owner_key: str = "", companions: Sequence[Companion] = ()
+    ) -> LaunchJournal:
         """Create and lock a new journal in ``directory`` (made 0700 if missing).
 
         :param owner: who this is, for the log lines of whoever reclaims it
+        :param owner_key: whose workloads it records (a deployment and a team): only an executor of the
+            same key holds what it hands over (see :func:`~async_local_executor.ops.reclaim.reclaim`)
+        :param companions: the owner's processes that whoever reclaims the journal stops if they still run
         """
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         instance = uuid.uuid4().hex
-        header = encode({"instance": instance, "owner": owner, "pid": os.getpid(), "opened": time.time()})
+        header = encode(
+            {
+                "instance": instance,
+                "owner": owner,
+                OWNER_KEY: owner_key,
+                "pid": os.getpid(),
+                "opened": time.time(),
+                COMPANIONS_KEY: [companion.encode() for companion in companions],
+            }
+        )
         # Appears under its name already locked: a reclaimer never takes it for a dead writer's.
         fd = install_locked(directory / f"{instance}{SUFFIX}", header)
         return cls(directory, fd, instance, header)
@@ -304,8 +323,6 @@ class LaunchJournal:
         try:
             write_all(self._fd, line)
             self._lines += 1
-            if self._lines > len(self._live) + len(self._handovers) + self._seen_lines + _COMPACT_SLACK:
-                self._compact()
         except OSError as exc:
             self._broken = True
             log.warning(
@@ -314,6 +331,20 @@ class LaunchJournal:
                 self.path,
                 exc.strerror,
             )
+            return
+        if self._lines > len(self._live) + len(self._handovers) + self._seen_lines + _COMPACT_SLACK:
+            try:
+                self._compact()
+            except OSError as exc:
+                # The journal as it is still holds every record (a full descriptor table, say): it grows,
+                # and the next line tries again.
+                if not self._compact_failed:
+                    self._compact_failed = True
+                    log.warning(
+                        "cannot compact the launch journal %s (%s); trying again", self.path, exc.strerror
+                    )
+            else:
+                self._compact_failed = False
 
     def _compact(self) -> None:
         assert self._fd is not None

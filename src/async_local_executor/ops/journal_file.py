@@ -20,9 +20,7 @@ Handover (workloads that outlive their scheduler, for the next one to adopt) add
 A journal without these reads as before: no launch is handed over.
 
 A process's start is the kernel's, in clock ticks since boot, which no step of the wall clock moves
-(:mod:`~async_local_executor.core.proc_identity`). Journals of older versions hold ``"start"``, psutil's
-``create_time``, instead: read as a :class:`~async_local_executor.core.proc_identity.WallClockStart`,
-so what a crashed scheduler of such a version left is still found after an upgrade.
+(:mod:`~async_local_executor.core.proc_identity`).
 
 A journal only ever appears under its name already locked: it is written under a fresh name
 (``<instance>.launches.tmp-<random>``), locked, then renamed into place, the lock staying with the
@@ -44,7 +42,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from async_local_executor.core.proc_identity import Start, WallClockStart
 from async_local_executor.ops.files import create_exclusive, fresh_name, open_regular, read_fd, write_all
 
 log = logging.getLogger("async_local_executor.ops.journal")
@@ -57,13 +54,41 @@ CREATING = ".tmp-"  # infix of a journal being written, before it is renamed int
 _ATTEMPTS = 5
 
 START_KEY = "start_ticks"  # a process's start, in clock ticks since boot
-LEGACY_START_KEY = "start"  # an older version's: psutil's create_time
 
-Records = dict[int, tuple[Start, str]]  # the launches not ended: pid -> (process start, key)
+Records = dict[int, tuple[int, str]]  # the launches not ended: pid -> (process start, key)
 # The descendants seen of the launches not ended: launch pid -> {descendant pid: its start}.
-Seen = dict[int, dict[int, Start]]
+Seen = dict[int, dict[int, int]]
 
 HANDOVER_TIMEOUT_KEY = "handover_timeout"
+# In the header: whose workloads these are (a deployment and a team); a reclaim holds only its own key's.
+OWNER_KEY = "owner_key"
+# In the header: the owner's helper processes that must not outlive it, each {"pid", START_KEY, "what"}.
+COMPANIONS_KEY = "companions"
+
+
+@dataclass(frozen=True)
+class Companion:
+    """A process of the journal's owner that must not outlive it (a service's helper it started before
+    the executor existed), so that whoever reclaims the journal stops it if it still runs."""
+
+    pid: int
+    start: int
+    """Its start, in clock ticks since boot: a later process under the same pid is not it."""
+    what: str
+    """What it is, for the log line that says it was stopped."""
+
+    def encode(self) -> dict[str, object]:
+        return {"pid": self.pid, START_KEY: self.start, "what": self.what}
+
+    @classmethod
+    def decode(cls, raw: object) -> Companion | None:
+        """One from a header's entry; None for an entry that is not one."""
+        if not isinstance(raw, Mapping):
+            return None
+        pid, start, what = raw.get("pid"), raw.get(START_KEY), raw.get("what")
+        if type(pid) is not int or type(start) is not int or pid <= 1 or not isinstance(what, str):
+            return None
+        return cls(pid, start, what)
 
 
 @dataclass(frozen=True)
@@ -281,16 +306,11 @@ def _cgroup(value: object) -> str | None:
     return value
 
 
-def _start(entry: Mapping[str, object]) -> Start:
-    if START_KEY in entry:
-        ticks = entry[START_KEY]
-        if type(ticks) is not int or ticks < 0:
-            raise ValueError(f"not a start in ticks: {ticks!r}")
-        return ticks
-    legacy = entry[LEGACY_START_KEY]
-    if not isinstance(legacy, (int, float)):
-        raise TypeError(type(legacy).__name__)
-    return WallClockStart(float(legacy))
+def _start(entry: Mapping[str, object]) -> int:
+    ticks = entry[START_KEY]
+    if type(ticks) is not int or ticks < 0:
+        raise ValueError(f"not a start in ticks: {ticks!r}")
+    return ticks
 
 
 def _pid(value: object) -> int:

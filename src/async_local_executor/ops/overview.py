@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from async_local_executor.core.health import PUBLIC_REASONS, WITHHELD
-from async_local_executor.ops.status_read import Found
+from async_local_executor.ops.status_read import Found, adoption_of
 
 HEALTHY, UNHEALTHY, UNKNOWN = "healthy", "unhealthy", "unknown"
 
@@ -171,11 +171,17 @@ def status(found: Sequence[Found], hostname: str, now: float, directory: Path) -
 
 
 def _with_task(row: dict[str, Any]) -> dict[str, Any]:
-    """A workload's row with its task and try apart (its label, ``key``, says ``<task> try <n>``)."""
+    """A workload's row with its task and try apart (its label, ``key``, says ``<task> try <n>``), and, for
+    a running one a predecessor handed over, its ``adoption`` as this version says it (an earlier
+    version's file says only ``adopted``)."""
     label = str(row.get("key", ""))
     match = _TRY.match(label)
     task, attempt = (match["task"], int(match["try"])) if match else (label, None)
-    return {**row, "task": task, "try": attempt}
+    shown = {**row, "task": task, "try": attempt}
+    adoption = adoption_of(row)
+    if adoption is not None or "adoption" in row:  # one this version does not know is not passed on
+        shown["adoption"] = adoption
+    return shown
 
 
 def _written_on(found: Found, hostname: str) -> str:

@@ -3,9 +3,8 @@
 Every journal whose lock is free belonged to a dead instance (the kernel drops a ``flock`` when its
 holder dies, however it dies), and every process still carrying that instance's mark, or still running
 under a recorded pid (a launch's, or a descendant a running launch was seen with) with the recorded start
-time (the kernel's, which a wall-clock step does not move; an older version's journal holds psutil's,
-matched as that version did), is killed. See :mod:`async_local_executor.ops.journal` for why survivors
-are killed rather than adopted.
+time (the kernel's, which a wall-clock step does not move), is killed. See
+:mod:`async_local_executor.ops.journal` for why survivors are killed rather than adopted.
 
 Except the workloads handed over, which are *held* for the next executor to adopt. A launch of a dead
 journal is held when its process still runs as the one recorded (pid and start ticks, no zombie) and
@@ -38,6 +37,7 @@ journals of this process's user are acted on.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import logging
 import os
@@ -59,10 +59,13 @@ from async_local_executor.core.cgroups.discovery import (
 )
 from async_local_executor.core.proc_identity import runs_as, started_as
 from async_local_executor.ops.journal_file import (
+    COMPANIONS_KEY,
     CREATING,
     INSTANCE_ENV,
+    OWNER_KEY,
     SUFFIX,
     TMP_SUFFIX,
+    Companion,
     Handovers,
     Records,
     Seen,
@@ -138,6 +141,8 @@ def reclaim(
     *,
     timeout: float = 10.0,
     hold: Callable[[list[Held]], None] | None = None,
+    owner_key: str = "",
+    wanted: Callable[[Mapping[str, object]], bool] | None = None,
 ) -> ReclaimResult:
     """Kill what dead executor instances left running, hold what they handed over, remove their journals.
 
@@ -152,16 +157,22 @@ def reclaim(
     :param hold: given the held workloads while the dead journals are still there and locked, to record
         them where a crash of this process leaves them for the next reclaim (its own journal); what it
         raises is logged
+    :param owner_key: whose workloads this executor may hold (its deployment and team): a dead journal
+        of another key is left to its own executor while anything in it could still be handed over
+        (its workloads kill themselves once ``handover_timeout`` has passed without an owner), and is
+        reclaimed like any once nothing in it could
+    :param wanted: given, only a dead journal one of whose handed-over workloads' data it accepts is
+        taken (a running executor's, for the task instances Airflow offered it); the others stay
     :raises StateDirIsLink: ``directory`` is a path that ends in a symbolic link
     """
     if isinstance(directory, StateDir):
-        return _reclaim_in(directory, timeout, hold)
+        return _reclaim_in(directory, timeout, hold, owner_key, wanted)
     try:
         folder = StateDir.open(directory)
     except (FileNotFoundError, NotADirectoryError):
         return ReclaimResult()
     with folder:
-        return _reclaim_in(folder, timeout, hold)
+        return _reclaim_in(folder, timeout, hold, owner_key, wanted)
 
 
 @dataclass(frozen=True)
@@ -176,7 +187,13 @@ class _Dead:
     handovers: Handovers
 
 
-def _reclaim_in(folder: StateDir, timeout: float, hold: Callable[[list[Held]], None] | None) -> ReclaimResult:
+def _reclaim_in(
+    folder: StateDir,
+    timeout: float,
+    hold: Callable[[list[Held]], None] | None,
+    owner_key: str,
+    wanted: Callable[[Mapping[str, object]], bool] | None = None,
+) -> ReclaimResult:
     with contextlib.suppress(OSError):
         folder.tighten()
     # Writes cut short: a compaction (its journal still holds every record), or a new journal never
@@ -189,17 +206,33 @@ def _reclaim_in(folder: StateDir, timeout: float, hold: Callable[[list[Held]], N
     # for another, and no other reclaimer takes any of them until they are gone.
     with contextlib.ExitStack() as locked:
         dead: list[_Dead] = []
+        stopped: set[tuple[int, int]] = set()
         for name in sorted(n for n in folder.names() if n.endswith(SUFFIX)):
-            try:
-                fd = locked.enter_context(_dead_owner(folder, name))
-                if fd is not None:
+            with contextlib.ExitStack() as this:
+                try:
+                    fd = this.enter_context(_dead_owner(folder, name))
+                    if fd is None:
+                        continue
                     header, records, seen, handovers = read_all(fd, folder.shown(name))
-                    # Its own name, not what it says inside: the mark of no other instance's processes.
-                    instance = name.removesuffix(SUFFIX)
-                    owner = str(header.get("owner", "?"))
-                    dead.append(_Dead(name, instance, owner, records, seen, handovers))
-            except OSError as exc:
-                log.warning("cannot reclaim the launch journal %s: %s", folder.shown(name), exc)
+                except OSError as exc:
+                    log.warning("cannot reclaim the launch journal %s: %s", folder.shown(name), exc)
+                    continue
+                # Its own name, not what it says inside: the mark of no other instance's processes.
+                instance = name.removesuffix(SUFFIX)
+                owner = str(header.get("owner", "?"))
+                # Whoever's journal it is: they are its owner's, which every executor in it shared.
+                _stop_companions(header.get(COMPANIONS_KEY), owner, instance, stopped)
+                journal = _Dead(name, instance, owner, records, seen, handovers)
+                theirs = header.get(OWNER_KEY)
+                if theirs is not None and theirs != owner_key and _any_holdable(journal):
+                    # Another team's or deployment's: Airflow offers its task instances to its executor
+                    # alone, which holds them when it starts. Unlocked again as this block ends.
+                    log.debug("left %s to its own executor (%s)", folder.shown(name), owner)
+                    continue
+                if wanted is not None and not any(wanted(each.info) for each in handovers.values()):
+                    continue  # nothing in it was offered to this executor: another scheduler's to take
+                locked.enter_context(this.pop_all())
+                dead.append(journal)
         if not dead:
             return ReclaimResult()
         found, held = _survey(dead)
@@ -215,6 +248,42 @@ def _reclaim_in(folder: StateDir, timeout: float, hold: Callable[[list[Held]], N
             except OSError as exc:
                 log.warning("cannot remove the launch journal %s: %s", folder.shown(each.name), exc)
     return ReclaimResult([each.survivor for each in found], held, [each.instance for each in dead])
+
+
+def _stop_companions(raw: object, owner: str, instance: str, stopped: set[tuple[int, int]]) -> None:
+    """SIGKILL the companions a dead journal names that still run as themselves, and their descendants.
+
+    A service's helper that outlived the process that started it still holds what it inherited: a
+    scheduler's log server keeps that scheduler's database connection, with the transaction a crash cut
+    short and its row locks, which stop the next scheduler from ever queueing, and it keeps the log
+    server's port (so do its workers, where it has some). Nothing in it is worth a graceful stop.
+
+    :param stopped: ``(pid, start)`` of the companions stopped in this reclaim so far (every team's
+        journal names the same ones)
+    """
+    for each in raw if isinstance(raw, list) else []:
+        companion = Companion.decode(each)
+        if companion is None or companion.pid == os.getpid() or (companion.pid, companion.start) in stopped:
+            continue
+        try:
+            # The handle first: checked as the recorded process, it refuses any later one under the pid.
+            proc = psutil.Process(companion.pid)
+            if not runs_as(companion.pid, companion.start) or proc.uids().real != os.getuid():
+                continue  # gone, or not ours to stop, as no other user's process is
+            tree = [proc, *proc.children(recursive=True)]
+        except psutil.Error:
+            continue
+        stopped.add((companion.pid, companion.start))
+        survivor = Survivor(companion.pid, companion.what, instance, owner, companion.what)
+        _kill([_Found(dataclasses.replace(survivor, pid=one.pid), one, leads=False) for one in tree], 0.0)
+        log.warning(
+            "stopped %s (pid %d)%s, which %s had started and which outlived it holding what it inherited "
+            "(its database connections, its port)",
+            companion.what,
+            companion.pid,
+            f" and {len(tree) - 1} process(es) it started" if len(tree) > 1 else "",
+            owner,
+        )
 
 
 @contextlib.contextmanager
@@ -318,6 +387,18 @@ def _survey(dead: list[_Dead]) -> tuple[list[_Found], list[Held]]:
                 spared.add(each.survivor.pid)  # once, if two journals name it
                 found.append(each)
     return found, held
+
+
+def _any_holdable(journal: _Dead) -> bool:
+    """Whether a workload of ``journal`` could still be held (as :func:`_holdable` would, without a word)."""
+    boot = time.clock_gettime(time.CLOCK_BOOTTIME)
+    for pid, handover in journal.handovers.items():
+        record = journal.records.get(pid)
+        if record is None or handover.start != record[0] or not runs_as(pid, handover.start):
+            continue
+        if handover.boot is None or 0 <= boot - handover.boot < handover.timeout:
+            return True
+    return False
 
 
 def _holdable(journal: _Dead, mount: Mount | None) -> Iterator[Held]:
@@ -494,6 +575,8 @@ def _kill(found: list[_Found], timeout: float) -> None:
                 os.killpg(each.survivor.pid, signal.SIGKILL)
         with contextlib.suppress(psutil.Error):
             each.proc.send_signal(signal.SIGKILL)  # refuses a later process under the same pid
+    if timeout <= 0:
+        return  # not waited for: whoever asked cannot wait, and the next start finds any still there
     deadline = time.monotonic() + timeout
     while pending := [each.survivor.pid for each in found if _running(each.proc)]:
         if time.monotonic() > deadline:

@@ -3,8 +3,14 @@
 One JSON file per executor instance, ``status.<instance>.json`` in the state directory, 0600, replaced
 atomically (write a fresh temporary file, then rename) so a reader never sees half of one. It is written in a
 worker thread of the event loop, never on the scheduler's thread, and it is where the per-workload
-memory and CPU are read (a contained workload's from its cgroup, any other's from ``/proc``: file reads
-for every running workload do not belong on the loop either). Nothing here knows Airflow.
+memory and CPU are read (a contained workload's from its cgroup, an adopted one's too, from the cgroup its
+first executor made for it; any other's from ``/proc``: file reads for every running workload do not
+belong on the loop either). Nothing here knows Airflow.
+
+A workload a stopped predecessor handed over is ``held`` until its task instance is claimed, then
+``adopted`` (the row's ``adoption``, :data:`ADOPTION_HELD` or :data:`ADOPTION_ADOPTED`; ``adopted`` is
+true once it is adopted, for the readers of earlier versions). Which ones are claimed, the writer is told
+(``claimed``); without that it knows no more than earlier versions did, and marks every one adopted.
 """
 
 from __future__ import annotations
@@ -21,16 +27,20 @@ from typing import Any
 
 import psutil
 
+from async_local_executor.core import descriptors
 from async_local_executor.core.admission import MB
+from async_local_executor.core.cgroups.containment import workload_cgroup_of
 from async_local_executor.core.cgroups.group import Usage, WorkloadCgroup
+from async_local_executor.core.descriptors import Table
 from async_local_executor.core.health import Report
 from async_local_executor.core.proc_identity import start_ticks
 from async_local_executor.core.state import RunningWorkload
 from async_local_executor.ops.files import replace_atomically
 from async_local_executor.ops.status_read import (
+    ADOPTION_ADOPTED,
+    ADOPTION_HELD,
     PREFIX,
     STALE_AFTER,
-    START_KEY,
     START_TICKS_KEY,
     SUFFIX,
     Found,
@@ -38,9 +48,10 @@ from async_local_executor.ops.status_read import (
 )
 
 __all__ = [
+    "ADOPTION_ADOPTED",
+    "ADOPTION_HELD",
     "PREFIX",
     "STALE_AFTER",
-    "START_KEY",
     "START_TICKS_KEY",
     "SUFFIX",
     "Found",
@@ -144,13 +155,34 @@ def _usage(cgroup: WorkloadCgroup) -> dict[str, Any]:
     }
 
 
-def _numbers(workload: RunningWorkload, rss: Mapping[int, int | None]) -> dict[str, Any]:
+# Where a running workload's memory and CPU are read: its cgroup, or None for the /proc fallback.
+CgroupOf = Callable[[RunningWorkload], WorkloadCgroup | None]
+
+
+def cgroup_of(workload: RunningWorkload) -> WorkloadCgroup | None:
+    """The cgroup a running workload is accounted from: its own, or, for an adopted one (whose child knows
+    none, not having made it), the workload cgroup its process is in."""
     if workload.cgroup is not None:
-        numbers = _usage(workload.cgroup)
-    else:
-        numbers = {"memory_mb": _mb(rss[workload.pid]), "peak_mb": None, "cpu_s": None, "memory_from": "proc"}
-    # rss_mb: the key earlier versions wrote, kept for their readers.
-    return {"rss_mb": numbers["memory_mb"], **numbers}
+        return workload.cgroup
+    if workload.adopted:
+        return workload_cgroup_of(workload.pid)
+    return None
+
+
+def _numbers(cgroup: WorkloadCgroup | None, pid: int, rss: Mapping[int, int | None]) -> dict[str, Any]:
+    if cgroup is not None:
+        return _usage(cgroup)
+    return {"memory_mb": _mb(rss[pid]), "peak_mb": None, "cpu_s": None, "memory_from": "proc"}
+
+
+def _adoption(workload: RunningWorkload, claimed: Callable[[int], bool] | None) -> dict[str, Any]:
+    if not workload.adopted:
+        return {}
+    if claimed is None:
+        return {"adopted": True}  # not told which are claimed: as earlier versions wrote it
+    if claimed(workload.pid):
+        return {"adoption": ADOPTION_ADOPTED, "adopted": True}
+    return {"adoption": ADOPTION_HELD}
 
 
 def document(
@@ -159,18 +191,25 @@ def document(
     now: float | None = None,
     on_seen: Callable[[Descendants], None] | None = None,
     history: Sequence[Sequence[float]] = (),
+    claimed: Callable[[int], bool] | None = None,
+    cgroups: CgroupOf = cgroup_of,
 ) -> dict[str, Any]:
     """What the status file holds, from one health report plus who wrote it.
 
     :param on_seen: given the descendants the walk found under each workload it walked, if any
     :param history: earlier ``[time, running, waiting]`` samples, oldest first (see :class:`StatusWriter`)
+    :param claimed: whether the adopted workload of that pid has had its task instance claimed; None
+        when that is not known (see the module docstring)
+    :param cgroups: where each running workload is accounted (:func:`cgroup_of`)
     """
     now = time.time() if now is None else now
     state = report.state
+    accounted = {w: cgroups(w) for w in state.running}
     # A cgroup counts the memory of everything the workload started (page cache included), even what left
-    # its process tree; the /proc scan, the fallback, sees only live descendants, so it runs only for the
-    # workloads without a cgroup.
-    trees = walk_trees(w.pid for w in state.running if w.cgroup is None)
+    # its process tree; the /proc scan, the fallback, sees only live descendants (and counts each page
+    # shared with the fork server or a parent once per process), so it runs only for the workloads
+    # without a cgroup.
+    trees = walk_trees(w.pid for w in state.running if accounted[w] is None)
     rss = trees.rss
     if on_seen is not None and trees.descendants:
         on_seen(trees.descendants)
@@ -180,8 +219,8 @@ def document(
             "pid": workload.pid,
             "queue": workload.group,
             "age_s": round(now - workload.launched, 1),
-            **({"adopted": True} if workload.adopted else {}),
-            **_numbers(workload, rss),
+            **_adoption(workload, claimed),
+            **_numbers(accounted[workload], workload.pid, rss),
         }
         for workload in sorted(state.running, key=lambda w: w.launched)
     ]
@@ -200,6 +239,7 @@ def document(
             "floor_mb": state.memory_floor // MB,
             "available_mb": None if state.available_memory is None else state.available_memory // MB,
         },
+        "descriptors": _descriptors(state.descriptors_full),
         "launcher_problem": state.launcher_problem,
         "launcher_state": state.launcher_state,
         "preload": None if state.preload is None else dict(state.preload),
@@ -221,16 +261,21 @@ def document(
         "totals": {
             "launched": state.launched_total,
             "memory_waits": state.memory_waits_total,
+            "descriptor_waits": state.descriptor_waits_total,
             **state.outcomes_total,
         },
     }
 
 
-def _create_time(pid: int) -> float | None:
-    try:
-        return float(psutil.Process(pid).create_time())
-    except psutil.Error:
-        return None
+def _descriptors(full: Table | None) -> dict[str, Any]:
+    """The scheduler's descriptor table now (read in the writer's thread, off the loop), and whether
+    launches are held back for it."""
+    table = descriptors.table()
+    return {
+        "open": table.open,
+        "limit": None if table.soft == descriptors.UNLIMITED else table.soft,
+        "holding": full is not None,
+    }
 
 
 class StatusWriter:
@@ -238,13 +283,14 @@ class StatusWriter:
 
     ``meta`` gets the writer's pid and its process's start time unless it names them: a reader tells
     by both whether the writer still runs (see :mod:`~async_local_executor.ops.status_read`). The start
-    goes in twice: in ticks since boot, which tells, and as psutil's ``create_time`` for the readers of
-    older versions.
+    is in clock ticks since boot.
     ``on_seen``, if given, is called from :meth:`write` (in its thread) with the descendants each
     workload's tree showed (see :func:`document`): the launch journal records them, so that a later
     executor can find them even once they left the workload's tree. Each write adds a ``[time,
     running, waiting]`` sample to the file's ``history``, which keeps the last ``HISTORY_SPAN`` seconds
     (in memory only: a new executor starts a new history).
+    ``claimed``, if given, says whether the adopted workload of a pid has had its task instance claimed
+    (called from :meth:`write`'s thread; see the module docstring): until then it is shown held.
     """
 
     def __init__(
@@ -252,13 +298,17 @@ class StatusWriter:
         path: Path,
         meta: Mapping[str, Any],
         on_seen: Callable[[Descendants], None] | None = None,
+        claimed: Callable[[int], bool] | None = None,
     ) -> None:
         self.path = path
         self._on_seen = on_seen
+        self._claimed = claimed
+        # An adopted workload's cgroup, found once from where its process is: it never moves, and a
+        # lookup per workload per write would reread the mount table every time.
+        self._adopted_cgroups: dict[int, WorkloadCgroup] = {}
         self._meta = {"pid": os.getpid(), **meta}
-        if self._meta.get(START_KEY) is None and self._meta.get(START_TICKS_KEY) is None:
+        if self._meta.get(START_TICKS_KEY) is None:
             self._meta[START_TICKS_KEY] = start_ticks(int(self._meta["pid"]))
-            self._meta[START_KEY] = _create_time(int(self._meta["pid"]))
         # Only write() touches it, and the probe never runs two writes at once.
         self._history: collections.deque[tuple[float, int, int]] = collections.deque()
 
@@ -268,12 +318,35 @@ class StatusWriter:
         history.append((round(now, 1), len(state.running), state.waiting))
         while history[0][0] < now - HISTORY_SPAN:
             history.popleft()
+        adopted = {w.pid for w in state.running if w.adopted}
+        for gone in self._adopted_cgroups.keys() - adopted:
+            del self._adopted_cgroups[gone]
         data = json.dumps(
-            document(report, self._meta, now=now, on_seen=self._on_seen, history=history), indent=1
+            document(
+                report,
+                self._meta,
+                now=now,
+                on_seen=self._on_seen,
+                history=history,
+                claimed=self._claimed,
+                cgroups=self._cgroup_of,
+            ),
+            indent=1,
         ).encode()
         # A fresh name each time, created exclusively: nothing planted under a predictable name (a link
         # to another file, say) is followed or overwritten.
         replace_atomically(self.path, data, TMP_INFIX)
+
+    def _cgroup_of(self, workload: RunningWorkload) -> WorkloadCgroup | None:
+        if workload.cgroup is not None or not workload.adopted:
+            return workload.cgroup
+        found = self._adopted_cgroups.get(workload.pid)
+        if found is None:
+            # Not found is asked again: one /proc read when the process is in no workload cgroup.
+            found = cgroup_of(workload)
+            if found is not None:
+                self._adopted_cgroups[workload.pid] = found
+        return found
 
     def remove(self) -> None:
         with contextlib.suppress(FileNotFoundError):

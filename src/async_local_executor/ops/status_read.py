@@ -5,8 +5,7 @@ a live executor holds its journal locked, whatever pid namespace it runs in (ano
 the directory), and a crashed one's lock is gone with it. Without a journal (an executor stopping, or
 one whose journal was reclaimed), by its pid *and* that process's start time, which the file records:
 a container restarted with its filesystem kept often gives the new scheduler the crashed one's pid. The
-start is the kernel's, in clock ticks since boot (``pid_start_ticks``), which no wall-clock step moves;
-a file of an older version has only psutil's ``create_time`` (``pid_start``), matched as it matched it.
+start is the kernel's, in clock ticks since boot (``pid_start_ticks``), which no wall-clock step moves.
 
 A file written before the start time was recorded counts as alive only while its pid runs and, if its
 journal is there, the journal is locked; and never when its pid is the reader's own (this process
@@ -32,7 +31,7 @@ from typing import Any
 
 import psutil
 
-from async_local_executor.core.proc_identity import Start, WallClockStart, runs_as
+from async_local_executor.core.proc_identity import runs_as
 from async_local_executor.ops.journal_file import SUFFIX as JOURNAL_SUFFIX
 from async_local_executor.ops.journal_file import holder_alive
 from async_local_executor.ops.state_dir import StateDir
@@ -41,14 +40,30 @@ log = logging.getLogger("async_local_executor.ops.status")
 
 PREFIX = "status."
 SUFFIX = ".json"
-START_KEY = "pid_start"  # the writer's process start time, as psutil's create_time gives it
-START_TICKS_KEY = "pid_start_ticks"  # the same in clock ticks since boot, which a clock step does not move
+# The writer's process start, in clock ticks since boot, which a clock step does not move.
+START_TICKS_KEY = "pid_start_ticks"
+# A running workload's ``adoption``: handed over by a stopped predecessor and held, its task instance not
+# claimed yet; then claimed (``adopted`` is true as well then, for the readers of earlier versions).
+ADOPTION_HELD = "held"
+ADOPTION_ADOPTED = "adopted"
 # A report older than this comes from an executor whose loop (or whole scheduler) has stopped.
 STALE_AFTER = 15.0
 
 # Files already warned about (unreadable, or read without some fields): the status command rereads them
 # every redraw.
 _warned: set[tuple[Path, bool]] = set()
+
+
+def adoption_of(row: Mapping[str, Any]) -> str | None:
+    """What a running workload's row says of its adoption: :data:`ADOPTION_HELD`, :data:`ADOPTION_ADOPTED`,
+    or None for a workload launched by its own executor (or an ``adoption`` this version does not know).
+
+    A row of an earlier version says only ``adopted``, which it wrote from the hold on.
+    """
+    adoption = row.get("adoption")
+    if adoption is not None:
+        return adoption if adoption in (ADOPTION_HELD, ADOPTION_ADOPTED) else None
+    return ADOPTION_ADOPTED if row.get("adopted") is True else None
 
 
 @dataclass(frozen=True)
@@ -131,20 +146,12 @@ def writer_alive(path: Path, data: dict[str, Any], *, folder: StateDir | None = 
     journal = f"{instance}{JOURNAL_SUFFIX}"
     held = holder_alive(folder.pinned(journal) if folder is not None else path.with_name(journal))
     pid: int = data["pid"]
-    start = _writer_start(data)
+    start: int | None = data.get(START_TICKS_KEY)
     if start is not None:
         return held if held is not None else runs_as(pid, start)
     if pid == os.getpid():
-        return False  # an older version's file: every file this process writes has the start time
+        return False  # a predecessor's file: every file this process writes has the start time
     return held is not False and _running(pid)
-
-
-def _writer_start(data: Mapping[str, Any]) -> Start | None:
-    ticks = data.get(START_TICKS_KEY)
-    if ticks is not None:
-        return int(ticks)
-    seconds = data.get(START_KEY)
-    return None if seconds is None else WallClockStart(float(seconds))
 
 
 def _running(pid: int) -> bool:
@@ -312,12 +319,12 @@ _RUNNING = _record(
         "pid": PID,
         "queue": _maybe(TEXT),
         "age_s": _maybe(NUMBER),
-        "rss_mb": _maybe(NUMBER),
         "memory_mb": _maybe(NUMBER),
         "peak_mb": _maybe(NUMBER),
         "cpu_s": _maybe(NUMBER),
         "memory_from": _maybe(TEXT),
         "adopted": _maybe(BOOL),
+        "adoption": _maybe(TEXT),
     },
     required=("key", "pid"),
 )
@@ -364,7 +371,6 @@ _STATUS = _record(
     {
         "pid": PID,
         "written_at": NUMBER,
-        START_KEY: _maybe(NUMBER),
         START_TICKS_KEY: _maybe(COUNT),
         "instance": TEXT,
         "hostname": TEXT,
@@ -390,7 +396,7 @@ _STATUS = _record(
     },
     # Without them, neither its writer nor its age can be told.
     required=("pid", "written_at"),
-    essential=(START_KEY, START_TICKS_KEY),
+    essential=(START_TICKS_KEY,),
 )
 
 

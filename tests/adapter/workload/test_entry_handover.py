@@ -70,12 +70,6 @@ while True:
 """
 
 
-@pytest.fixture
-def launcher() -> str:
-    """No executor here: one run, not one per launch path."""
-    return "subprocess"
-
-
 class Scheduler:
     def __init__(self, mode: str, flags: tuple[str, ...], release: Path) -> None:
         self.proc = subprocess.Popen(

@@ -53,12 +53,6 @@ while True:
 """
 
 
-@pytest.fixture
-def launcher() -> str:
-    """Only the plain subprocess launch path is under test (the fork server ties its own children)."""
-    return "subprocess"
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
 def test_a_workload_and_its_sigterm_ignoring_task_die_with_a_killed_scheduler() -> None:
     scheduler = subprocess.Popen(

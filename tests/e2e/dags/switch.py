@@ -6,9 +6,10 @@ import os
 import time
 from pathlib import Path
 
-from airflow.sdk import dag, task
+from airflow.sdk import dag, get_current_context, task
 
-# The test sets the folder; each task marks that it started, then waits for the gate file.
+# The test sets the folder; each task marks that it started, then waits for the gate file. A run on a
+# deployment several tests share names a folder of its own in its conf ({"folder": ...}).
 FOLDER = Path(os.environ.get("ALE_SWITCH_DIR", "/nonexistent"))
 
 
@@ -16,8 +17,9 @@ FOLDER = Path(os.environ.get("ALE_SWITCH_DIR", "/nonexistent"))
 def switch() -> None:
     @task
     def hold(i: int) -> int:
-        (FOLDER / f"started.{os.getpid()}").touch()
-        while not (FOLDER / "gate").exists():
+        folder = Path((get_current_context()["dag_run"].conf or {}).get("folder") or FOLDER)
+        (folder / f"started.{os.getpid()}").touch()
+        while not (folder / "gate").exists():
             time.sleep(0.2)  # the task's own work: waiting for the test to open the gate
         return i
 

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import sys
+from pathlib import Path
 
+from async_local_executor.adapter.tasklog import TaskLogFile
 from async_local_executor.adapter.workload.entry import EXIT_CRASHED, EXIT_OK, Entry
 
 __all__ = [
@@ -130,8 +133,23 @@ def _run(read: tuple[list[str], str]) -> int:
     return EXIT_OK
 
 
+def _task_log(_: tuple[list[str], str]) -> TaskLogFile | None:
+    """The file the task's log handler writes, once ``tasks run`` has set it up (None before).
+
+    Rendering its name ourselves would need the run's log template from the database; the handler the
+    command set up (on ``airflow.task``, or moved to the root logger while the task runs) has it.
+    """
+    for logger in (logging.getLogger("airflow.task"), logging.getLogger()):
+        for handler in logger.handlers:
+            # FileTaskHandler keeps the file's own handler once set_context() has given it its task.
+            name = getattr(getattr(handler, "handler", None), "baseFilename", None)
+            if isinstance(name, str) and name:
+                return TaskLogFile(Path(name), text=True)
+    return None
+
+
 # Named literally: run with `python -m`, this module's __name__ is "__main__".
-_ENTRY = Entry("async_local_executor.adapter.workload.airflow2", "command", _read, _run)
+_ENTRY = Entry("async_local_executor.adapter.workload.airflow2", "command", _read, _run, _task_log)
 main = _ENTRY.main
 forked_main = _ENTRY.forked_main
 run_payload = _ENTRY.run_payload

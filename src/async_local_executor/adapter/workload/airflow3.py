@@ -10,8 +10,10 @@ import contextlib
 import functools
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
+from async_local_executor.adapter.tasklog import TaskLogFile
 from async_local_executor.adapter.workload import shared_factories
 from async_local_executor.adapter.workload.entry import EXIT_OK, EXIT_TI_GONE, Entry
 
@@ -146,6 +148,15 @@ def _run(read: tuple[Any, dict[str, Any]]) -> int:
     return EXIT_OK
 
 
+def _task_log(read: tuple[Any, dict[str, Any]]) -> TaskLogFile | None:
+    """The task's log file, where the task SDK's supervisor in this process writes it."""
+    relative = getattr(read[0], "log_path", None)
+    from airflow.configuration import conf
+
+    folder = conf.get("logging", "base_log_folder", fallback="")
+    return TaskLogFile(Path(folder, relative)) if relative and folder else None
+
+
 def ti_gone(exc: BaseException) -> bool:
     """Whether ``exc`` is the api-server saying the task instance's id no longer exists.
 
@@ -162,7 +173,7 @@ def ti_gone(exc: BaseException) -> bool:
 
 
 # Named literally: run with `python -m`, this module's __name__ is "__main__".
-_ENTRY = Entry("async_local_executor.adapter.workload.airflow3", "workload", _read, _run)
+_ENTRY = Entry("async_local_executor.adapter.workload.airflow3", "workload", _read, _run, _task_log)
 main = _ENTRY.main
 forked_main = _ENTRY.forked_main
 run_payload = _ENTRY.run_payload

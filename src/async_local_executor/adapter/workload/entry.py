@@ -9,6 +9,7 @@ comes on stdin or, from the fork server, in memory.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import os
 import signal
@@ -18,13 +19,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from async_local_executor.adapter import tasklog
+from async_local_executor.adapter.tasklog import TaskLogFile
 from async_local_executor.core import cpu_priority, custody, lifeline
 from async_local_executor.core.launchers.forkserver.learning import observe
 
 EXIT_OK = 0  # the workload ran to its end (whatever the task's own outcome, which it reports itself)
 EXIT_CRASHED = 1  # running the workload raised
 EXIT_BAD_INPUT = 2  # the payload on stdin could not be read as a workload
-EXIT_ORPHANED = lifeline.EXIT_ORPHANED  # the executor was gone before we started
+EXIT_ORPHANED = lifeline.EXIT_ORPHANED  # the executor was gone before we started (and no handover)
 # The api-server no longer knows the task instance this workload was for (Airflow 3: it was cleared, so it
 # has a new id, while the workload started or ran): nothing of it can run or be reported any more.
 EXIT_TI_GONE = 4
@@ -96,7 +99,8 @@ def tie_to_executor(args: EntryArgs, *, tied: bool) -> tuple[bool, custody.Custo
 
     :param tied: whether the process dies with the executor already (a fork-server child: the helper
         armed its parent-death signal)
-    :returns: whether the executor is still there, and the custody when the process is in one
+    :returns: whether the workload may run (an executor gone before the process took custody handed
+        it over all the same: a successor adopts it), and the custody when the process is in one
     """
     if args.hands_over and custody.supported():
         try:
@@ -166,12 +170,15 @@ class Entry(Generic[P]):
     :param what: what its payload is called there ("workload", "command")
     :param read: the payload from the raw bytes; raises on anything it cannot run (bad input)
     :param run: run it in this process and return the exit code; raising counts as a crash
+    :param task_log: the payload's task log file, asked for when a workload in custody fails or kills
+        itself after its executor's exit (None: not known, or not yet); what it said since goes there
     """
 
     name: str
     what: str
     read: Callable[[bytes], P]
     run: Callable[[P], int]
+    task_log: Callable[[P], TaskLogFile | None] | None = None
 
     def main(self, argv: list[str] | None = None) -> int:
         """Entry point of a fresh interpreter: the payload is on stdin."""
@@ -197,12 +204,16 @@ class Entry(Generic[P]):
         return self.run_recorded(held, stdin)
 
     def run_recorded(self, held: custody.Custody | None, raw: bytes) -> int:
-        """Run one payload; in custody, its exit code is recorded for an adopter before it is returned."""
+        """Run one payload; in custody, its exit code is recorded for an adopter before it is returned.
+
+        What it writes once its executor is gone reaches no scheduler's log: when it fails (or kills
+        itself), the last of it goes to its task's log instead.
+        """
         if held is None:
             return self.run_payload(raw)
         code = EXIT_CRASHED
         try:
-            code = self.run_payload(raw)
+            code = self.run_payload(raw, functools.partial(self._tell_task_log, held))
         except SystemExit as exc:  # a run that exits instead of returning: the same code, still recorded
             code = exc.code if isinstance(exc.code, int) else (EXIT_OK if exc.code is None else EXIT_CRASHED)
             raise
@@ -210,13 +221,18 @@ class Entry(Generic[P]):
             held.record_exit(code)
         return code
 
-    def run_payload(self, raw: bytes) -> int:
-        """Run one payload; return the process exit code."""
+    def run_payload(self, raw: bytes, read: Callable[[P], None] | None = None) -> int:
+        """Run one payload; return the process exit code.
+
+        :param read: given the payload once it is read, before it runs
+        """
         try:
             payload = self.read(raw)
         except Exception as exc:  # noqa: BLE001 - any unreadable payload is the same failure: bad input
             print(f"{self.name}: invalid {self.what} on stdin: {exc}", file=sys.stderr, flush=True)
             return EXIT_BAD_INPUT
+        if read is not None:
+            read(payload)
         # The task's own process is forked into a process group of its own (by the task SDK, or by
         # `tasks run --local`); tie it to this process so that it cannot outlive us when we are
         # killed outright (or die with the executor).
@@ -227,3 +243,16 @@ class Entry(Generic[P]):
             traceback.print_exc()
             sys.stdout.flush()
             return EXIT_CRASHED
+
+    def _tell_task_log(self, held: custody.Custody, payload: P) -> None:
+        task_log = self.task_log
+        if task_log is None:
+            return
+
+        def tell(lines: list[str]) -> None:
+            # Asked for then, not now: Airflow 2's is known only once `tasks run` has set its logging up.
+            where = task_log(payload)
+            if where is not None:
+                tasklog.append_lines(where, lines)
+
+        held.tell = tell

@@ -12,6 +12,7 @@ from async_local_executor.core.cgroups.containment import (
     LimitUnavailable,
     Mode,
     Reclaimed,
+    workload_cgroup_of,
 )
 from async_local_executor.core.cgroups.discovery import cgroup2_mount, cgroup_of, own_cgroups, v1_mounts
 from async_local_executor.core.cgroups.group import Usage, WorkloadCgroup
@@ -34,4 +35,5 @@ __all__ = [
     "parse_memory",
     "parse_pids",
     "v1_mounts",
+    "workload_cgroup_of",
 ]

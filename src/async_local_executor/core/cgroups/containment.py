@@ -14,12 +14,13 @@ import logging
 import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from async_local_executor.core.cgroups.discovery import (
     MOUNTINFO,
     PROC_CGROUP,
     cgroup2_entry,
+    cgroup_mounts,
     cgroup_path,
     directory_of,
     enable_controllers,
@@ -91,7 +92,15 @@ def _try_mkdir(directory: Path) -> bool:
 class Containment:
     """The cgroups of one executor instance (see the module docstring); blocking, for a worker thread."""
 
-    def __init__(self, instance: str, mode: Mode, why: str, path: Path | None = None) -> None:
+    def __init__(
+        self,
+        instance: str,
+        mode: Mode,
+        why: str,
+        path: Path | None = None,
+        *,
+        handed_over: Callable[[int], bool] = lambda _pid: False,
+    ) -> None:
         self.instance = instance
         self.mode = mode
         self.why = why
@@ -105,6 +114,7 @@ class Containment:
         self._parent: Path | None = None
         self._v1: dict[str, Path] = {}  # controller -> this instance's v1 directory
         self._v1_parents: dict[str, Path] = {}  # controller -> where v1 instance directories are made
+        self._handed_over = handed_over
 
     @classmethod
     def open(
@@ -114,6 +124,7 @@ class Containment:
         root: str | None = None,
         mountinfo: str = MOUNTINFO,
         proc_cgroup: str = PROC_CGROUP,
+        handed_over: Callable[[int], bool] = lambda _pid: False,
     ) -> Containment:
         """This instance's cgroup directories, made (and their controllers enabled) if they can be.
 
@@ -121,6 +132,8 @@ class Containment:
         :param root: a cgroup2 path to make the instance under, created if missing; else the own cgroup
         :param mountinfo: where the mounts are listed
         :param proc_cgroup: where this process's cgroups are listed
+        :param handed_over: whether process ``pid`` is a workload this instance handed over to a successor:
+            :meth:`close` leaves its cgroup (and the instance's directories) to its adopter
         :returns: the containment; :attr:`Mode.NONE` with :attr:`why` when cgroups cannot be had
         :raises ValueError: when ``instance`` is not a valid name
         :raises ContainmentError: when ``root`` was given and cannot be used
@@ -130,7 +143,7 @@ class Containment:
         if mount is None:
             if root:
                 raise ContainmentError(f"cgroup_root {root}: no cgroup2 mount in {mountinfo}")
-            return cls(instance, Mode.NONE, f"no cgroup2 mount in {mountinfo}")
+            return cls(instance, Mode.NONE, f"no cgroup2 mount in {mountinfo}", handed_over=handed_over)
         own = own_cgroups(proc_cgroup)
         chain: list[Path] = []
         if root:
@@ -142,7 +155,7 @@ class Containment:
         elif "" in own:
             parent = directory_of(mount.point, mount.root, own[""])
         else:
-            return cls(instance, Mode.NONE, f"no cgroup2 line in {proc_cgroup}")
+            return cls(instance, Mode.NONE, f"no cgroup2 line in {proc_cgroup}", handed_over=handed_over)
         directory = parent / f"{PREFIX}{instance}"
         try:
             directory.mkdir(exist_ok=True)
@@ -150,8 +163,8 @@ class Containment:
             why = f"cannot create {directory}: {exc.strerror or exc}"
             if root:
                 raise ContainmentError(f"cgroup_root {root}: {why}") from exc
-            return cls(instance, Mode.NONE, f"{why} ({_HINT})")
-        made = cls(instance, Mode.CGROUP2, str(directory), directory)
+            return cls(instance, Mode.NONE, f"{why} ({_HINT})", handed_over=handed_over)
+        made = cls(instance, Mode.CGROUP2, str(directory), directory, handed_over=handed_over)
         made._mount, made._mount_root, made._parent = mount.point, mount.root, parent
         for each in [*(chain or [parent]), directory]:
             enable_controllers(each, LIMITED)
@@ -312,7 +325,8 @@ class Containment:
         for directory in subdirectories(top) if v2 else []:
             relative = cgroup_path(self._mount, self._mount_root, directory)
             if _spared(spare, str(directory), relative):
-                log.info(
+                # Left alone on purpose: the executor says what it holds (and, later, what it adopts).
+                log.debug(
                     "cgroup %s of a stopped executor is left as it is: its workload was handed over",
                     directory,
                 )
@@ -322,7 +336,8 @@ class Containment:
             cgroup = WorkloadCgroup(directory.name, directory, {}, Limits(), relative)
             try:
                 if waiting := [pid for pid in cgroup.members() if answered_for(instance, pid)]:
-                    log.info(
+                    # Another deployment's to adopt or end: nothing this executor does, nothing to act on.
+                    log.debug(
                         "cgroup %s of a stopped executor is left as it is: its workload (pid %s) waits "
                         "to be adopted, and ends itself if it is not",
                         directory,
@@ -348,16 +363,89 @@ class Containment:
         return found
 
     def close(self) -> None:
-        """Remove the workload cgroups left empty, then the instance's own directories; never raises."""
+        """Remove the workload cgroups left empty, then the instance's own directories; never raises.
+
+        The cgroup of a workload handed over to a successor (see ``handed_over`` in :meth:`open`) is not
+        tried, in any hierarchy, and neither are the instance's directories that hold it: it is its
+        adopter's now, and a failed removal of it would be no news. What else cannot be removed is
+        logged as a warning.
+        """
         if self.path is None:
             return
         try:
+            kept = self._handed_over_cgroups(self.path)
             for top in dict.fromkeys([self.path, *self._v1.values()]):
                 for directory in subdirectories(top):
-                    remove_tree(directory)
-                remove_directory(top)
+                    if directory.name not in kept:
+                        remove_tree(directory)
+                if kept:
+                    log.debug(
+                        "cgroup %s stays: it holds workloads handed over (%s)",
+                        top,
+                        ", ".join(f"{name}: pid {pid}" for name, pid in kept.items()),
+                    )
+                else:
+                    remove_directory(top)
         except Exception:
             log.exception("cannot remove the cgroups of instance %s", self.instance)
+
+    def _handed_over_cgroups(self, top: Path) -> dict[str, int]:
+        """The workload cgroups under ``top`` that hold a handed-over workload -> its pid."""
+        kept: dict[str, int] = {}
+        for directory in subdirectories(top):
+            cgroup = WorkloadCgroup(directory.name, directory, {}, Limits(), "")
+            try:
+                members = cgroup.members()
+            except OSError:
+                continue  # unreadable: its removal is tried, and says why it fails
+            handed = next((pid for pid in members if self._handed_over(pid)), None)
+            if handed is not None:
+                kept[directory.name] = handed
+        return kept
+
+
+def workload_cgroup_of(pid: int, mountinfo: str = MOUNTINFO) -> WorkloadCgroup | None:
+    """The workload cgroup process ``pid`` is in, as made by whichever instance launched it, for its accounting.
+
+    An adopted workload was launched (and its cgroup made) by another instance: this finds that cgroup
+    from where the kernel says the process is, ``ale-<instance>/<workload>`` on cgroup2, with the cgroup
+    v1 directories of the same name it is in (its memory accounting on a hybrid host). Its limits are
+    not known here (:attr:`WorkloadCgroup.limits` is empty): it is for :meth:`WorkloadCgroup.usage`.
+
+    :param pid: the workload's process
+    :param mountinfo: where the mounts are listed
+    :returns: the cgroup; None when the process is gone, or is in no workload cgroup (uncontained)
+    """
+    where = own_cgroups(f"/proc/{pid}/cgroup")
+    path = where.get("")
+    if path is None:
+        return None
+    relative = PurePosixPath(path)
+    instance = relative.parent.name
+    if not (
+        instance.startswith(PREFIX) and _NAME.match(instance[len(PREFIX) :]) and _NAME.match(relative.name)
+    ):
+        return None  # in the scheduler's own cgroup, or anyone else's: not one workload's alone
+    mounts = cgroup_mounts(mountinfo)
+    mount = cgroup2_entry(mountinfo)
+    if mount is None:
+        return None
+    directory = directory_of(mount.point, mount.root, path)
+    if directory == mount.point:
+        return None  # outside the part of the hierarchy mounted here
+    v1: dict[str, Path] = {}
+    for controller, point in v1_mounts(mountinfo).items():
+        inside = where.get(controller)
+        # Only a v1 directory of its own: one that has moved back to its parent's (a CPU share restored) is
+        # not the workload's alone.
+        if (
+            controller in LIMITED
+            and inside is not None
+            and PurePosixPath(inside).parts[-2:] == relative.parts[-2:]
+        ):
+            root = next((m.root for m in mounts if m.point == point), "/")
+            v1[controller] = directory_of(point, root, inside)
+    return WorkloadCgroup(relative.name, directory, v1, Limits(), path)
 
 
 def _spared(spare: Collection[str], directory: str, relative: str) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -11,7 +12,7 @@ from typing_extensions import Self
 
 from async_local_executor.core.cgroups.group import WorkloadCgroup
 from async_local_executor.core.cgroups.limits import Limits
-from async_local_executor.core.errors import LaunchError
+from async_local_executor.core.errors import DescriptorsFull, LaunchError
 from async_local_executor.core.outcome import Cleanup
 
 OutputSink = Callable[[Hashable, str], None]
@@ -171,6 +172,27 @@ class Wrapper:
     def report(self) -> LauncherReport:
         return self._inner.report()
 
+    async def adopted(self, child: Child, cgroup_dir: str | None) -> Child:
+        """``child``, a running process another executor launched, as this launcher's own from now on.
+
+        By default it is the inner launcher's: a wrapper that accounts for what runs (the crowd's count
+        and CPU share) takes it in here.
+        """
+        return await adopted_by(self._inner, child, cgroup_dir)
+
+
+async def adopted_by(launcher: Launcher, child: Child, cgroup_dir: str | None) -> Child:
+    """``child``, a process another executor launched and this one takes over, as ``launcher`` would
+    supervise it had it launched it: every wrapper of the launch path takes it in (see
+    :meth:`Wrapper.adopted`). The supervisor passes each child it adopts through this before it
+    supervises it.
+
+    :param cgroup_dir: its cgroup2 directory, when it was contained
+    """
+    if isinstance(launcher, Wrapper):
+        return await launcher.adopted(child, cgroup_dir)
+    return child
+
 
 async def prepare(request: LaunchRequest, pid: int) -> None:
     """Run ``request``'s :attr:`~LaunchRequest.before_start` for process ``pid``, if it has one.
@@ -181,5 +203,9 @@ async def prepare(request: LaunchRequest, pid: int) -> None:
         return
     try:
         await request.before_start(pid)
+    except DescriptorsFull:
+        raise
     except Exception as exc:
+        if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):  # waits for room
+            raise DescriptorsFull(f"cannot prepare the workload process: {exc}") from exc
         raise LaunchError(f"cannot prepare the workload process: {exc}") from exc

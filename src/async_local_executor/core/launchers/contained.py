@@ -26,6 +26,7 @@ from async_local_executor.core.cgroups import (
     LimitUnavailable,
     WorkloadCgroup,
 )
+from async_local_executor.core.descriptors import is_full, launch_error
 from async_local_executor.core.errors import LaunchError
 from async_local_executor.core.launchers.base import Child, Launcher, LaunchRequest, Wrapper
 from async_local_executor.core.outcome import Cleanup
@@ -72,6 +73,8 @@ class ContainedLauncher(Wrapper):
         except LimitUnavailable as exc:
             raise LaunchError(f"cannot apply its limits ({limits.describe()}): {exc}") from exc
         except OSError as exc:
+            if is_full(exc):  # a capacity reached: it waits for descriptors rather than run uncontained
+                raise launch_error("cannot create its cgroup", exc) from exc
             why = f"cannot create its cgroup: {exc.strerror or exc}"
             if not limits.empty:
                 raise LaunchError(f"{why}, and it has limits ({limits.describe()})") from exc

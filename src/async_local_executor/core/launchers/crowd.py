@@ -1,8 +1,13 @@
 """A workload that starts in a crowd gets a low CPU share, and gets it back when the crowd ends.
 
-A start is crowded when :attr:`CrowdLauncher.threshold` or more workloads run; below it a start keeps
-the scheduler's priority. The rule: a lowered share never outlasts the crowd, so every lowering is one
-the scheduler itself undoes, for a process of any user, as soon as fewer than the threshold run:
+A start is crowded when :attr:`CrowdLauncher.threshold` or more workloads run (adopted ones included:
+they compete for the CPU as any); below it a start keeps the scheduler's priority. The rule: a lowered
+share never outlasts the crowd, nor the executor's supervision of the workload, so every lowering is
+one the scheduler itself undoes, for a process of any user, as soon as fewer than the threshold run, or
+when it hands the workload over to a successor (which could not tell a lowering of this crowd from
+one of its own). A successor that adopts a workload still lowered (left by a crash) gives it its share
+back, unless its own crowd is on when it takes it: then it stays lowered until that crowd ends. A
+process that already runs is never lowered here: its start is over.
 
 - ``cgroup``: the workload's cgroup gets the lowest CPU weight and the default back (the scheduler owns
   the cgroup; the task cannot change it either way).
@@ -21,13 +26,15 @@ import logging
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from pathlib import Path, PurePosixPath
 
 import anyio
 import anyio.to_thread
-import psutil
 
 from async_local_executor.core import cpu_priority
-from async_local_executor.core.cgroups import WorkloadCgroup
+from async_local_executor.core.cgroups import Limits, WorkloadCgroup
+from async_local_executor.core.cgroups.discovery import directory_of, mount_root, own_cgroups, v1_mounts
+from async_local_executor.core.cgroups.group import LOWEST_SHARES, LOWEST_WEIGHT
 from async_local_executor.core.launchers.base import Child, Launcher, LaunchRequest, Wrapper
 from async_local_executor.core.outcome import Cleanup
 
@@ -86,10 +93,12 @@ def threshold() -> int:
 
 @dataclass
 class _Lowered:
-    child: Child
+    pid: int
     cgroup: WorkloadCgroup | None
     weighed: bool
-    """True: the cgroup's weight was lowered; False: the process class of its members (or tree)."""
+    """Its cgroup's CPU weight is lowered."""
+    idle: bool
+    """Its processes' class is lowered (those of its cgroup, or else of its process tree)."""
 
 
 class CrowdLauncher(Wrapper):
@@ -106,6 +115,7 @@ class CrowdLauncher(Wrapper):
         self.threshold = crowd
         self._running = 0
         self._lowered: dict[int, _Lowered] = {}
+        self._let_go: list[_Lowered] = []  # lowered ones released, whose share is not given back yet
         self._serials = 0
 
     @property
@@ -113,8 +123,11 @@ class CrowdLauncher(Wrapper):
         """Running workloads whose share is lowered now."""
         return len(self._lowered)
 
+    def _crowded(self) -> bool:
+        return self._how is not How.NONE and self._running >= self.threshold
+
     async def launch(self, request: LaunchRequest) -> Child:
-        crowded = self._how is not How.NONE and self._running >= self.threshold
+        crowded = self._crowded()
         if crowded:
             request = self._lowering(request)
         self._running += 1
@@ -129,15 +142,38 @@ class CrowdLauncher(Wrapper):
             weighed = self._how is How.CGROUP
             # A weighed start that ran without a cgroup (it could not be made) was not lowered.
             if not weighed or cgroup is not None:
-                if not self._lowered:
-                    log.info(
-                        "%d workloads running: the ones starting now get the lowest CPU share until fewer "
-                        "than %d run",
-                        self._running - 1,
-                        self.threshold,
-                    )
-                self._lowered[serial] = _Lowered(child, cgroup, weighed)
-        return CrowdChild(child, lambda: self._ended(serial))
+                await self._lower(serial, _Lowered(child.pid, cgroup, weighed=weighed, idle=not weighed))
+        return self._watched(child, serial)
+
+    async def adopted(self, child: Child, cgroup_dir: str | None) -> Child:
+        child = await super().adopted(child, cgroup_dir)
+        crowded = self._crowded()
+        self._running += 1
+        serial = self._serials = self._serials + 1
+        # Shielded: once counted, it must be watched, or the count would never come down again.
+        with anyio.CancelScope(shield=True):
+            kept = await anyio.to_thread.run_sync(_taken_over, child.pid, cgroup_dir, crowded)
+        if kept is not None:
+            await self._lower(serial, kept)
+        return self._watched(child, serial)
+
+    async def _lower(self, serial: int, lowered: _Lowered) -> None:
+        if self._running < self.threshold:
+            # The crowd ended while this one started (or was taken over), before the list its end gives
+            # back held it: nothing else would.
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(_raise, [lowered])
+            return
+        if not self._lowered:
+            log.info(
+                "%d workloads running: the ones starting now get the lowest CPU share until fewer than %d run",
+                self._running - 1,
+                self.threshold,
+            )
+        self._lowered[serial] = lowered
+
+    def _watched(self, child: Child, serial: int) -> CrowdChild:
+        return CrowdChild(child, lambda: self._ended(serial), lambda: self._released(serial))
 
     def _lowering(self, request: LaunchRequest) -> LaunchRequest:
         if self._how is How.CGROUP:
@@ -157,49 +193,160 @@ class CrowdLauncher(Wrapper):
 
         return replace(request, before_start=lower)
 
+    def _released(self, serial: int) -> None:
+        # Its share goes back as its wait() unwinds (see _ended), off the loop: a release lets every
+        # running workload go at once, and each tree is read from /proc.
+        lowered = self._lowered.pop(serial, None)
+        if lowered is not None:
+            self._let_go.append(lowered)
+
     async def _ended(self, serial: int) -> None:
         self._running -= 1
         self._lowered.pop(serial, None)
+        raising, self._let_go = self._let_go, []
+        if raising:
+            log.info("%d workloads handed over get back the CPU share the crowd lowered", len(raising))
         if self._lowered and self._running < self.threshold:
-            lowered, self._lowered = list(self._lowered.values()), {}
             log.info(
                 "%d workloads running: %d started in the crowd get their CPU share back",
                 self._running,
-                len(lowered),
+                len(self._lowered),
             )
+            raising += self._lowered.values()
+            self._lowered = {}
+        if raising:
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(_raise, lowered)
+                await anyio.to_thread.run_sync(_raise, raising)
 
 
 def _raise(lowered: list[_Lowered]) -> None:
     """Worker thread: undo each lowering; a failure is logged and leaves the others to be raised."""
-    for each in lowered:
-        try:
-            if each.weighed and each.cgroup is not None:
-                each.cgroup.restore_cpu()
-            else:
-                # The cgroup's members include what left the process tree (a daemon, a double fork).
-                members = each.cgroup.members() if each.cgroup is not None else []
-                cpu_priority.restore(members or _tree(each.child.pid))
-        except FileNotFoundError:
-            continue  # it ended meanwhile, and its cgroup went with it
-        except OSError as exc:
-            log.warning("could not give workload process %d its CPU share back: %s", each.child.pid, exc)
+    pending = list(lowered)
+    # A workload may fork while its tree is read: the child is born with the class its parent had then.
+    # Once the parent is back, what it forks later is born back too, so another read finds the few that
+    # were not, and soon none.
+    for _ in range(_TREE_PASSES):
+        trees = _trees([each.pid for each in pending if each.idle and each.cgroup is None])
+        again = []
+        for each in pending:
+            try:
+                if each.weighed and each.cgroup is not None:
+                    each.cgroup.restore_cpu()
+                if each.idle:
+                    # The cgroup's members include what left the process tree (a daemon, a double fork).
+                    members = each.cgroup.members() if each.cgroup is not None else []
+                    if cpu_priority.restore(members or trees.get(each.pid, [each.pid])):
+                        again.append(replace(each, weighed=False))
+            except FileNotFoundError:
+                continue  # it ended meanwhile, and its cgroup went with it
+            except OSError as exc:
+                log.warning("could not give workload process %d its CPU share back: %s", each.pid, exc)
+        if not again:
+            return
+        pending = again
 
 
-def _tree(pid: int) -> list[int]:
+_TREE_PASSES = 5
+
+
+def _taken_over(pid: int, cgroup_dir: str | None, crowded: bool) -> _Lowered | None:
+    """Worker thread: how an adopted workload arrives lowered; its share is given back unless ``crowded``.
+
+    :returns: the lowering it keeps, for the crowd's end to undo; None when it has its share
+    """
     try:
-        return [pid, *(p.pid for p in psutil.Process(pid).children(recursive=True))]
-    except psutil.Error:
-        return [pid]
+        cgroup = _handed_over_cgroup(pid, Path(cgroup_dir)) if cgroup_dir else None
+        weighed = cgroup is not None and _weight_lowered(cgroup)
+        members = cgroup.members() if cgroup is not None else []
+        idle = cpu_priority.idle(members or _trees([pid])[pid])
+    except OSError as exc:
+        log.warning("could not read the CPU share of adopted workload process %d: %s", pid, exc)
+        return None
+    if not (weighed or idle):
+        return None
+    lowered = _Lowered(pid, cgroup, weighed=weighed, idle=idle)
+    if crowded:
+        return lowered
+    log.info("adopted workload process %d arrived with the lowest CPU share: it gets it back", pid)
+    _raise([lowered])
+    return None
+
+
+def _handed_over_cgroup(pid: int, directory: Path) -> WorkloadCgroup:
+    """The cgroup of a workload another executor launched, with its cgroup v1 cpu directory if it has one.
+
+    A v1 cpu directory of its own is one of the same name as its cgroup2 one (``ale-<instance>/<name>``):
+    its predecessor made it to limit or weigh its CPU, beside the scheduler's own v1 cpu cgroup, where
+    workloads with neither run (so that is where a restored one goes back to, unless a CPU limit keeps
+    it there).
+    """
+    inside = own_cgroups(f"/proc/{pid}/cgroup").get("cpu")
+    point = v1_mounts().get("cpu")
+    v1: dict[str, Path] = {}
+    home: Path | None = None
+    if point is not None and inside is not None and PurePosixPath(inside).parts[-2:] == directory.parts[-2:]:
+        v1["cpu"] = own = directory_of(point, mount_root(point), inside)
+        if not _v1_cpu_limited(own):
+            home = own.parent.parent
+    return WorkloadCgroup(directory.name, directory, v1, Limits(), "", cpu_home=home)
+
+
+def _v1_cpu_limited(directory: Path) -> bool:
+    try:
+        return (directory / "cpu.cfs_quota_us").read_text().strip() != "-1"
+    except OSError:
+        return False
+
+
+def _weight_lowered(cgroup: WorkloadCgroup) -> bool:
+    v1 = cgroup.v1.get("cpu")
+    weight, lowest = (
+        (v1 / "cpu.shares", LOWEST_SHARES) if v1 is not None else (cgroup.path / "cpu.weight", LOWEST_WEIGHT)
+    )
+    try:
+        return int(weight.read_text()) <= lowest
+    except FileNotFoundError:
+        return False  # no cpu controller there: nothing weighs it
+
+
+def _trees(roots: list[int]) -> dict[int, list[int]]:
+    """Each of ``roots`` with its live descendants, from one pass over /proc (not one per root)."""
+    if not roots:
+        return {}
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                raw = stat.read()
+        except OSError:
+            continue  # exited meanwhile
+        # "pid (comm) state ppid ...": comm may hold anything, but nothing after its last ')' does.
+        fields = raw[raw.rfind(b")") + 1 :].split()
+        if len(fields) > 1:
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    trees: dict[int, list[int]] = {}
+    for root in roots:
+        tree, todo = [root], [root]
+        while todo:
+            below = children.get(todo.pop(), [])
+            tree += below
+            todo += below
+        trees[root] = tree
+    return trees
 
 
 class CrowdChild:
-    """A launched workload that tells the crowd when it has ended; otherwise the child it wraps."""
+    """A launched (or adopted) workload that tells the crowd when it has ended or been let go; otherwise
+    the child it wraps."""
 
-    def __init__(self, child: Child, ended: Callable[[], Awaitable[None]]) -> None:
+    def __init__(
+        self, child: Child, ended: Callable[[], Awaitable[None]], released: Callable[[], None]
+    ) -> None:
         self._child = child
         self._ended: Callable[[], Awaitable[None]] | None = ended
+        self._released = released
 
     @property
     def pid(self) -> int:
@@ -221,7 +368,11 @@ class CrowdChild:
         self._child.signal(sig)
 
     def release(self) -> None:
-        # wait() then raises Released, and its finally still tells the crowd this one is gone.
+        # Handed over, it leaves with what it had before the crowd: the successor cannot tell a lowering
+        # of ours from one of its own crowd's. wait() then raises Released, and its finally gives the share
+        # back (before the release's wait for every workload ends) and tells the crowd this one is gone.
+        if self._child.releasable and self._ended is not None:
+            self._released()
         self._child.release()
 
     async def wait(self) -> int:

@@ -26,7 +26,8 @@ import anyio.to_thread
 from typing_extensions import Self
 
 from async_local_executor.core.clock import SYSTEM, Clock
-from async_local_executor.core.errors import LaunchError
+from async_local_executor.core.descriptors import is_full, launch_error
+from async_local_executor.core.errors import DescriptorsFull, LaunchError
 from async_local_executor.core.launchers.base import LauncherReport, LaunchRequest, OutputSink, prepare
 from async_local_executor.core.launchers.output import LineSplitter, discard, drain_after_exit, drain_stream
 from async_local_executor.core.launchers.pidfd_child import PidfdChild, pidfds_work
@@ -126,6 +127,8 @@ class SubprocessLauncher:
                 start_new_session=True,
             )
         except OSError as exc:
+            if is_full(exc):
+                raise DescriptorsFull(f"cannot start {request.argv[0]!r}: {exc.strerror}") from exc
             raise LaunchError(f"cannot start {request.argv[0]!r}: {_why(request.argv[0], exc)}") from exc
         try:
             await prepare(request, process.pid)  # before its stdin, which wait() writes
@@ -176,6 +179,8 @@ async def _spawn(
     except OSError as exc:
         for fd in ours:
             os.close(fd)
+        if is_full(exc):
+            raise DescriptorsFull(f"cannot start {program!r}: {exc.strerror}") from exc
         raise LaunchError(f"cannot start {program!r}: {_why(program, exc)}") from exc
     except BaseException:
         for fd in ours:
@@ -191,7 +196,7 @@ async def _spawn(
             os.close(fd)
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(process.wait)
-        raise LaunchError(f"cannot watch the workload process: {exc.strerror}") from exc
+        raise launch_error("cannot watch the workload process", exc) from exc
     os.set_blocking(stdin_write, False)
     os.set_blocking(out_read, False)
     return SubprocessChild(process, pidfd, out_read, stdin_write, request, output, clock)

@@ -46,7 +46,7 @@ def descendant_groups(pid: int, start: int | None = None) -> set[int]:
         if proc.status() == psutil.STATUS_ZOMBIE:
             return set()
         descendants = proc.children(recursive=True)
-    except psutil.Error:
+    except (psutil.Error, OSError):  # OSError: a full descriptor table; the groups already known still get it
         return set()
     groups: set[int] = set()
     for child in descendants:

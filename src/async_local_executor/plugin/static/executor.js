@@ -160,6 +160,10 @@ function drawExecutor(data, now) {
   q(".memory").textContent = !memory.floor_mb
     ? "off"
     : `${memory.guard_holding ? "holding workloads: " : ""}${available}floor ${memory.floor_mb} MB`;
+  const fds = data.descriptors;
+  q(".descriptors").textContent = !fds
+    ? "-"
+    : `${fds.holding ? "table full, launches held back: " : ""}${fds.open} open, limit ${fds.limit ?? "none"}`;
   q(".totals").textContent = Object.entries(data.totals || {})
     .map(([name, count]) => `${name} ${count}`)
     .join(", ");
@@ -170,7 +174,7 @@ function drawExecutor(data, now) {
     body.replaceChildren(
       ...running.map((w) =>
         row(
-          [w.adopted ? `${w.task} (adopted)` : w.task, w.try ?? "-", w.pid, number(w.age_s), number(w.memory_mb ?? w.rss_mb, 1), number(w.peak_mb, 1), number(w.cpu_s, 1)],
+          [w.task + ({held: " (held for adoption)", adopted: " (adopted)"}[w.adoption] ?? ""), w.try ?? "-", w.pid, number(w.age_s), number(w.memory_mb, 1), number(w.peak_mb, 1), number(w.cpu_s, 1)],
           numbers,
         ),
       ),

@@ -15,7 +15,7 @@ import anyio
 import anyio.to_thread
 
 from async_local_executor.core.clock import SYSTEM, Clock
-from async_local_executor.core.errors import LaunchError
+from async_local_executor.core.descriptors import launch_error
 from async_local_executor.core.launchers.base import LaunchRequest, OutputSink, prepare
 from async_local_executor.core.launchers.forkserver.protocol import GO
 from async_local_executor.core.launchers.pidfd_child import PidfdChild
@@ -45,7 +45,7 @@ class ForkServerChild(PidfdChild):
             control.close()
             os.close(read_fd)
             await anyio.to_thread.run_sync(os.waitpid, pid, 0)
-            raise LaunchError(f"cannot watch the workload process: {exc.strerror}") from exc
+            raise launch_error("cannot watch the workload process", exc) from exc
         try:
             await prepare(request, pid)  # before GO: it runs nothing of the workload until then
         except BaseException:

@@ -31,7 +31,8 @@ import anyio.abc
 import psutil
 
 from async_local_executor.core.clock import SYSTEM, Clock
-from async_local_executor.core.errors import LaunchError
+from async_local_executor.core.descriptors import launch_error
+from async_local_executor.core.errors import DescriptorsFull, LaunchError
 from async_local_executor.core.launchers.base import HELPER_KEY, LaunchRequest, OutputSink
 from async_local_executor.core.launchers.forkserver import LOGGER, protocol
 from async_local_executor.core.launchers.forkserver.channel import Channel, ChannelClosed
@@ -87,6 +88,7 @@ class _Pending:
     resolved: anyio.Event = field(default_factory=anyio.Event)  # the helper refused it, or is gone
     error: str | None = None
     unfit: bool = False  # refused because the helper must fork nothing more
+    full: bool = False  # refused because the helper's descriptor table was full
 
 
 def kernel_state(pid: int) -> str:
@@ -201,14 +203,14 @@ class HelperProcess:
         message = self._channel.frame(protocol.Spawn(id=request_id, argv=tuple(request.argv)))
         try:
             read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
-        except OSError as exc:  # EMFILE/ENFILE: a launch failure to report, not a crash of ours
-            raise LaunchError(f"cannot create the workload's output pipe: {exc.strerror}") from exc
+        except OSError as exc:  # EMFILE/ENFILE: the workload waits (DescriptorsFull), not a crash of ours
+            raise launch_error("cannot create the workload's output pipe", exc) from exc
         try:
             control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         except OSError as exc:
             os.close(read_fd)
             os.close(write_fd)
-            raise LaunchError(f"cannot create the workload's control socket: {exc.strerror}") from exc
+            raise launch_error("cannot create the workload's control socket", exc) from exc
         os.set_blocking(read_fd, False)
         control.setblocking(False)
         spawn = _Pending()
@@ -236,7 +238,9 @@ class HelperProcess:
             os.close(read_fd)
             control.close()
             if spawn.error is not None:
-                raise (HelperUnfit if spawn.unfit else LaunchError)(spawn.error)
+                raise (HelperUnfit if spawn.unfit else DescriptorsFull if spawn.full else LaunchError)(
+                    spawn.error
+                )
             if self.retired.is_set():
                 raise HelperDied
             raise LaunchError("the workload process ended before it could start")
@@ -292,6 +296,7 @@ class HelperProcess:
         if spawn is not None:
             spawn.error = message.error
             spawn.unfit = message.unfit
+            spawn.full = message.full
             spawn.resolved.set()
 
     def _abandon(self) -> None:

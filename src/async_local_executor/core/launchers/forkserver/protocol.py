@@ -100,6 +100,7 @@ class SpawnFailed:
     id: int
     error: str
     unfit: bool = False  # a thread started since its start: it forks nothing more
+    full: bool = False  # its descriptor table was full: the request's fds did not reach it
 
 
 @dataclass(frozen=True)

@@ -89,7 +89,7 @@ class Helper:
     def _receive(self) -> bool:
         while True:
             try:
-                data, fds, _, _ = socket.recv_fds(self._sock, MAX_MESSAGE, 4)
+                data, fds, flags, _ = socket.recv_fds(self._sock, MAX_MESSAGE, 4)
             except BlockingIOError:
                 return True
             except (ConnectionResetError, BrokenPipeError):
@@ -98,19 +98,23 @@ class Helper:
                 return False
             message = decode(data)
             if isinstance(message, protocol.Spawn):
-                self._spawn(message, fds)
+                self._spawn(message, fds, truncated=bool(flags & socket.MSG_CTRUNC))
             else:
                 for fd in fds:
                     os.close(fd)
                 if isinstance(message, protocol.Ping):
                     self._send(protocol.Pong(id=message.id))
 
-    def _spawn(self, message: protocol.Spawn, fds: list[int]) -> None:
+    def _spawn(self, message: protocol.Spawn, fds: list[int], *, truncated: bool = False) -> None:
         request_id = message.id
         if len(fds) != 2:
             for fd in fds:
                 os.close(fd)
-            self._send(protocol.SpawnFailed(id=request_id, error="spawn request without its two fds"))
+            if truncated:  # the kernel dropped the fds it could not install: this table is full
+                error = "the fork server's descriptor table is full: the spawn request's fds did not reach it"
+                self._send(protocol.SpawnFailed(id=request_id, error=error, full=True))
+            else:
+                self._send(protocol.SpawnFailed(id=request_id, error="spawn request without its two fds"))
             return
         out_fd, control_fd = fds
         argv = list(message.argv)

@@ -1,0 +1,51 @@
+"""Whose workloads an executor holds: its deployment's database and its team, not its credentials."""
+
+from __future__ import annotations
+
+import pytest
+
+from async_local_executor.adapter.executor import owner_key
+
+
+class Conf:
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def get(self, section: str, key: str, fallback: str = "") -> str:
+        assert (section, key) == ("database", "sql_alchemy_conn")
+        return self.url
+
+
+BASE = "postgresql+psycopg2://airflow:old@DB.example:5432/airflow"
+
+
+@pytest.mark.parametrize(
+    "same",
+    [
+        "postgresql+psycopg2://airflow:new@db.example:5432/airflow",  # a rotated password
+        "postgresql+psycopg2://other:old@db.example:5432/airflow",  # a rotated user (an IAM token's)
+        "postgresql://airflow:old@db.example/airflow",  # another driver, the default port
+        "postgresql+psycopg://airflow:old@db.example:5432/airflow?sslmode=require",
+    ],
+)
+def test_the_same_database_is_the_same_deployment_whatever_the_credentials_or_driver(same: str) -> None:
+    assert owner_key(Conf(same), None) == owner_key(Conf(BASE), None)
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        "postgresql+psycopg2://airflow:old@db2.example:5432/airflow",
+        "postgresql+psycopg2://airflow:old@db.example:5433/airflow",
+        "postgresql+psycopg2://airflow:old@db.example:5432/airflow2",
+        "sqlite:////home/airflow/airflow.db",
+    ],
+)
+def test_another_database_is_another_deployment(other: str) -> None:
+    assert owner_key(Conf(other), None) != owner_key(Conf(BASE), None)
+
+
+def test_teams_of_one_deployment_have_keys_of_their_own() -> None:
+    keys = {owner_key(Conf(BASE), team) for team in (None, "team_a", "team_b")}
+    assert len(keys) == 3
+    assert "old" not in "".join(keys)

@@ -1,0 +1,148 @@
+"""Adopted workloads beyond the free slots take them on credit, on every anyio pyproject allows.
+
+``core/admission.py``: a process that already runs (adopted from a stopped executor) never waits for a
+slot; where the limit is full it takes one on credit, and what waits to launch goes only once the count
+is back under the limit. anyio 4.7 to 4.11 (which ``anyio>=4.7`` allows, and older Airflow constraints
+pin) refuse a ``CapacityLimiter`` limit below 1 and over-grant when a limit is raised, so this module
+is meant to pass there too: in a venv with that anyio, psutil, pytest, pytest-asyncio, pytest-timeout
+and uvloop, without Airflow, ``PYTHONPATH=src:. python -m pytest tests/core/test_admission_credit.py
+--confcutdir=tests/core`` (the suite's own conftest reads Airflow's version).
+
+The supervisor test adopts real processes (``sys.executable -c``) through :class:`AdoptedChild`, as a
+successor takes them; the test ends each by closing its stdin. The admission test needs no process.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import subprocess
+import sys
+from collections.abc import Hashable, Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from async_local_executor.core.admission import Admission
+from async_local_executor.core.launchers.adopted import AdoptedChild
+from async_local_executor.core.launchers.base import Child, Launcher, LaunchRequest, Wrapper
+from async_local_executor.core.launchers.subprocess import SubprocessLauncher
+from async_local_executor.core.proc_identity import start_ticks
+from tests.core.helpers import Recorder, py
+from tests.core.test_supervisor import serving
+
+pytestmark = pytest.mark.asyncio
+
+# Runs until its stdin is closed: the test says when each adopted workload ends.
+UNTIL_STDIN_CLOSES = "import sys\nsys.stdin.read()\n"
+# Runs until the gate file's exclusive lock (held by the test) is dropped.
+UNTIL_GATE_OPENS = (
+    "import fcntl, sys\nfcntl.flock(open(sys.argv[1]), fcntl.LOCK_SH)\nprint('ran', flush=True)\n"
+)
+
+
+class Admitted(Wrapper):
+    """Records each request the moment admission lets it through to the launch."""
+
+    def __init__(self, inner: Launcher) -> None:
+        super().__init__(inner)
+        self.keys: list[Hashable] = []
+
+    async def launch(self, request: LaunchRequest) -> Child:
+        self.keys.append(request.key)
+        return await self._inner.launch(request)
+
+
+@pytest.fixture
+def predecessors() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Three running workload processes, each the leader of its own session as a launched one is."""
+    procs = [
+        subprocess.Popen(py(UNTIL_STDIN_CLOSES), stdin=subprocess.PIPE, start_new_session=True)
+        for _ in range(3)
+    ]
+    yield procs
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+        if proc.stdin is not None:
+            proc.stdin.close()
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    assert proc.stdin is not None
+    proc.stdin.close()
+
+
+async def test_three_adopted_into_one_slot_all_run_and_a_new_launch_waits_until_the_credit_is_repaid(
+    predecessors: list[subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    recorder = Recorder()
+    launcher = Admitted(SubprocessLauncher(output=recorder.output))
+    gate = tmp_path / "gate"
+    gate.touch()
+    async with serving(recorder, launcher, limit=1) as supervisor:
+        for index, proc in enumerate(predecessors):
+            start = start_ticks(proc.pid)
+            assert start is not None
+            take = functools.partial(AdoptedChild.take, proc.pid, start, lambda: 0)
+            supervisor.adopt(LaunchRequest(f"adopted-{index}", ("adopted",)), take, 1.0, None)
+        supervisor.submit(LaunchRequest("new", py("print('new ran', flush=True)")))
+        await recorder.until(lambda: len(recorder.pids) == 3 or recorder.outcomes)
+        # Every adopted one is supervised: none failed for want of a slot.
+        assert recorder.outcomes == []
+        assert sorted(w.pid for w in supervisor.state().running) == sorted(p.pid for p in predecessors)
+        for ended, proc in enumerate(predecessors):
+            await anyio.wait_all_tasks_blocked()
+            assert launcher.keys == [], f"launched with {3 - ended} adopted running, limit 1"
+            _end(proc)
+            await recorder.until(lambda ended=ended: len(recorder.outcomes) == ended + 1)
+        await recorder.until(lambda: len(recorder.outcomes) == 4)
+        assert launcher.keys == ["new"]
+        assert ("new", "new ran") in recorder.lines
+
+        # The credit is repaid, no more: the limit is 1 again, so of two new ones one runs at a time.
+        with gate.open() as held:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            for key in ("first", "second"):
+                supervisor.submit(LaunchRequest(key, [sys.executable, "-c", UNTIL_GATE_OPENS, str(gate)]))
+            await recorder.until(lambda: "first" in recorder.pids)
+            await anyio.wait_all_tasks_blocked()
+            assert launcher.keys == ["new", "first"]
+        await recorder.until(lambda: len(recorder.outcomes) == 6)
+    assert launcher.keys == ["new", "first", "second"]
+    assert [o.ok for o in recorder.outcomes] == [True] * 6, recorder.outcomes
+
+
+async def test_a_limit_back_up_as_credit_is_repaid_lets_through_only_what_fits_under_it() -> None:
+    # Limit 2: an ordinary workload holds a slot, two adopted ones take the other and one on credit,
+    # and two ordinary ones wait. Each slot held is a task the test ends when it says.
+    admission = Admission(limit=2)
+    inside: list[str] = []
+    ends: dict[str, anyio.Event] = {}
+
+    async def hold(key: str, running: bool) -> None:
+        ends[key] = anyio.Event()
+        async with admission.slot(LaunchRequest(key, ("x",)), running=running):
+            inside.append(key)
+            await ends[key].wait()
+            inside.remove(key)
+
+    async def end(key: str) -> list[str]:
+        ends[key].set()
+        await anyio.wait_all_tasks_blocked()
+        return sorted(inside)
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(hold, "ordinary", False)
+            await anyio.wait_all_tasks_blocked()
+            for key, running in (("adopted-1", True), ("adopted-2", True), ("w1", False), ("w2", False)):
+                tg.start_soon(hold, key, running)
+            await anyio.wait_all_tasks_blocked()
+            assert sorted(inside) == ["adopted-1", "adopted-2", "ordinary"]
+            assert await end("adopted-2") == ["adopted-1", "ordinary"]  # the credit repaid, nothing freed
+            assert await end("ordinary") == ["adopted-1", "w1"]
+            assert await end("adopted-1") == ["w1", "w2"]
+            assert await end("w1") == ["w2"]
+            assert await end("w2") == []
