@@ -225,6 +225,13 @@ def run(size: Size, ctx: RunContext) -> Outcome:
         mismatches = sb.process_logs["scheduler"].read_text(errors="replace").count(MISMATCH)
     if problem:
         notes.insert(0, problem)
+    if state not in ("success", "failed"):
+        # What the run waited on when it was given up: which map indexes, in which state, at which try.
+        unfinished = [r for r in rows if r.state not in ("success", "failed", "skipped", "upstream_failed")]
+        notes.append(
+            "unfinished task instances at the end: "
+            + (", ".join(f"[{r.map_index}] {r.state} try {r.try_number}" for r in unfinished) or "none")
+        )
     gaps = [g for g in loop.gaps() if g > STALL_GAP]
     ran = sum(r.try_number for r in rows)
     metrics = {

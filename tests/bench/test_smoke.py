@@ -81,6 +81,22 @@ def by(smoke: Smoke, scenario: str, variant: str) -> dict[str, Any]:
     return record
 
 
+def stock_burst_did_not_end(record: dict[str, Any]) -> bool:
+    """Whether this is the stock executor's burst run, given up on with its DAG run still running.
+
+    The burst exists because the stock LocalExecutor can stop making progress in it, and the smoke run
+    is the harness's check, not the executor's: there, such an end is a result to record, not a failure.
+    At smoke size it is rare; the CI run of 2026-12-04 saw one (the run still "running" 217 s after the
+    last clear, cause not recorded then, hence the burst's note on what was left unfinished).
+    Ours is held to finishing.
+    """
+    return (
+        record["scenario"] == "burst"
+        and record["variant"] == "stock"
+        and record["status"] in ("timeout", "stalled")
+    )
+
+
 def test_the_cli_exits_0(smoke: Smoke) -> None:
     assert smoke.returncode == 0, smoke.output
 
@@ -101,6 +117,8 @@ def test_every_record_carries_context_and_every_figure(smoke: Smoke, scenario: s
     records = of(smoke, scenario, variant)
     assert records
     for record in records:
+        if stock_burst_did_not_end(record):
+            continue  # its record is checked in test_figures_are_sane
         assert record["status"] == "ok", record["notes"]
         assert record["machine"]["cpus"] >= 1
         assert record["versions"]["apache-airflow"].startswith("3.3")
@@ -131,6 +149,16 @@ def test_figures_are_sane(smoke: Smoke, variant: str) -> None:
 
     burst_record = by(smoke, "burst", variant)
     burst, size = burst_record["metrics"], burst_record["config"]
+    if stock_burst_did_not_end(burst_record):
+        # The record says what happened, with the figures up to the end of the wait and what was left.
+        assert burst_record["text"] == {"run_state": "running"}
+        assert burst["run_finished"] == 0
+        assert burst["clears"] == size["clears"] == 3
+        assert any(
+            note.startswith("unfinished task instances at the end: [") for note in burst_record["notes"]
+        )
+        assert set(burst_record["metrics"]) | set(burst_record["text"]) == set(METRICS["burst"])
+        return
     assert burst_record["text"] == {"run_state": "success"}
     assert burst["run_finished"] == 1
     # Every task instance cleared three times, an interval apart, from the first one running.

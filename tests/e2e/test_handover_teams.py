@@ -127,8 +127,9 @@ def test_each_team_s_executor_adopts_only_the_tasks_its_own_predecessor_handed_o
 
     log = sandbox.process_logs["scheduler"]
     before = log.stat().st_size
-    assert sandbox.signal_and_wait("scheduler", signal.SIGTERM, timeout=120) == 0
+    code = sandbox.signal_and_wait("scheduler", signal.SIGTERM, timeout=120)
     stopped = since(sandbox, before)
+    assert code == 0, stopped
     # Each team's executor handed over its own two; the global one ran nothing to hand over.
     handed_over = [int(n) for n in HANDED_OVER.findall(stopped)]
     assert sorted(n for n in handed_over if n) == [TASKS] * len(TEAMS), stopped
