@@ -38,7 +38,7 @@ What Airflow 2 does meanwhile, and why none of it stops an adopted task:
   log server), as systemd's ``KillMode=process`` does. Forked with the scheduler's pooled database
   connections open, they used to keep the transaction the kill cut short open, with its row locks: a
   task ending blocks on its run's row, and the run never finished. The executor closes the pool at its
-  start (``_unshare_db_connections``); the crash test kills the scheduler at that worst moment.
+  start (``scheduler_helpers.unshare_db_connections``); the crash test kills the scheduler at that worst moment.
 - A timeout's end. The executor's limit SIGTERMs the workload's processes; the task process fails its
   task instance itself (``AirflowTaskTerminated``; not retried: ``failed``) and the run ends with it,
   before the workload's exit reaches the executor: its event (``failed``) comes after the run's end.

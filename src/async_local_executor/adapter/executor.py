@@ -22,7 +22,6 @@ import functools
 import hashlib
 import itertools
 import logging
-import multiprocessing
 import os
 import signal
 import sys
@@ -30,13 +29,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-import psutil
 from airflow.configuration import conf as airflow_conf
 from airflow.executors.base_executor import BaseExecutor
 from airflow.models.taskinstancekey import TaskInstanceKey
 from airflow.utils.state import TaskInstanceState
 
-from async_local_executor.adapter import handover, startup
+from async_local_executor.adapter import handover, scheduler_helpers, startup
 from async_local_executor.adapter.adoption import Adoption, Adoptions, TaskRecord, UnknownRecord, boot_clock
 from async_local_executor.adapter.cleared_exits import TI_GONE, ClearedExitGate
 from async_local_executor.adapter.compat import AIRFLOW_V3, client_timeout, execution_api_url, executor_conf
@@ -54,7 +52,7 @@ from async_local_executor.adapter.slots import Prefetch
 from async_local_executor.adapter.submissions import Mailbox, Started, Submission, Ticket, describe
 from async_local_executor.adapter.validation import KNOWN_KEYS, Checked, shown
 from async_local_executor.adapter.workload import entry
-from async_local_executor.core import descriptors, lifeline
+from async_local_executor.core import descriptors
 from async_local_executor.core.cgroups import Containment
 from async_local_executor.core.clock import SYSTEM, Clock
 from async_local_executor.core.custody import await_custody
@@ -214,74 +212,6 @@ def _ti_gone(key: object, outcome: Outcome) -> bool:
     )
 
 
-def _unshare_db_connections() -> None:
-    """Close the scheduler's pooled database connections, so that no process it forked shares them.
-
-    The scheduler forks its log server (and health-check server) before the executor starts, and on
-    Airflow 2 its DAG file processor manager right after, with its pooled connections open: they hold
-    the same sockets, and outlive a scheduler killed outright (kill -9, the OOM killer; systemd's
-    ``KillMode=process``, which a handover needs, leaves them). The database then never sees the dead
-    scheduler's connection close, so a transaction the kill cut short stays open with its row locks
-    (the pool rows of its critical section, its ``FOR UPDATE`` of a running dag run) for as long as they
-    run: the next scheduler never queues a task, and a task ending blocks. Closed here, the connections
-    the scheduler opens from now on are its own, and its death ends their transactions.
-    """
-    from airflow import settings
-
-    engine = getattr(settings, "engine", None)
-    if engine is not None:
-        engine.dispose()  # closes what is checked in; nothing is checked out when the executor starts
-
-
-def _airflow_helpers() -> list[journal.Companion]:
-    """The processes Airflow forked from this process before the executor started: a scheduler's log
-    server and health-check server (``multiprocessing`` children; see :func:`_is_airflow_helper`).
-
-    A scheduler killed outright leaves them running (``KillMode=process``, which a handover needs, spares
-    them): the log server keeps its port, so the next scheduler's own cannot bind it, and whatever
-    database connection it was forked with. The next executor to reclaim this one's journal stops them.
-    """
-    found: list[journal.Companion] = []
-    for child in multiprocessing.active_children():
-        start = None if child.pid is None else start_ticks(child.pid)
-        if child.pid is None or start is None:
-            continue
-        try:
-            words = psutil.Process(child.pid).cmdline()
-        except psutil.Error:
-            continue
-        if _is_airflow_helper(words):
-            found.append(journal.Companion(child.pid, start, " ".join(words).strip()[:80]))
-    return found
-
-
-def _is_airflow_helper(words: Sequence[str]) -> bool:
-    """Whether a child's command line is one of the scheduler's helpers. A ``multiprocessing`` child keeps
-    no trace of its target once started, so its title tells: ``airflow serve-logs`` (Airflow 3's log
-    server), ``gunicorn: master`` (Airflow 2's, which renames itself), the scheduler's own command line
-    (the health-check server); not another executor's workers (``airflow worker -- LocalExecutor``),
-    which a stop of their own handles."""
-    title = " ".join(words).strip()
-    if title.startswith("airflow worker"):
-        return False
-    if title.startswith("gunicorn: master"):
-        return True
-    return any(os.path.basename(word).startswith("airflow") for word in words[:3])
-
-
-def _tie_helpers_to_scheduler() -> None:
-    """Airflow 2: what the scheduler's main thread forks from now on (its DAG file processor manager, and
-    that manager again if it has to be restarted) gets SIGTERM when the scheduler dies.
-
-    Airflow 2 leaves the manager running after a scheduler killed outright: it parses on beside the next
-    scheduler's own, and keeps the database connections (with any transaction the kill cut short, and its
-    row locks) it inherited. A service manager's ``KillMode=process``, which a handover needs, no longer
-    kills it with the scheduler's unit. SIGTERM is the manager's own way to stop: it ends its parsing
-    processes and exits. The log server, forked before the executor exists, is a companion instead (:func:`_airflow_helpers`).
-    """
-    lifeline.tie_direct_children(signal.SIGTERM, main_thread_only=True)
-
-
 class AsyncLocalExecutor(BaseExecutor):
     """Runs each workload as its own process, supervised by an event loop on a dedicated thread.
 
@@ -367,7 +297,7 @@ class AsyncLocalExecutor(BaseExecutor):
         self._state_dir = directory
         self._hold_bound = _hold_bound(airflow_conf)
         recovered = recovery.reclaim_then_open(
-            directory, owner=owner, owner_key=self._owner_key, companions=_airflow_helpers()
+            directory, owner=owner, owner_key=self._owner_key, companions=scheduler_helpers.companions()
         )
         self._journal = launches = recovered.journal
         if plan.learn_dir:  # in the state directory, which the journal has just made sure is ours alone
@@ -442,9 +372,9 @@ class AsyncLocalExecutor(BaseExecutor):
         if not room.enough:
             self.log.warning("%s", room.describe())
         # Last: on Airflow 2 the scheduler forks its DAG file processor manager next.
-        _unshare_db_connections()
+        scheduler_helpers.unshare_db_connections()
         if not AIRFLOW_V3:
-            _tie_helpers_to_scheduler()
+            scheduler_helpers.tie_to_scheduler()
 
     def _child_argv(self) -> tuple[str, ...]:
         """The command that runs one workload; it reads the workload (or Airflow 2 command) from stdin."""

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 from setproctitle import setproctitle
 
-from async_local_executor.adapter.executor import _airflow_helpers, _is_airflow_helper
+from async_local_executor.adapter.scheduler_helpers import companions, is_airflow_helper
 
 
 def _titled(title: str, ready: multiprocessing.synchronize.Event) -> None:
@@ -54,7 +54,7 @@ def children() -> Iterator[dict[str, int]]:
 def test_the_log_servers_are_companions_and_other_executors_workers_and_other_children_are_not(
     children: dict[str, int],
 ) -> None:
-    found = {companion.pid: companion.what for companion in _airflow_helpers()}
+    found = {companion.pid: companion.what for companion in companions()}
     assert found == {
         children["airflow serve-logs"]: "airflow serve-logs",
         children["gunicorn: master [gunicorn]"]: "gunicorn: master [gunicorn]",
@@ -74,4 +74,4 @@ def test_the_log_servers_are_companions_and_other_executors_workers_and_other_ch
     ],
 )
 def test_a_child_is_told_by_its_command_line(words: list[str], helper: bool) -> None:
-    assert _is_airflow_helper(words) is helper
+    assert is_airflow_helper(words) is helper
