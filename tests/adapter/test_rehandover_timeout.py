@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from async_local_executor.core.files import open_regular
 from async_local_executor.ops import journal_file
-from async_local_executor.ops.files import open_regular
 from tests.adapter import workloads
 from tests.adapter.driver import Scheduler
 

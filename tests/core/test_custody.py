@@ -22,8 +22,9 @@ from uuid import uuid4
 
 import pytest
 
-from async_local_executor.core import custody
+from async_local_executor.core import custody, custody_files
 from async_local_executor.core.cgroups.containment import PREFIX
+from async_local_executor.core.custody_files import WRITING
 from async_local_executor.core.proc_identity import start_ticks
 from tests.core import cgroup_helpers
 from tests.core.cgroup_helpers import read_line, scratch
@@ -148,7 +149,7 @@ class Handed:
         ready = self.expect("relayed ready").split()
         assert int(ready[2]) == self.pid
         self.grandchild = int(ready[3])
-        self.name = custody.custody_name(self.pid, start_ticks(self.pid) or 0)
+        self.name = custody_files.name(self.pid, start_ticks(self.pid) or 0)
         self.others: list[subprocess.Popen[str]] = []
 
     def expect(self, prefix: str) -> str:
@@ -323,7 +324,7 @@ def test_the_exit_code_of_a_workload_handed_over_is_recorded_0600(handed: Callab
     assert json.loads(workload.file(".exit").read_text()) == {"status": 5}
     assert stat.S_IMODE(workload.file(".exit").stat().st_mode) == 0o600
     assert "before the end\n" in workload.out()  # copied before the code was recorded
-    assert [p.name for p in workload.directory.iterdir() if p.suffix == ".tmp"] == []
+    assert [p.name for p in workload.directory.iterdir() if WRITING in p.name] == []
 
 
 @pytest.mark.parametrize("claimed", [False, True], ids=["owner-kept-it", "owner-handed-it-over"])
@@ -475,7 +476,7 @@ def test_a_workload_whose_owner_exited_before_it_took_custody_waits_for_a_succes
     pid = 0
     try:
         pid = int(read_line(owner, GUARD).split()[1])
-        name = custody.custody_name(pid, start_ticks(pid) or 0)
+        name = custody_files.name(pid, start_ticks(pid) or 0)
         out = directory / f"{name}.out"
         until(lambda: out.exists() and "ready" in out.read_text(), "the workload in custody")
         me = {"owner_pid": os.getpid(), "owner_start": start_ticks(os.getpid())}  # this test adopts it

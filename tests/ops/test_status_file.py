@@ -17,8 +17,9 @@ from typing import Any
 import psutil
 import pytest
 
+from async_local_executor.core import files
 from async_local_executor.core.proc_identity import start_ticks
-from async_local_executor.ops import cli, files, recovery
+from async_local_executor.ops import cli, recovery
 from async_local_executor.ops.journal import LaunchJournal
 from async_local_executor.ops.journal_file import SUFFIX
 from async_local_executor.ops.status import START_TICKS_KEY, StatusWriter, read_all, status_path

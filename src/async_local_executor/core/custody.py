@@ -33,20 +33,19 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import re
 import select
 import signal
-import stat
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import NamedTuple
 
-from async_local_executor.core import lifeline
+from async_local_executor.core import custody_files, lifeline
+from async_local_executor.core.custody_files import EXIT, OUT, OWNER, WRITING, Owner
+from async_local_executor.core.files import open_regular, replace_atomically, write_all
 from async_local_executor.core.proc_identity import runs_as, start_ticks
 
 WATCHDOG = "ale-custody"  # the watchdog thread's name, as the kernel shows it (15 bytes at most)
@@ -59,7 +58,6 @@ DRAIN = 1.0  # how long the exit waits for the relay to copy what is still in it
 LATE_TAIL = 64 * 1024  # the last bytes written after the owner's exit kept for tell(), past OUT_CAP too
 TELL_LINES = 100  # at most this many of them
 TELL_GUARD = 5.0  # how long tell() may take before the workload exits (or kills itself) without it
-_CLAIM_MAX = 4096  # far above any claim; a larger file is not one
 CUSTODY_POLL = 0.02  # how often await_custody() looks at the workloads it waits for, in seconds
 _UPSTREAM_WAIT_MS = 500  # how long the relay waits for room in the executor's pipe before it looks again
 _CHUNK = 65536
@@ -74,18 +72,6 @@ def supported() -> bool:
     return sys.platform.startswith("linux")
 
 
-def custody_name(pid: int, start: int) -> str:
-    """The name of a workload's files in the custody directory."""
-    return f"{pid}-{start}"
-
-
-class Owner(NamedTuple):
-    """The executor process that answers for the workload."""
-
-    pid: int
-    start: int
-
-
 class Custody:
     """Custody of the workload in this process; :meth:`start` it once, :meth:`record_exit` at the end."""
 
@@ -93,14 +79,15 @@ class Custody:
         self, owner: Owner, pidfd: int | None, timeout: float, directory: Path, *, orphaned: bool = False
     ) -> None:
         self._pid = os.getpid()
-        self.name = custody_name(self._pid, start_ticks(self._pid) or 0)
+        start = start_ticks(self._pid) or 0
+        self.name = custody_files.name(self._pid, start)
         self._first = owner
         self._owner = owner
         self._pidfd = pidfd
         self._timeout = timeout
-        self._claim = directory / f"{self.name}.json"
-        self._exit = directory / f"{self.name}.exit"
-        self._out = directory / f"{self.name}.out"
+        self._claim = custody_files.file(directory, self._pid, start, OWNER)
+        self._exit = custody_files.file(directory, self._pid, start, EXIT)
+        self._out = custody_files.file(directory, self._pid, start, OUT)
         # Set once an owner died (from the start when it was gone already): output no longer goes to its pipe.
         self._orphaned = orphaned
         self._late = b""  # the last LATE_TAIL bytes of the output written since then
@@ -252,17 +239,17 @@ class Custody:
             if self._out_failed:
                 return
             try:
-                self._out_fd = _open_regular(self._out, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+                self._out_fd = open_regular(self._out, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
             except OSError:
                 self._out_failed = True  # no custody directory to write in (or not a file there): lost
                 return
         kept = data[: max(0, OUT_CAP - self._out_size)]
         self._out_size += len(kept)
         with contextlib.suppress(OSError):  # a full disk loses output, never the task
-            _write_all(self._out_fd, kept)
+            write_all(self._out_fd, kept)
             if len(kept) < len(data) and not self._out_capped:  # said once, where the output stops
                 self._out_capped = True
-                _write_all(self._out_fd, memoryview(b"\n[async_local_executor: output past 8 MiB dropped]\n"))
+                write_all(self._out_fd, memoryview(b"\n[async_local_executor: output past 8 MiB dropped]\n"))
 
     def _drain(self, guard: float = DRAIN) -> None:
         """Give the relay up to ``guard`` seconds to copy what is in its pipe now (not to wait for EOF:
@@ -329,20 +316,16 @@ class Custody:
         try:
             # Never through a link nor into a FIFO planted under its name: either would let a file
             # elsewhere keep the workload, or block this thread, and the countdown with it, for ever.
-            fd = _open_regular(self._claim, os.O_RDONLY)
+            fd = open_regular(self._claim)
         except OSError:  # none yet, or not a file
             return None
         try:
-            raw = os.read(fd, _CLAIM_MAX + 1)
-            if len(raw) > _CLAIM_MAX:
-                return None
-            claim = json.loads(raw)
-            owner = Owner(claim["owner_pid"], claim["owner_start"])
-        except (OSError, ValueError, TypeError, KeyError, RecursionError):  # half a file written by hand
+            owner = custody_files.decode_owner(os.read(fd, custody_files.MAX_SIZE + 1))
+        except OSError:
             return None
         finally:
             os.close(fd)
-        if not all(type(value) is int for value in owner) or owner == dead:
+        if owner is None or owner == dead:
             return None
         pidfd = _pidfd(owner.pid)
         # After the pidfd: one opened on a pid since reused would watch some other process.
@@ -408,7 +391,7 @@ class Custody:
             self._tell(f"workload process {self._pid} exited with code {code}")
         if self._claim.exists() or not runs_as(*self._first):
             try:
-                _write_atomically(self._exit, json.dumps({"status": code}).encode())
+                replace_atomically(self._exit, custody_files.encode_exit(code), WRITING)
             except OSError as exc:
                 say = f"async_local_executor: cannot record the exit code in {self._exit}: {exc}\n"
                 with contextlib.suppress(OSError):
@@ -485,38 +468,6 @@ def _above_stdio_or_none(fd: int) -> int | None:
         return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
     except OSError:
         return None
-
-
-def _write_all(fd: int, data: memoryview) -> None:
-    while data:
-        data = data[os.write(fd, data) :]
-
-
-def _open_regular(path: Path, flags: int) -> int:
-    """An fd of the regular file ``path`` (0600 if created), without following a link or blocking.
-
-    :raises OSError: it is a link (ELOOP), something else than a regular file (a FIFO, a device), or
-        cannot be opened
-    """
-    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(f"{path} is not a regular file")
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    """``path`` (0600) holds ``data`` whole or not at all: a reader never sees half of it."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    fd = _open_regular(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    try:
-        _write_all(fd, memoryview(data))
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
 
 
 def _pidfd(pid: int) -> int | None:

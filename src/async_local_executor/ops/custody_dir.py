@@ -1,20 +1,14 @@
 """The custody directory: who answers for a workload that outlives its scheduler, and what it left there.
 
 ``<state_dir>/custody/``, 0700, made by the executor at start. Each handed-over workload has files named
-after it, ``<pid>-<start ticks>`` (:func:`name`):
-
-- ``.json``, ``{"owner_pid": int, "owner_start": int}``: the executor process that answers for it now,
-  written (atomically) by the scheduler that hands it over, naming itself as it is about to exit, and by
-  the one that takes it over (:func:`name_owner`). The workload's watchdog reads it once its owner has
-  died (never through a link, never a FIFO): while it names a live process other than the dead one, the
-  workload does not kill itself. Claims do not renew its countdown for ever: it spends at most its
-  ``handover_timeout`` without a live owner in all, unless an owner kept it for that long
-  (:mod:`async_local_executor.core.custody`).
-- ``.exit``, ``{"status": int}``: the workload's exit code, written by the workload itself
-  (:func:`read_exit`): a process that is not its parent has no other way to learn it.
-- ``.out``: its output once the scheduler's pipe had no reader any more (:func:`out_path`), for whoever
-  looks while it runs. No executor reads it: a workload that fails or kills itself after its owner's
-  exit writes the last lines of it to its task's log itself, the one log it knows that someone reads.
+after it (:mod:`async_local_executor.core.custody_files` defines them): its owner's claim, which the
+scheduler that hands it over writes naming itself as it is about to exit, and the one that takes it over
+rewrites (:func:`name_owner`); its exit code, which it writes itself (:func:`read_exit`); its output
+once the scheduler's pipe had no reader any more (:func:`out_path`), which no executor reads (a workload
+that fails or kills itself after its owner's exit writes the last lines of it to its task's log itself).
+The workload's watchdog reads the claim once its owner has died: while it names a live process other
+than the dead one, the workload does not kill itself, for at most its ``handover_timeout`` without a live
+owner in all (:mod:`async_local_executor.core.custody`).
 
 Whoever finishes with a workload removes its files (:func:`remove`); an executor that starts removes
 those of workloads no longer running that no live executor answers for (:func:`remove_stale`). Nothing
@@ -25,34 +19,33 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import logging
 import os
-import re
 import stat
 from pathlib import Path
 
+from async_local_executor.core import custody_files
+from async_local_executor.core.custody_files import EXIT, OUT, OWNER, WORKLOAD_FILE, WRITING, Owner, name
+from async_local_executor.core.files import open_regular, read_fd, replace_atomically
 from async_local_executor.core.proc_identity import runs_as, start_ticks
-from async_local_executor.ops.files import open_regular, read_fd, replace_atomically
 from async_local_executor.ops.state_dir import StateDir, UnsafeStateDir
 
 log = logging.getLogger(__name__)
 
+__all__ = [
+    "DIRECTORY",
+    "ensure",
+    "name",
+    "name_owner",
+    "out_path",
+    "path",
+    "read_exit",
+    "read_owner",
+    "remove",
+    "remove_stale",
+]
+
 DIRECTORY = "custody"
-OWNER_SUFFIX = ".json"
-EXIT_SUFFIX = ".exit"
-OUT_SUFFIX = ".out"
-# Infix of a file being written, before it is renamed into place (its name still starts with the id).
-TMP_INFIX = ".tmp-"
-# A workload's files: its name, then a dot and anything (a suffix, a file being written).
-_FILE = re.compile(r"^(\d+)-(\d+)\.")
-# Far above any owner or exit file; a larger one is not ours.
-_SMALL = 4096
-
-
-def name(pid: int, start: int) -> str:
-    """The workload's name in the custody directory: ``<pid>-<start ticks>``."""
-    return f"{pid}-{start}"
 
 
 def path(state_dir: Path) -> Path:
@@ -107,31 +100,25 @@ def name_owner(
     owner_start = start_ticks(owner_pid) if owner_start is None else owner_start
     if owner_start is None:
         raise OSError(errno.ESRCH, f"no process {owner_pid} to name as the owner of {name(pid, start)}")
-    data = json.dumps({"owner_pid": owner_pid, "owner_start": owner_start}).encode()
-    replace_atomically(custody / f"{name(pid, start)}{OWNER_SUFFIX}", data, TMP_INFIX)
+    data = custody_files.encode_owner(Owner(owner_pid, owner_start))
+    replace_atomically(custody_files.file(custody, pid, start, OWNER), data, WRITING)
 
 
-def read_owner(custody: Path, pid: int, start: int) -> tuple[int, int] | None:
-    """``(pid, start ticks)`` of the executor the workload's ``.json`` names; None: none, or unreadable."""
-    found = _read_json(custody / f"{name(pid, start)}{OWNER_SUFFIX}")
-    if found is None:
-        return None
-    owner_pid, owner_start = found.get("owner_pid"), found.get("owner_start")
-    if type(owner_pid) is not int or type(owner_start) is not int:
-        return None
-    return owner_pid, owner_start
+def read_owner(custody: Path, pid: int, start: int) -> Owner | None:
+    """The executor the workload's claim names; None: none, or unreadable."""
+    raw = _read_small(custody_files.file(custody, pid, start, OWNER))
+    return None if raw is None else custody_files.decode_owner(raw)
 
 
 def read_exit(custody: Path, pid: int, start: int) -> int | None:
     """The exit code the workload ``(pid, start)`` wrote at its exit; None when it wrote none (or garbage)."""
-    found = _read_json(custody / f"{name(pid, start)}{EXIT_SUFFIX}")
-    status = None if found is None else found.get("status")
-    return status if type(status) is int else None
+    raw = _read_small(custody_files.file(custody, pid, start, EXIT))
+    return None if raw is None else custody_files.decode_exit(raw)
 
 
 def out_path(custody: Path, pid: int, start: int) -> Path:
     """Where the workload ``(pid, start)`` appends its output once its owner's pipe has no reader."""
-    return custody / f"{name(pid, start)}{OUT_SUFFIX}"
+    return custody_files.file(custody, pid, start, OUT)
 
 
 def remove(custody: Path, pid: int, start: int) -> None:
@@ -156,7 +143,7 @@ def remove_stale(custody: Path) -> list[str]:
         return []
     workloads: set[tuple[int, int]] = set()
     for each in names:
-        match = _FILE.match(each)
+        match = WORKLOAD_FILE.match(each)
         if match is not None:
             workloads.add((int(match.group(1)), int(match.group(2))))
     removed: list[str] = []
@@ -187,19 +174,16 @@ def _remove_named(custody: Path, workload: str, names: list[str] | None = None) 
                 log.warning("cannot remove %s: %s", custody / each, exc.strerror or exc)
 
 
-def _read_json(path: Path) -> dict[str, object] | None:
+def _read_small(path: Path) -> bytes | None:
+    """At most one byte more than a custody record holds, from the regular file ``path``; None: missing,
+    a link, not a regular file, unreadable."""
     try:
         fd = open_regular(path)
     except OSError:
-        return None  # missing, a link, not a regular file
+        return None
     try:
-        raw = read_fd(fd, _SMALL)
+        return read_fd(fd, custody_files.MAX_SIZE + 1)
     except OSError:
         return None
     finally:
         os.close(fd)
-    try:
-        found = json.loads(raw)
-    except (ValueError, RecursionError):
-        return None  # cut short: only a rename puts it in place, but it is not ours to trust
-    return found if isinstance(found, dict) else None

@@ -35,10 +35,10 @@ import weakref
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
 
+from async_local_executor.core.files import write_all
 from async_local_executor.core.outcome import Outcome
 from async_local_executor.core.proc_identity import runs_as, start_ticks
 from async_local_executor.core.supervisor import Listener
-from async_local_executor.ops.files import write_all
 from async_local_executor.ops.journal_file import (
     COMPANIONS_KEY,
     HANDOVER_TIMEOUT_KEY,

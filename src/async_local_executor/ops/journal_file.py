@@ -42,7 +42,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from async_local_executor.ops.files import create_exclusive, fresh_name, open_regular, read_fd, write_all
+from async_local_executor.core.files import create_exclusive, fresh_name, open_regular, read_fd, write_all
 
 log = logging.getLogger("async_local_executor.ops.journal")
 

@@ -120,11 +120,6 @@ class Held:
     descendants: tuple[tuple[int, int], ...] = ()
     """``(pid, start ticks)`` of the descendants seen of it that still run, for the new journal."""
 
-    @property
-    def custody_name(self) -> str:
-        """Its name in the custody directory: ``<pid>-<start>``."""
-        return f"{self.pid}-{self.start}"
-
 
 @dataclass(frozen=True)
 class ReclaimResult:

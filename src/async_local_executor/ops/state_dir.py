@@ -22,7 +22,7 @@ from types import TracebackType
 
 from typing_extensions import Self
 
-from async_local_executor.ops.files import READ_LIMIT, open_regular, read_fd
+from async_local_executor.core.files import READ_LIMIT, open_regular, read_fd
 
 ENV = "AIRFLOW__ASYNC_LOCAL_EXECUTOR__STATE_DIR"
 _SECTION = "async_local_executor"
@@ -116,7 +116,7 @@ class StateDir:
         return _FDS / str(self.fd) / _plain(name) if _FDS.is_dir() else self.shown(name)
 
     def open_regular(self, name: str, flags: int = os.O_RDONLY, *, owned: bool = False) -> int:
-        """An fd of the regular file ``name`` in the directory (see :func:`~async_local_executor.ops.files.open_regular`).
+        """An fd of the regular file ``name`` in the directory (see :func:`~async_local_executor.core.files.open_regular`).
 
         :param owned: refuse a file not owned by this process's user (:class:`PermissionError`)
         """

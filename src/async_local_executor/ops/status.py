@@ -32,10 +32,10 @@ from async_local_executor.core.admission import MB
 from async_local_executor.core.cgroups.containment import workload_cgroup_of
 from async_local_executor.core.cgroups.group import Usage, WorkloadCgroup
 from async_local_executor.core.descriptors import Table
+from async_local_executor.core.files import replace_atomically
 from async_local_executor.core.health import Report
 from async_local_executor.core.proc_identity import start_ticks
 from async_local_executor.core.state import RunningWorkload
-from async_local_executor.ops.files import replace_atomically
 from async_local_executor.ops.status_read import (
     ADOPTION_ADOPTED,
     ADOPTION_HELD,

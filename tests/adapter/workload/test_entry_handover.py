@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from async_local_executor.adapter.workload import entry
-from async_local_executor.core import custody
+from async_local_executor.core import custody, custody_files
 from async_local_executor.core.proc_identity import start_ticks
 from tests.core.helpers import GUARD
 from tests.processes import exits
@@ -168,7 +168,7 @@ def test_a_workload_and_its_task_outlive_a_killed_scheduler_and_record_their_exi
     schedulers.append(scheduler)
     scheduler.kill()
     release.touch()  # only a task still running after the kill can see it and end
-    name = custody.custody_name(scheduler.workload, start_ticks(scheduler.workload) or 0)
+    name = custody_files.name(scheduler.workload, start_ticks(scheduler.workload) or 0)
     exit_file = tmp_path / f"{name}.exit"
     until(exit_file.exists, "the workload's recorded exit code")
     assert json.loads(exit_file.read_text()) == {"status": 9}

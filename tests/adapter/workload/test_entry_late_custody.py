@@ -24,7 +24,7 @@ import pytest
 
 from async_local_executor.adapter.tasklog import TaskLogFile
 from async_local_executor.adapter.workload import airflow2, airflow3, entry
-from async_local_executor.core import custody
+from async_local_executor.core import custody, custody_files
 from async_local_executor.core.proc_identity import start_ticks
 from tests.adapter import workloads
 from tests.core.helpers import GUARD
@@ -125,7 +125,7 @@ class Released:
         )
         assert self.scheduler.stdout is not None
         self.pid = int(self.scheduler.stdout.readline())
-        self.name = custody.custody_name(self.pid, start_ticks(self.pid) or 0)
+        self.name = custody_files.name(self.pid, start_ticks(self.pid) or 0)
 
     def file(self, suffix: str) -> Path:
         return self.directory / f"{self.name}{suffix}"

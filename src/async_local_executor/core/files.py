@@ -1,4 +1,5 @@
-"""Careful file primitives for the state directory, whose files may be stale, foreign or planted.
+"""Careful file primitives for directories whose files may be stale, foreign or planted: the state
+directory, and the custody directory a workload writes to after its scheduler has gone.
 
 Opening never follows a symbolic link and never blocks (a FIFO under a journal's name would otherwise
 hang the scheduler's start); only regular files are read; writes go on until every byte is written.
@@ -9,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-import uuid
 from pathlib import Path
 
 # Far above any status file or compacted journal; a larger file is not one of ours.
@@ -20,14 +20,17 @@ class NotRegular(OSError):
     """The path names something other than a regular file (a directory, a FIFO, a device)."""
 
 
-def open_regular(path: Path | str, flags: int = os.O_RDONLY, *, dir_fd: int | None = None) -> int:
+def open_regular(
+    path: Path | str, flags: int = os.O_RDONLY, *, dir_fd: int | None = None, mode: int = 0o600
+) -> int:
     """An fd of the regular file ``path``, opened without following a link and without blocking.
 
     :param dir_fd: the directory a relative ``path`` is in (the state directory, opened once)
+    :param mode: its permissions if ``flags`` create it
     :raises FileNotFoundError: it is gone
     :raises OSError: it is a link (ELOOP), not a regular file (:class:`NotRegular`), or unreadable
     """
-    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode, dir_fd=dir_fd)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise NotRegular(f"{path} is not a regular file")
@@ -51,7 +54,7 @@ def read_fd(fd: int, limit: int = READ_LIMIT) -> bytes:
     return b"".join(chunks)
 
 
-def write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes | memoryview) -> None:
     """Write every byte of ``data``: ``write(2)`` may write fewer than asked (a signal, a full disk)."""
     view = memoryview(data)
     while view:
@@ -63,7 +66,8 @@ def write_all(fd: int, data: bytes) -> None:
 
 def fresh_name(final: Path, infix: str) -> Path:
     """A name beside ``final`` no one else can have chosen: ``final``'s name + ``infix`` + a random id."""
-    return final.with_name(f"{final.name}{infix}{uuid.uuid4().hex}")
+    # os.urandom, not uuid: a workload process writes through here, and uuid's import is not free.
+    return final.with_name(f"{final.name}{infix}{os.urandom(16).hex()}")
 
 
 def create_exclusive(path: Path, flags: int = os.O_WRONLY) -> int:
