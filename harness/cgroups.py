@@ -19,8 +19,8 @@ from uuid import uuid4
 
 from async_local_executor.core import custody
 from async_local_executor.core.cgroups import cgroup2_mount
-from async_local_executor.core.cgroups.containment import PREFIX
 from async_local_executor.core.cgroups.discovery import directory_of, mount_root, own_cgroups, v1_mounts
+from async_local_executor.core.cgroups.names import PREFIX
 from async_local_executor.ops.instance_cgroups import owner_lives
 
 ROOT_ENV = "AIRFLOW__ASYNC_LOCAL_EXECUTOR__CGROUP_ROOT"

@@ -23,7 +23,7 @@ from uuid import uuid4
 import pytest
 
 from async_local_executor.core import custody, custody_files
-from async_local_executor.core.cgroups.containment import PREFIX
+from async_local_executor.core.cgroups.names import PREFIX
 from async_local_executor.core.custody_files import WRITING
 from async_local_executor.core.proc_identity import start_ticks
 from tests.core import cgroup_helpers
@@ -559,11 +559,8 @@ INSTANCE = f"{PREFIX}1234-t5678-0123456789ab"
     [
         (f"/ale-root/{INSTANCE}/w12", "/", f"/sys/fs/cgroup/unified/ale-root/{INSTANCE}/w12"),
         (f"/ale-root/{INSTANCE}/w12", "/ale-root", f"/sys/fs/cgroup/unified/{INSTANCE}/w12"),
-        (
-            "/ale-root/1234-5678-0123456789ab/w1",
-            "/",
-            "/sys/fs/cgroup/unified/ale-root/1234-5678-0123456789ab/w1",
-        ),
+        ("/ale-root/1234-t5678-0123456789ab/w1", "/", None),  # no prefix: not an instance's directory
+        (f"/ale-root/{PREFIX}1234-5678-0123456789ab/w1", "/", None),  # not an executor's instance name
         (f"/ale-root/{INSTANCE}", "/", None),  # the instance's own cgroup: the executor's
         ("/system.slice/airflow-scheduler.service/w1", "/", None),  # a w1 that is not ours
         (f"/ale-root/{INSTANCE}/w12x", "/", None),

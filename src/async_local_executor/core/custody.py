@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import re
 import select
 import signal
 import sys
@@ -61,10 +60,6 @@ TELL_GUARD = 5.0  # how long tell() may take before the workload exits (or kills
 CUSTODY_POLL = 0.02  # how often await_custody() looks at the workloads it waits for, in seconds
 _UPSTREAM_WAIT_MS = 500  # how long the relay waits for room in the executor's pipe before it looks again
 _CHUNK = 65536
-# A workload's own cgroup as the contained launcher names it: `w<N>` inside its instance's cgroup,
-# `[ale-]<pid>-t<start>-<journal id>`. Any other cgroup (the scheduler's, a systemd unit) is not ours to kill.
-_WORKLOAD_CGROUP = re.compile(r"^w\d+$")
-_INSTANCE_CGROUP = re.compile(r"^(?:ale-)?\d+-t?\d+-[0-9a-f]+$")
 
 
 def supported() -> bool:
@@ -529,14 +524,15 @@ def workload_cgroup(mountinfo: str = "", proc_cgroup: str = "") -> Path | None:
     :param proc_cgroup: a file in the format of /proc/self/cgroup (default: that one)
     """
     # Imported here: only a workload that expires needs it, and every workload would pay for the import.
-    from async_local_executor.core.cgroups import discovery
+    from async_local_executor.core.cgroups import discovery, names
 
     mount = discovery.cgroup2_entry(mountinfo or discovery.MOUNTINFO)
     path = discovery.own_cgroups(proc_cgroup or discovery.PROC_CGROUP).get("")
     if mount is None or not path:
         return None
     directory = discovery.directory_of(mount.point, mount.root, path)
-    if _WORKLOAD_CGROUP.match(directory.name) and _INSTANCE_CGROUP.match(directory.parent.name):
+    # Only a workload's own cgroup, as an executor instance named it: never the scheduler's, nor a unit's.
+    if names.owned_workload(directory.parent.name, directory.name):
         return directory
     return None
 

@@ -20,13 +20,13 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import re
 from collections.abc import Callable, Collection
 from pathlib import Path
 
 from async_local_executor.core import custody
 from async_local_executor.core.cgroups import Containment, Limits, Mode
 from async_local_executor.core.cgroups.discovery import MOUNTINFO
+from async_local_executor.core.cgroups.names import InstanceName, named_id
 from async_local_executor.core.proc_identity import runs_as, start_ticks
 from async_local_executor.ops import custody_dir
 from async_local_executor.ops.journal_file import SUFFIX as JOURNAL_SUFFIX
@@ -34,9 +34,6 @@ from async_local_executor.ops.journal_file import holder_alive
 
 log = logging.getLogger(__name__)
 
-# pid, start in clock ticks since boot, journal id
-_OWNED = re.compile(r"^(\d+)-t(\d+)-([0-9a-f]+)$")
-_NAMED_ID = 12  # how much of the journal's id an instance's cgroup name holds (instance_name)
 _CONTROLLER_OF = {"memory": "task_memory_limit", "cpu": "task_cpu_limit", "pids": "task_pids_limit"}
 
 
@@ -47,16 +44,15 @@ class LimitsUnavailable(ValueError):
 def instance_name(instance: str, pid: int | None = None) -> str:
     """The cgroup name of instance ``instance`` owned by process ``pid`` (this one by default)."""
     pid = os.getpid() if pid is None else pid
-    return f"{pid}-t{start_ticks(pid) or 0}-{instance[:_NAMED_ID]}"
+    return str(InstanceName.of(pid, start_ticks(pid) or 0, instance))
 
 
 def owner_lives(name: str) -> bool:
     """Whether the process that owns the instance cgroup ``name`` still runs; True for a name not ours."""
-    match = _OWNED.match(name)
-    if match is None:
+    owner = InstanceName.parse(name)
+    if owner is None:
         return True  # not named by this scheme: left alone
-    pid, start, _ = match.groups()
-    return runs_as(int(pid), int(start))
+    return runs_as(owner.pid, owner.start)
 
 
 # Every instance whose journal an executor of this process reclaimed: another team's executor, started
@@ -75,12 +71,12 @@ def instance_lives(name: str, journals: Path, *, reclaimed: Collection[str] = ()
     :param reclaimed: the instances whose journals this executor has just reclaimed (as in
         :func:`open_containment`): that theirs is gone is no news
     """
-    match = _OWNED.match(name)
-    if match is None:
+    owner = InstanceName.parse(name)
+    if owner is None:
         return True  # not named by this scheme: left alone
     # The name holds the start of the journal's id: any journal it could be is asked.
     verdicts: list[bool] = []
-    for path in sorted(journals.glob(f"{match.group(3)}*{JOURNAL_SUFFIX}")):
+    for path in sorted(journals.glob(f"{owner.journal}*{JOURNAL_SUFFIX}")):
         held = holder_alive(path)
         if held is None and os.path.lexists(path):
             log.warning(
@@ -98,15 +94,15 @@ def instance_lives(name: str, journals: Path, *, reclaimed: Collection[str] = ()
     # A live one is another deployment's (its journal is in a state directory of its own) and is left
     # alone: nothing to act on. A dead one is reclaimed here: that is said, unless its journal was just
     # reclaimed here too (a predecessor's, after every restart), which said what it found.
-    known = {instance[:_NAMED_ID] for instance in (*reclaimed, *_RECLAIMED_IN_THIS_PROCESS)}
-    expected = match.group(3)[:_NAMED_ID] in known
+    known = {named_id(instance) for instance in (*reclaimed, *_RECLAIMED_IN_THIS_PROCESS)}
+    expected = owner.journal in known
     log.log(
         logging.DEBUG if lives or expected else logging.INFO,
         "no launch journal in %s for the executor instance of cgroup %s: judged by its owner process, "
         "pid %s, which %s",
         journals,
         name,
-        match.group(1),
+        owner.pid,
         "still runs" if lives else "runs no more",
     )
     return lives
@@ -174,11 +170,11 @@ def open_containment(
             handed_over=handed_over_by_this_process(custody_dir.path(journals)),
         )
         lives = functools.partial(instance_lives, journals=journals, reclaimed=reclaimed)
-        judged = {instance[:_NAMED_ID] for instance in reclaimed}
+        judged = {named_id(instance) for instance in reclaimed}
 
         def answered_for(name: str, pid: int) -> bool:
-            match = _OWNED.match(name)
-            return match is not None and match.group(3)[:_NAMED_ID] not in judged and custody.watched(pid)
+            owner = InstanceName.parse(name)
+            return owner is not None and owner.journal not in judged and custody.watched(pid)
 
         for found in containment.reclaim(lives, spare=spare, answered_for=answered_for):
             log.warning(

@@ -49,7 +49,7 @@ from pathlib import Path, PurePosixPath
 
 import psutil
 
-from async_local_executor.core.cgroups.containment import PREFIX as CGROUP_PREFIX
+from async_local_executor.core.cgroups import names as cgroup_names
 from async_local_executor.core.cgroups.discovery import (
     Mount,
     cgroup2_entry,
@@ -453,7 +453,7 @@ def _own_cgroup(pid: int, mount: Mount | None) -> str | None:
         path = cgroup_of(pid)
     except OSError:
         return None
-    if path is None or not PurePosixPath(path).parent.name.startswith(CGROUP_PREFIX):
+    if path is None or cgroup_names.instance_of(PurePosixPath(path).parent.name) is None:
         return None  # the scheduler's own cgroup, say (containment off): not the workload's alone
     if PurePosixPath(mount.root) not in PurePosixPath(path).parents:
         return None  # outside what is mounted here (another cgroup namespace's)

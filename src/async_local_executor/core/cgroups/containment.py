@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import enum
 import logging
-import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from async_local_executor.core.cgroups import names
 from async_local_executor.core.cgroups.discovery import (
     MOUNTINFO,
     PROC_CGROUP,
@@ -39,8 +39,6 @@ from async_local_executor.core.cgroups.limits import Limits, limit_writes
 
 log = logging.getLogger(__name__)
 
-_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
-PREFIX = "ale-"
 LIMITED = ("memory", "cpu", "pids")
 # How long a dead instance's killed workloads get to leave their cgroup before it is left for later.
 RECLAIM_GUARD = 5.0
@@ -73,11 +71,6 @@ class Reclaimed:
     instance: str
     workload: str
     killed: int
-
-
-def _check_name(kind: str, name: str) -> None:
-    if not _NAME.match(name) or name in (".", ".."):
-        raise ValueError(f"{kind} name must be letters, digits, '.', '_' or '-', got '{name}'")
 
 
 def _try_mkdir(directory: Path) -> bool:
@@ -138,7 +131,7 @@ class Containment:
         :raises ValueError: when ``instance`` is not a valid name
         :raises ContainmentError: when ``root`` was given and cannot be used
         """
-        _check_name("instance", instance)
+        names.check("instance", instance)
         mount = cgroup2_entry(mountinfo)
         if mount is None:
             if root:
@@ -156,7 +149,7 @@ class Containment:
             parent = directory_of(mount.point, mount.root, own[""])
         else:
             return cls(instance, Mode.NONE, f"no cgroup2 line in {proc_cgroup}", handed_over=handed_over)
-        directory = parent / f"{PREFIX}{instance}"
+        directory = parent / names.instance_dir(instance)
         try:
             directory.mkdir(exist_ok=True)
         except OSError as exc:
@@ -179,9 +172,9 @@ class Containment:
                 continue
             v1_parent = directory_of(v1[name], mount_root(v1[name], mountinfo), own[name])
             made._v1_parents[name] = v1_parent
-            if name not in controllers and _try_mkdir(v1_parent / f"{PREFIX}{instance}"):
+            if name not in controllers and _try_mkdir(v1_parent / names.instance_dir(instance)):
                 controllers[name] = "cgroup v1"
-                made._v1[name] = v1_parent / f"{PREFIX}{instance}"
+                made._v1[name] = v1_parent / names.instance_dir(instance)
         made.controllers = dict(sorted(controllers.items(), key=lambda item: LIMITED.index(item[0])))
         return made
 
@@ -225,7 +218,7 @@ class Containment:
         """
         if self.mode is Mode.NONE or self.path is None:
             return None
-        _check_name("workload", name)
+        names.check("workload", name)
         if missing := self.missing(limits):
             controller = missing[0]
             raise LimitUnavailable(
@@ -291,8 +284,8 @@ class Containment:
         spared: dict[str, set[str]] = {}  # instance -> names of its workload cgroups spared (cgroup2 first)
         for parent in parents:
             for directory in subdirectories(parent):
-                instance = directory.name[len(PREFIX) :]
-                if not directory.name.startswith(PREFIX) or not _NAME.match(instance):
+                instance = names.instance_of(directory.name)
+                if instance is None:
                     continue
                 if instance == self.instance:
                     continue
@@ -421,10 +414,7 @@ def workload_cgroup_of(pid: int, mountinfo: str = MOUNTINFO) -> WorkloadCgroup |
     if path is None:
         return None
     relative = PurePosixPath(path)
-    instance = relative.parent.name
-    if not (
-        instance.startswith(PREFIX) and _NAME.match(instance[len(PREFIX) :]) and _NAME.match(relative.name)
-    ):
+    if names.instance_of(relative.parent.name) is None or not names.is_safe(relative.name):
         return None  # in the scheduler's own cgroup, or anyone else's: not one workload's alone
     mounts = cgroup_mounts(mountinfo)
     mount = cgroup2_entry(mountinfo)

@@ -25,6 +25,7 @@ from async_local_executor.core.cgroups import (
     Limits,
     LimitUnavailable,
     WorkloadCgroup,
+    names,
 )
 from async_local_executor.core.descriptors import is_full, launch_error
 from async_local_executor.core.errors import LaunchError
@@ -64,7 +65,7 @@ class ContainedLauncher(Wrapper):
 
     async def launch(self, request: LaunchRequest) -> Child:
         limits = self._limits.merged(request.limits)
-        name = f"w{next(self._names)}"
+        name = names.workload(next(self._names))
         try:
             # On the loop: cgroupfs writes are in-kernel and cost less than a worker thread's round trip
             # (docs/design.md, Containment); _settle, which may wait for a cgroup to empty, stays in a
