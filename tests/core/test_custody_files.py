@@ -32,7 +32,8 @@ def test_every_file_of_a_workload_matches_even_one_being_written() -> None:
 def test_an_owner_and_an_exit_code_read_back_as_written() -> None:
     assert custody_files.decode_owner(custody_files.encode_owner(Owner(42, 9000))) == Owner(42, 9000)
     assert custody_files.decode_exit(custody_files.encode_exit(-9)) == -9
-    # The bytes on disk, which a workload of an older build of this same release may have written.
+    # The bytes on disk: across an upgrade, the workloads handed over run the old code and their adopter
+    # the new one, so these are a contract between versions.
     assert custody_files.encode_owner(Owner(42, 9000)) == b'{"owner_pid": 42, "owner_start": 9000}'
     assert custody_files.encode_exit(3) == b'{"status": 3}'
 

@@ -48,7 +48,6 @@ log = logging.getLogger("async_local_executor.ops.journal")
 
 INSTANCE_ENV = "ASYNC_LOCAL_EXECUTOR_INSTANCE"
 SUFFIX = ".launches"
-TMP_SUFFIX = ".launches.tmp"  # a compaction cut short, as versions before 0.2 named it
 CREATING = ".tmp-"  # infix of a journal being written, before it is renamed into place, locked
 # A new journal whose fresh name a reclaimer removed meanwhile is written again under another.
 _ATTEMPTS = 5

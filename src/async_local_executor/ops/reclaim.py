@@ -64,7 +64,6 @@ from async_local_executor.ops.journal_file import (
     INSTANCE_ENV,
     OWNER_KEY,
     SUFFIX,
-    TMP_SUFFIX,
     Companion,
     Handovers,
     Records,
@@ -193,7 +192,7 @@ def _reclaim_in(
         folder.tighten()
     # Writes cut short: a compaction (its journal still holds every record), or a new journal never
     # renamed into place (nothing was launched under it).
-    for name in sorted(n for n in folder.names() if n.endswith(TMP_SUFFIX) or f"{SUFFIX}{CREATING}" in n):
+    for name in sorted(n for n in folder.names() if f"{SUFFIX}{CREATING}" in n):
         with _dead_owner(folder, name) as fd:
             if fd is not None:
                 folder.unlink(name, missing_ok=True)
