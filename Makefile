@@ -63,9 +63,8 @@ $(CHROMIUM):
 # Everything: the suite on Airflow 3.3, then the Airflow 2 tests (end to end on PostgreSQL) on 2.11 and
 # 2.10, one after another. TEST_JOBS=2 runs the Airflow 2 suites beside the Airflow 3.3 one and XDIST=2
 # splits the latter over two pytest-xdist workers (a module's tests stay on one worker, so a module-scoped
-# Airflow starts once): `.ci/run` from a clean clone on 2 cores took 31 minutes instead of 41.5
-# (2026-12-03), but every real Airflow then shares the cores with two or three others, and end-to-end
-# tests ran into their guards, so that is not the default yet.
+# Airflow starts once). Not the default: every real Airflow then shares the cores with two or three
+# others, and end-to-end tests run into their guards (README, "Tests", has the timings).
 TEST_JOBS ?= 1
 XDIST ?= 0
 

@@ -89,8 +89,8 @@ def walk_trees(pids: Iterable[int]) -> Trees:
     """Each pid's tree: its memory with its descendants', and who those descendants are.
 
     One pass over ``/proc`` for all of them: walking each workload's children separately rescans every
-    process on the host per workload (measured: 61 ms of CPU per status write with 32 workloads on a
-    host of 125 processes, 7 ms in one pass), which at parallelism 256 would cost a core. Start times
+    process on the host per workload, a cost that grows with parallelism times the host's processes
+    (docs/design.md, "Why these choices", has the figures). Start times
     are read for the trees' members only, as the kernel's ticks: the journal records them to recognise
     the descendants after a crash, whatever the wall clock did meanwhile.
     """

@@ -40,8 +40,8 @@ _PRELOAD = (
     "airflow.operators.empty",
     "airflow.decorators",
     "airflow.utils.log.file_task_handler",
-    # What `tasks run --local` still imported in each child (measured with PYTHONPROFILEIMPORTTIME on
-    # 2.11.2; about 80 ms a task).
+    # What `tasks run --local` still imported in each child after the fork (PYTHONPROFILEIMPORTTIME finds
+    # them: docs/design.md, the fork server).
     "airflow.www.extensions.init_session",
     "airflow.models.serialized_dag",
     "airflow.models.taskinstancehistory",
