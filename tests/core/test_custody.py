@@ -26,8 +26,8 @@ from async_local_executor.core import custody, custody_files
 from async_local_executor.core.cgroups.names import PREFIX
 from async_local_executor.core.custody_files import WRITING
 from async_local_executor.core.proc_identity import start_ticks
-from tests.core import cgroup_helpers
-from tests.core.cgroup_helpers import read_line, scratch
+from tests.core.cgroups import helpers as cgroup_helpers
+from tests.core.cgroups.helpers import read_line, scratch
 from tests.core.helpers import GUARD
 from tests.processes import exits
 

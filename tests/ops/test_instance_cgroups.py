@@ -31,8 +31,8 @@ from async_local_executor.ops.instance_cgroups import (
 )
 from async_local_executor.ops.journal_file import INSTANCE_ENV, SUFFIX
 from async_local_executor.ops.reclaim import reclaim
-from tests.core import cgroup_helpers
-from tests.core.cgroup_helpers import MiB, Scratch, gone, read_line
+from tests.core.cgroups import helpers as cgroup_helpers
+from tests.core.cgroups.helpers import MiB, Scratch, gone, read_line
 from tests.core.clock_step import step_wall_clock
 from tests.core.helpers import GUARD, alive
 from tests.core.test_custody import Handed

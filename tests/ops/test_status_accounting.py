@@ -25,8 +25,8 @@ from async_local_executor.core.health import Health, Report, Verdict
 from async_local_executor.core.state import RunningWorkload
 from async_local_executor.ops import cli, status
 from async_local_executor.ops.status import StatusWriter, document, read_all, status_path
-from tests.core import cgroup_helpers
-from tests.core.cgroup_helpers import MiB, Scratch, read_line
+from tests.core.cgroups import helpers as cgroup_helpers
+from tests.core.cgroups.helpers import MiB, Scratch, read_line
 from tests.core.helpers import py
 from tests.states import quiet_report
 

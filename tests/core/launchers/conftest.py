@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.core import cgroup_helpers
-from tests.core.cgroup_helpers import Scratch
+from tests.core.cgroups import helpers as cgroup_helpers
+from tests.core.cgroups.helpers import Scratch
 
 
 @pytest.fixture

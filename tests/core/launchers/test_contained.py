@@ -1,6 +1,6 @@
 """Workloads in cgroups of their own, through both launch paths, with real cgroups and plain children.
 
-Each test runs under a scratch cgroup root of its own (tests/core/cgroup_helpers.py), removed with
+Each test runs under a scratch cgroup root of its own (tests/core/cgroups/helpers.py), removed with
 everything in it whatever the test did.
 """
 
@@ -18,8 +18,8 @@ from async_local_executor.core.launchers.base import LaunchRequest
 from async_local_executor.core.launchers.contained import ContainedLauncher
 from async_local_executor.core.launchers.forkserver.launcher import ForkServerLauncher
 from async_local_executor.core.outcome import OutcomeKind
-from tests.core import cgroup_helpers
-from tests.core.cgroup_helpers import MiB, Scratch, gone
+from tests.core.cgroups import helpers as cgroup_helpers
+from tests.core.cgroups.helpers import MiB, Scratch, gone
 from tests.core.helpers import Recorder
 from tests.core.helpers import payload_py as py
 from tests.core.test_supervisor import TARGET, make_launcher, serving, until_dead

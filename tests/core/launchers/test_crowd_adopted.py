@@ -34,8 +34,8 @@ from async_local_executor.core.launchers.contained import ContainedLauncher
 from async_local_executor.core.launchers.crowd import Choice, CrowdLauncher, How
 from async_local_executor.core.launchers.subprocess import SubprocessLauncher
 from async_local_executor.core.proc_identity import start_ticks
-from tests.core import cgroup_helpers
-from tests.core.cgroup_helpers import Scratch, read_line
+from tests.core.cgroups import helpers as cgroup_helpers
+from tests.core.cgroups.helpers import Scratch, read_line
 from tests.core.helpers import GUARD, Recorder
 from tests.core.helpers import payload_py as py
 from tests.core.launchers.test_crowd import CROWDED, _cpu_share, _pids

@@ -23,8 +23,8 @@ from async_local_executor.core.launchers.base import Launcher, LaunchRequest
 from async_local_executor.core.launchers.contained import ContainedLauncher
 from async_local_executor.core.launchers.crowd import Choice, CrowdLauncher, How
 from async_local_executor.core.supervisor import Supervisor
-from tests.core import cgroup_helpers
-from tests.core.cgroup_helpers import Scratch
+from tests.core.cgroups import helpers as cgroup_helpers
+from tests.core.cgroups.helpers import Scratch
 from tests.core.helpers import GUARD, Recorder
 from tests.core.helpers import payload_py as py
 from tests.core.launchers.test_crowd import CROWDED, HOLDER, _cpu_share, _pids

@@ -37,8 +37,8 @@ from async_local_executor.core.launchers.forkserver.launcher import ForkServerLa
 from async_local_executor.core.launchers.subprocess import SubprocessLauncher
 from async_local_executor.core.outcome import OutcomeKind
 from async_local_executor.core.supervisor import Supervisor
-from tests.core import cgroup_helpers
-from tests.core.cgroup_helpers import Scratch
+from tests.core.cgroups import helpers as cgroup_helpers
+from tests.core.cgroups.helpers import Scratch
 from tests.core.fakes import FakeLauncher
 from tests.core.helpers import GUARD, FakeClock, Recorder
 from tests.core.launchers.descriptor_driver import BLOCKER, LIMIT, TARGET, Said

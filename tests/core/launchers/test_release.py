@@ -31,8 +31,8 @@ from async_local_executor.core.errors import Released
 from async_local_executor.core.launchers.base import Child, Launcher, LaunchRequest
 from async_local_executor.core.launchers.contained import ContainedLauncher
 from async_local_executor.core.launchers.subprocess import SubprocessLauncher
-from tests.core import cgroup_helpers
-from tests.core.cgroup_helpers import Scratch
+from tests.core.cgroups import helpers as cgroup_helpers
+from tests.core.cgroups.helpers import Scratch
 from tests.core.helpers import GUARD, Recorder, alive
 from tests.core.test_supervisor import make_launcher
 

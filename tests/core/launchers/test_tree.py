@@ -18,7 +18,7 @@ import pytest
 
 from async_local_executor.core.launchers.tree import GroupSignaller, descendant_groups, held_by_another
 from async_local_executor.core.proc_identity import start_ticks
-from tests.core.cgroup_helpers import read_line, wait_gone
+from tests.core.cgroups.helpers import read_line, wait_gone
 from tests.core.clock_step import step_wall_clock
 from tests.core.helpers import GUARD, alive
 

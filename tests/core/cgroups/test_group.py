@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 
 from async_local_executor.core.cgroups import WorkloadCgroup, cgroup_of
-from tests.core import cgroup_helpers
-from tests.core.cgroup_helpers import MiB, Scratch, gone, read_line
+from tests.core.cgroups import helpers as cgroup_helpers
+from tests.core.cgroups.helpers import MiB, Scratch, gone, read_line
 from tests.core.helpers import GUARD
 
 pytestmark = pytest.mark.skipif(bool(cgroup_helpers.unusable()), reason=cgroup_helpers.unusable())

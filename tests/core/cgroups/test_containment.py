@@ -23,8 +23,8 @@ from async_local_executor.core.cgroups import (
     cgroup2_mount,
     workload_cgroup_of,
 )
-from tests.core import cgroup_helpers
-from tests.core.cgroup_helpers import MiB, Scratch, gone, read_line
+from tests.core.cgroups import helpers as cgroup_helpers
+from tests.core.cgroups.helpers import MiB, Scratch, gone, read_line
 from tests.core.helpers import GUARD
 
 pytestmark = pytest.mark.skipif(bool(cgroup_helpers.unusable()), reason=cgroup_helpers.unusable())
