@@ -7,6 +7,7 @@ import os
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
@@ -124,3 +125,23 @@ class Scheduler:
 
 def loop_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "async-local-executor-loop"]
+
+
+def queue(ex: AsyncLocalExecutor, *items: object) -> None:
+    for item in items:
+        ex.queue_workload(item, session=None)  # type: ignore[arg-type]
+
+
+def holding(gate: Path) -> int:
+    """How many stub children have started holding on ``gate`` (each leaves a marker file)."""
+    return len(list(gate.parent.glob(f"{gate.name}.*.started")))
+
+
+def held_pid(gate: Path) -> int:
+    """The pid of the one stub child holding on ``gate`` (its marker file is named after it)."""
+    [marker] = gate.parent.glob(f"{gate.name}.*.started")
+    return int(marker.name.split(".")[1])
+
+
+def final_events(ex: RecordingExecutor) -> Counter[Any]:
+    return Counter(key for key, _, _, removes_running in ex.changes if removes_running)

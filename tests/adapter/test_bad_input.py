@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,8 +21,8 @@ from airflow.utils.state import TaskInstanceState
 from async_local_executor.adapter import handover, validation
 from async_local_executor.adapter.metrics import Metrics
 from tests.adapter import workloads
-from tests.adapter.driver import RecordingExecutor, Scheduler
-from tests.adapter.test_executor import queue
+from tests.adapter.driver import RecordingExecutor, Scheduler, final_events, queue
+from tests.adapter.workloads import with_config
 
 pytestmark = [
     pytest.mark.usefixtures("launcher"),
@@ -61,18 +60,6 @@ def executor() -> Iterator[RecordingExecutor]:
     ex.start()
     yield ex
     ex.end()
-
-
-def with_config(task_id: str, executor_config: object, map_index: int = -1) -> Any:
-    """A task carrying ``executor_config`` as it is: the DTO validates at construction, not assignment,
-    and a pickled executor_config from the database reaches an executor unvalidated on Airflow 2."""
-    item = workloads.task(task_id, map_index=map_index)
-    item.ti.executor_config = executor_config  # type: ignore[assignment]
-    return item
-
-
-def final_events(ex: RecordingExecutor) -> Counter[Any]:
-    return Counter(key for key, _, _, removes_running in ex.changes if removes_running)
 
 
 def run(ex: RecordingExecutor, *items: Any) -> Scheduler:

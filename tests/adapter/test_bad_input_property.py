@@ -23,9 +23,8 @@ from hypothesis import strategies as st
 from async_local_executor.adapter.config import SECTION
 from async_local_executor.core.health import Report
 from tests.adapter import workloads
-from tests.adapter.driver import RecordingExecutor, Scheduler
-from tests.adapter.test_bad_input import final_events, with_config
-from tests.adapter.test_executor import queue
+from tests.adapter.driver import RecordingExecutor, Scheduler, final_events, queue
+from tests.adapter.workloads import with_config
 
 # The launch path is itself one of the fuzzed options below; for the rest one path is enough.
 pytestmark = [

@@ -19,8 +19,7 @@ import pytest
 from async_local_executor.core.health import Health, Verdict
 from async_local_executor.ops.status import read_all
 from tests.adapter import workloads
-from tests.adapter.driver import GUARD, RecordingExecutor, Scheduler
-from tests.adapter.test_executor import held_pid, holding, queue
+from tests.adapter.driver import GUARD, RecordingExecutor, Scheduler, held_pid, holding, queue
 from tests.core.helpers import FakeClock
 
 CLI = [sys.executable, "-m", "async_local_executor.ops.cli"]

@@ -28,7 +28,7 @@ from async_local_executor.core.proc_identity import start_ticks
 from async_local_executor.ops import journal
 from tests.adapter import workloads
 from tests.adapter.conftest import StartExecutor
-from tests.adapter.driver import GUARD, RecordingExecutor, Scheduler, loop_threads
+from tests.adapter.driver import GUARD, RecordingExecutor, Scheduler, held_pid, holding, loop_threads, queue
 
 # Only a hang trips it: hundreds to thousands of real processes on 2 cores the rest of the suite shares.
 BURST_GUARD = 600.0
@@ -37,11 +37,6 @@ BURST_GUARD = 600.0
 @pytest.fixture
 def executor(start_executor: StartExecutor) -> RecordingExecutor:
     return start_executor(parallelism=4)
-
-
-def queue(ex: AsyncLocalExecutor, *items: object) -> None:
-    for item in items:
-        ex.queue_workload(item, session=None)  # type: ignore[arg-type]
 
 
 def test_flags_airflow_reads() -> None:
@@ -301,17 +296,6 @@ def test_terminate_does_not_wait(start_executor: StartExecutor, gate: Path) -> N
     assert state == TaskInstanceState.FAILED
     assert "terminated" in info
     assert loop_threads() == []
-
-
-def holding(gate: Path) -> int:
-    """How many stub children have started holding on ``gate`` (each leaves a marker file)."""
-    return len(list(gate.parent.glob(f"{gate.name}.*.started")))
-
-
-def held_pid(gate: Path) -> int:
-    """The pid of the one stub child holding on ``gate`` (its marker file is named after it)."""
-    [marker] = gate.parent.glob(f"{gate.name}.*.started")
-    return int(marker.name.split(".")[1])
 
 
 def _child_pids() -> list[int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from airflow.executors.workloads import (
     BundleInfo,
@@ -68,3 +69,11 @@ class Revoked:
 
     def __init__(self, key: object) -> None:
         self.key = key
+
+
+def with_config(task_id: str, executor_config: object, map_index: int = -1) -> Any:
+    """A task carrying ``executor_config`` as it is: the DTO validates at construction, not assignment,
+    and a pickled executor_config from the database reaches an executor unvalidated on Airflow 2."""
+    item = task(task_id, map_index=map_index)
+    item.ti.executor_config = executor_config  # type: ignore[assignment]
+    return item

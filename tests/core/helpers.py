@@ -171,3 +171,19 @@ class FakeClock:
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
+
+
+def is_dead(pid: int) -> bool:
+    # Killed but not yet reaped by its new parent (init) still counts as dead.
+    try:
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return True
+
+
+async def until_dead(pid: int) -> None:
+    # SIGTERM/SIGKILL are queued at once but take effect when the process next runs; on a loaded
+    # machine that is not instantaneous, so wait for the effect (the guard only bounds a real failure).
+    with anyio.fail_after(GUARD):
+        while not is_dead(pid):  # noqa: ASYNC110 - a process's death has no event to await here
+            await anyio.sleep(0.01)

@@ -30,7 +30,7 @@ from async_local_executor.core.launchers.base import Child, Launcher, LaunchRequ
 from async_local_executor.core.launchers.subprocess import SubprocessLauncher
 from async_local_executor.core.proc_identity import start_ticks
 from tests.core.helpers import Recorder, py
-from tests.core.test_supervisor import serving
+from tests.core.supervising import serving
 
 pytestmark = pytest.mark.asyncio
 

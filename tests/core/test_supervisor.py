@@ -26,59 +26,17 @@ import pytest
 import uvloop
 
 from async_local_executor.core.admission import MB
-from async_local_executor.core.clock import SYSTEM, Clock
 from async_local_executor.core.errors import LaunchError
-from async_local_executor.core.launchers.base import Launcher, LauncherReport, LaunchRequest
-from async_local_executor.core.launchers.forkserver.launcher import ForkServerLauncher
-from async_local_executor.core.launchers.subprocess import SubprocessLauncher
+from async_local_executor.core.launchers.base import LauncherReport, LaunchRequest
 from async_local_executor.core.outcome import Cleanup, OutcomeKind, Times
 from async_local_executor.core.reaping import ABANDONED_REAP
 from async_local_executor.core.stopping import TerminationPolicy
 from async_local_executor.core.supervisor import LetGo, Supervisor
 from tests.core.fakes import FakeLauncher
-from tests.core.helpers import GUARD, FakeClock, Recorder, py
+from tests.core.helpers import GUARD, FakeClock, Recorder, py, until_dead
+from tests.core.supervising import request, serving
 
 pytestmark = pytest.mark.asyncio
-
-
-TARGET = "tests.core.launchers.forkserver.targets:python_c"
-
-
-def make_launcher(kind: str, recorder: Recorder) -> Launcher:
-    if kind == "forkserver":
-        return ForkServerLauncher(target=TARGET, output=recorder.output)
-    return SubprocessLauncher(output=recorder.output)
-
-
-@asynccontextmanager
-async def serving(
-    recorder: Recorder,
-    kind: str | Launcher = "subprocess",
-    *,
-    limit: int | None = None,
-    clock: Clock = SYSTEM,
-    grace: float = 10.0,
-    **admission: Any,
-) -> AsyncIterator[Supervisor]:
-    supervisor = Supervisor(
-        make_launcher(kind, recorder) if isinstance(kind, str) else kind,
-        recorder,
-        limit=limit,
-        policy=TerminationPolicy(grace=grace),
-        clock=clock,
-        **admission,
-    )
-    async with anyio.create_task_group() as tg:
-        await tg.start(supervisor.serve)
-        try:
-            yield supervisor
-        finally:
-            try:
-                # Longer than the shutdown's own wait, so its escalation runs before the guard trips.
-                with anyio.fail_after(GUARD * 2 + grace):
-                    await supervisor.shutdown(wait=GUARD)
-            finally:
-                tg.cancel_scope.cancel()  # a shutdown cut short must fail the test, not leave serve() running
 
 
 @asynccontextmanager
@@ -104,32 +62,12 @@ async def faked(
                 tg.cancel_scope.cancel()
 
 
-def is_dead(pid: int) -> bool:
-    # Killed but not yet reaped by its new parent (init) still counts as dead.
-    try:
-        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
-    except psutil.NoSuchProcess:
-        return True
-
-
-async def until_dead(pid: int) -> None:
-    # SIGTERM/SIGKILL are queued at once but take effect when the process next runs; on a loaded
-    # machine that is not instantaneous, so wait for the effect (the guard only bounds a real failure).
-    with anyio.fail_after(GUARD):
-        while not is_dead(pid):  # noqa: ASYNC110 - a process's death has no event to await here
-            await anyio.sleep(0.01)
-
-
 async def run_one(kind: str, argv: list[str], *, stdin: bytes = b"") -> Recorder:
     recorder = Recorder()
     async with serving(recorder, kind) as supervisor:
         supervisor.submit(LaunchRequest("k", argv, stdin=stdin))
         await recorder.until(lambda: recorder.outcomes)
     return recorder
-
-
-def request(key: object, **fields: Any) -> LaunchRequest:
-    return LaunchRequest(key, ["workload"], **fields)
 
 
 # The supervisor's logic, on the fake launcher.

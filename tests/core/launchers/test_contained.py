@@ -20,9 +20,9 @@ from async_local_executor.core.launchers.forkserver.launcher import ForkServerLa
 from async_local_executor.core.outcome import OutcomeKind
 from tests.core.cgroups import helpers as cgroup_helpers
 from tests.core.cgroups.helpers import MiB, Scratch, gone
-from tests.core.helpers import Recorder
+from tests.core.helpers import Recorder, until_dead
 from tests.core.helpers import payload_py as py
-from tests.core.test_supervisor import TARGET, make_launcher, serving, until_dead
+from tests.core.supervising import TARGET, make_launcher, serving
 
 pytestmark = [
     pytest.mark.asyncio,

@@ -8,25 +8,35 @@ capabilities (setpriv), with the RLIMIT_NICE a systemd unit would give it.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
+import anyio
 import pytest
 
-from async_local_executor.core.cgroups import Containment, cgroup2_mount
+from async_local_executor.core import cpu_priority
+from async_local_executor.core.cgroups import Containment, WorkloadCgroup, cgroup2_mount
 from async_local_executor.core.cgroups.discovery import directory_of, mount_root, v1_mounts
 from async_local_executor.core.launchers import crowd
-from async_local_executor.core.launchers.base import Launcher, LaunchRequest
+from async_local_executor.core.launchers.adopted import AdoptedChild
+from async_local_executor.core.launchers.base import Child, Launcher, LaunchRequest, Wrapper, adopted_by
 from async_local_executor.core.launchers.contained import ContainedLauncher
 from async_local_executor.core.launchers.crowd import Choice, CrowdLauncher, How
+from async_local_executor.core.launchers.subprocess import SubprocessLauncher
+from async_local_executor.core.proc_identity import start_ticks
 from async_local_executor.core.supervisor import Supervisor
 from tests.core.cgroups import helpers as cgroup_helpers
-from tests.core.cgroups.helpers import Scratch
-from tests.core.helpers import Recorder
+from tests.core.cgroups.helpers import Scratch, read_line
+from tests.core.helpers import GUARD, Recorder
 from tests.core.helpers import payload_py as py
-from tests.core.test_supervisor import make_launcher, serving
+from tests.core.supervising import make_launcher, serving
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux only")]
 
@@ -200,3 +210,355 @@ async def test_a_scheduler_of_another_user_lowers_only_what_it_can_raise_again()
 async def test_a_nice_limit_lets_a_scheduler_without_capabilities_raise_it_again() -> None:
     # LimitNICE=20: the workload's own limit is what lets it, and its scheduler, leave idle.
     assert _as_nobody(20) == ["None", "True", "True"]
+
+
+# ------------------------------------------------------------------------------------------------
+# A crowd that ends while a crowded start is still being launched still gives that start its share back.
+#
+# The crowd gives back the shares it lowered when fewer than its threshold run; a start it lowered is on
+# that list only once its launch has returned. Real children under a real supervisor, on both launch
+# paths; the crowded start's launch is held (a slow fork server, say) until the crowd has ended. Mocked:
+# nothing.
+
+
+class Held(Wrapper):
+    """Holds the launch of ``key`` until :attr:`go` is set."""
+
+    def __init__(self, inner: Launcher, key: str) -> None:
+        super().__init__(inner)
+        self.key = key
+        self.waiting = anyio.Event()
+        self.go = anyio.Event()
+
+    async def launch(self, request: LaunchRequest) -> Child:
+        if request.key == self.key:
+            self.waiting.set()
+            await self.go.wait()
+        return await self._inner.launch(request)
+
+
+async def test_a_start_the_crowd_lowered_gets_its_share_back_when_the_crowd_ended_during_its_launch(
+    kind: str,
+) -> None:
+    recorder = Recorder()
+    held = Held(make_launcher(kind, recorder), "x")
+    launcher = CrowdLauncher(held, Choice(How.CLASS, "SCHED_IDLE"), crowd=2)
+    async with serving(recorder, launcher) as supervisor:
+        for key in ("h1", "h2"):
+            supervisor.submit(LaunchRequest(key=key, argv=py(HOLDER)))
+        await recorder.until(lambda: len(_pids(recorder, "up")) == 2)
+        supervisor.submit(LaunchRequest(key="x", argv=py(CROWDED)))  # two run: crowded
+        with anyio.fail_after(10):
+            await held.waiting.wait()
+        for key in ("h1", "h2"):
+            supervisor.stop(key, "test")
+        await recorder.until(lambda: len(recorder.outcomes) == 2)  # the crowd has ended
+        held.go.set()
+        await recorder.until(lambda: _pids(recorder, "crowded"))
+        workload, grandchild = _pids(recorder, "crowded")
+        # Lowered as it started, and given back as its launch returned: the crowd had ended meanwhile.
+        assert [os.sched_getscheduler(pid) for pid in (workload, grandchild)] == [os.SCHED_OTHER] * 2
+        supervisor.stop("x", "test")
+        await recorder.until(lambda: len(recorder.outcomes) == 3)
+
+
+# ------------------------------------------------------------------------------------------------
+# A workload handed over leaves with the CPU share it had before its crowd lowered it (core/launchers/crowd.py).
+#
+# A release (a stopping executor letting its running workloads go alive, for the next scheduler to adopt)
+# undoes what the executor did to a workload from outside: the successor cannot tell a lowering of the old
+# crowd from one of its own, and would otherwise leave the workload at the lowest share to its end. Real
+# children under a real supervisor, on both launch paths and both means (the process class, the cgroup's
+# CPU weight), read through the kernel once ``Supervisor.release()`` has returned. Mocked: nothing.
+
+Check = Callable[[list[int]], None]
+CROWDED_KEYS = ("x1", "x2")
+
+
+async def _crowd_handed_over(launcher: Launcher, recorder: Recorder, lowered: Check) -> list[int]:
+    """A holder (the crowd, at threshold 1), then two crowded ones; all three handed over alive.
+
+    With three running and a threshold of 1, the crowd lasts while the first two of them are let go,
+    whichever they are: at least one crowded one is let go while the crowd is still on.
+
+    :returns: the crowded workloads' pids and their children's, once the release has returned
+    """
+    supervisor = Supervisor(launcher, recorder, limit=None)
+    async with anyio.create_task_group() as tg:
+        await tg.start(supervisor.serve)
+        try:
+            supervisor.submit(LaunchRequest(key="h", argv=py(HOLDER)))
+            await recorder.until(lambda: _pids(recorder, "up"))
+            for key in CROWDED_KEYS:
+                supervisor.submit(LaunchRequest(key=key, argv=py(CROWDED)))
+            await recorder.until(lambda: len(_pids(recorder, "crowded")) == 4)
+            crowded = _pids(recorder, "crowded")
+            lowered(crowded)  # what the crowd did, for the release to undo
+            with anyio.fail_after(GUARD):
+                handovers = await supervisor.release(grace=0)
+        except BaseException:
+            with anyio.fail_after(GUARD):
+                await supervisor.shutdown(wait=0)
+            raise
+    assert {h.key for h in handovers} == {"h", *CROWDED_KEYS}
+    assert recorder.outcomes == []  # handed over, not ended
+    return crowded
+
+
+def _end(recorder: Recorder) -> None:
+    """Kill and reap the workloads handed over (ours to reap: the supervisor's children)."""
+    for pid in [recorder.pids[key] for key in ("h", *CROWDED_KEYS) if key in recorder.pids]:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)  # a crowded one's child is in its group
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+
+
+async def test_a_crowded_workload_handed_over_leaves_sched_idle_first(kind: str) -> None:
+    recorder = Recorder()
+    launcher = CrowdLauncher(make_launcher(kind, recorder), Choice(How.CLASS, "SCHED_IDLE"), crowd=1)
+
+    def lowered(crowded: list[int]) -> None:
+        assert [os.sched_getscheduler(pid) for pid in crowded] == [os.SCHED_IDLE] * 4
+
+    try:
+        crowded = await _crowd_handed_over(launcher, recorder, lowered)
+        assert [os.sched_getscheduler(pid) for pid in crowded] == [os.SCHED_OTHER] * 4
+    finally:
+        _end(recorder)
+
+
+@pytest.mark.skipif(bool(cgroup_helpers.unusable()), reason=cgroup_helpers.unusable())
+async def test_a_crowded_contained_workload_handed_over_gets_its_cgroup_cpu_weight_back_first(
+    box: Scratch, kind: str
+) -> None:
+    recorder = Recorder()
+    containment: Containment = box.open()
+    if not containment.weighs_cpu:
+        pytest.skip(f"no cpu controller for workload cgroups here: {containment.describe()}")
+    choice = crowd.choose(containment.weighs_cpu)
+    launcher = CrowdLauncher(ContainedLauncher(make_launcher(kind, recorder), containment), choice, crowd=1)
+    v1 = containment.controllers["cpu"] != "cgroup2"
+    home, default = _cpu_share(os.getpid())
+
+    def lowered(crowded: list[int]) -> None:
+        assert {_cpu_share(pid)[1] for pid in crowded} == {"2" if v1 else "1"}
+
+    try:
+        for pid in await _crowd_handed_over(launcher, recorder, lowered):
+            where, weight = _cpu_share(pid)
+            # On v1 they move back beside the other workloads, into the scheduler's own cpu cgroup.
+            assert (where, weight) == (home, default) if v1 else weight == "100"
+    finally:
+        _end(recorder)
+
+
+# ------------------------------------------------------------------------------------------------
+# Adopted workloads and the crowd's CPU share (core/launchers/crowd.py, through ``base.adopted_by``).
+#
+# An adopted workload competes for the CPU as any that runs: it counts in the crowd a start is measured
+# against. One that arrives still lowered (left by a crash, which cannot undo anything) gets its share
+# back when the successor takes it, unless the successor's own crowd is on then: it stays lowered until
+# that crowd ends.
+#
+# Real processes: each predecessor's workload is started by the test in a session of its own and, where
+# it arrived lowered, put in ``SCHED_IDLE`` (or its cgroup weighed down) before it starts its child, as a
+# predecessor's crowd does; then it is taken as a successor takes it (:class:`AdoptedChild`). Each runs
+# until the test closes its stdin. Mocked: nothing.
+
+CLASS = Choice(How.CLASS, "SCHED_IDLE")
+# A predecessor's workload: told to go once its share is set, it starts a child (which inherits the
+# class), says both pids, and runs until its stdin closes.
+WORKLOAD = (
+    "import os, subprocess, sys\n"
+    "sys.stdin.readline()\n"
+    "child = subprocess.Popen(['sleep', '600'])\n"
+    "print(os.getpid(), child.pid, flush=True)\n"
+    "try:\n    sys.stdin.read()\nfinally:\n    child.kill()\n    child.wait()\n"
+)
+
+
+@dataclass
+class Running:
+    """A predecessor's workload process, and the pids it said: its own and its child's."""
+
+    proc: subprocess.Popen[str]
+    pids: list[int]
+
+    def classes(self) -> list[int]:
+        return [os.sched_getscheduler(pid) for pid in self.pids]
+
+
+class Predecessor:
+    """Workload processes a stopped executor left running, each the leader of its own session."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def start(self, *, lowered: bool = False, cgroup: WorkloadCgroup | None = None) -> Running:
+        """One workload, in ``SCHED_IDLE`` (``lowered``) and ``cgroup`` before it starts anything."""
+        proc = subprocess.Popen(
+            [sys.executable, "-c", WORKLOAD],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        self.procs.append(proc)
+        if cgroup is not None:
+            cgroup.join(proc.pid)
+        if lowered:
+            cpu_priority.lower(proc.pid)
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        return Running(proc, [int(pid) for pid in read_line(proc).split()])
+
+    def end(self, running: Running) -> None:
+        assert running.proc.stdin is not None
+        running.proc.stdin.close()
+
+    def cleanup(self) -> None:
+        for proc in self.procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # its child too
+            proc.wait()
+            for pipe in (proc.stdin, proc.stdout):
+                if pipe is not None:
+                    pipe.close()
+
+
+@pytest.fixture
+def predecessor() -> Iterator[Predecessor]:
+    made = Predecessor()
+    try:
+        yield made
+    finally:
+        made.cleanup()
+
+
+IDLE, OTHER = [os.SCHED_IDLE] * 2, [os.SCHED_OTHER] * 2
+
+
+async def take(launcher: Launcher, running: Running, cgroup_dir: Path | None = None) -> Child:
+    """Taken over as a successor's supervisor takes an adopted workload: through its launch path."""
+    start = start_ticks(running.proc.pid)
+    assert start is not None
+    child = AdoptedChild.take(running.proc.pid, start, lambda: 0, cgroup_dir)
+    with anyio.fail_after(GUARD):
+        return await adopted_by(launcher, child, None if cgroup_dir is None else str(cgroup_dir))
+
+
+@asynccontextmanager
+async def crowd_of(threshold: int, inner: Launcher | None = None) -> AsyncIterator[CrowdLauncher]:
+    launcher = CrowdLauncher(inner or SubprocessLauncher(output=Recorder().output), CLASS, crowd=threshold)
+    async with launcher:
+        yield launcher
+
+
+async def ended(child: Child) -> None:
+    with anyio.fail_after(GUARD):
+        assert await child.wait() == 0
+
+
+async def test_one_that_arrives_in_sched_idle_outside_a_crowd_leaves_it_when_taken(
+    predecessor: Predecessor,
+) -> None:
+    running = predecessor.start(lowered=True)
+    assert running.classes() == IDLE
+    async with crowd_of(2) as launcher:
+        child = await take(launcher, running)
+        assert running.classes() == OTHER
+        predecessor.end(running)
+        await ended(child)
+
+
+async def test_one_that_arrives_in_sched_idle_in_a_crowd_keeps_it_until_the_crowd_ends(
+    predecessor: Predecessor,
+) -> None:
+    first, second = predecessor.start(), predecessor.start()
+    late = predecessor.start(lowered=True)
+    assert late.classes() == IDLE
+    async with crowd_of(2) as launcher:
+        children = [await take(launcher, proc) for proc in (first, second)]
+        lowered = await take(launcher, late)  # two adopted run: a crowd at threshold 2
+        assert (first.classes(), second.classes(), late.classes()) == (OTHER, OTHER, IDLE)
+        predecessor.end(first)
+        await ended(children[0])
+        assert late.classes() == IDLE  # two still run
+        predecessor.end(second)
+        await ended(children[1])
+        assert late.classes() == OTHER  # the crowd ended
+        predecessor.end(late)
+        await ended(lowered)
+
+
+async def test_adopted_workloads_count_in_the_crowd_a_start_is_measured_against(
+    predecessor: Predecessor, kind: str
+) -> None:
+    recorder = Recorder()
+    adopted = [predecessor.start(), predecessor.start()]
+    statuses: list[int] = []
+    async with crowd_of(2, make_launcher(kind, recorder)) as launcher:
+        children = [await take(launcher, running) for running in adopted]
+        started = await launcher.launch(LaunchRequest(key="x", argv=py(CROWDED)))
+
+        async def reap() -> None:  # its wait() is what reads its output
+            statuses.append(await started.wait())
+
+        try:
+            with anyio.fail_after(GUARD):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(reap)
+                    await recorder.until(lambda: _pids(recorder, "crowded"))
+                    workload, grandchild = _pids(recorder, "crowded")
+                    assert workload == started.pid
+                    # Started while two adopted ones ran: crowded.
+                    assert [os.sched_getscheduler(pid) for pid in (workload, grandchild)] == IDLE
+                    for running, child in zip(adopted, children, strict=True):
+                        predecessor.end(running)
+                        await ended(child)
+                    # Fewer than two run: the crowd of adopted ones ended, and the start gets its share back.
+                    assert [os.sched_getscheduler(pid) for pid in (workload, grandchild)] == OTHER
+                    started.signal(signal.SIGKILL)
+        finally:
+            started.signal(signal.SIGKILL)  # a failed test leaves nothing running either
+    assert statuses == [-signal.SIGKILL]
+
+
+@pytest.mark.skipif(bool(cgroup_helpers.unusable()), reason=cgroup_helpers.unusable())
+async def test_one_whose_cgroup_arrives_weighed_down_gets_its_cpu_weight_back_when_taken(
+    box: Scratch, predecessor: Predecessor
+) -> None:
+    containment: Containment = box.open()
+    if not containment.weighs_cpu:
+        pytest.skip(f"no cpu controller for workload cgroups here: {containment.describe()}")
+    v1 = containment.controllers["cpu"] != "cgroup2"
+    home, default = _cpu_share(os.getpid())
+    cgroup = containment.create("w1", low_cpu=True)  # as a predecessor's crowd made it
+    assert cgroup is not None
+    running = predecessor.start(cgroup=cgroup)
+    assert {_cpu_share(pid)[1] for pid in running.pids} == {"2" if v1 else "1"}
+    async with crowd_of(
+        2, ContainedLauncher(SubprocessLauncher(output=Recorder().output), containment)
+    ) as launcher:
+        child = await take(launcher, running, cgroup.path)
+        for pid in running.pids:
+            where, weight = _cpu_share(pid)
+            # On v1 they move back beside the other workloads, into the scheduler's own cpu cgroup.
+            assert (where, weight) == (home, default) if v1 else weight == "100"
+        child.release()  # the box's cleanup ends it: its cgroup goes with the box
+
+
+async def test_with_the_crowd_off_one_that_arrives_in_sched_idle_still_gets_its_share_back(
+    predecessor: Predecessor,
+) -> None:
+    # workload_cpu_priority = normal (or a nice value) after a predecessor ran with auto: the wiring still
+    # puts a crowd that lowers nothing in the launch path, for this (core/wiring.py).
+    running = predecessor.start(lowered=True)
+    launcher = CrowdLauncher(SubprocessLauncher(output=Recorder().output), Choice(How.NONE, "off"), crowd=0)
+    async with launcher:
+        child = await take(launcher, running)
+        assert running.classes() == OTHER
+        predecessor.end(running)
+        await ended(child)

@@ -42,7 +42,7 @@ from tests.core.cgroups.helpers import Scratch
 from tests.core.fakes import FakeLauncher
 from tests.core.helpers import GUARD, FakeClock, Recorder
 from tests.core.launchers.descriptor_driver import BLOCKER, LIMIT, TARGET, Said
-from tests.core.test_supervisor import request, serving
+from tests.core.supervising import request, serving
 
 ROOT = Path(__file__).resolve().parents[3]
 

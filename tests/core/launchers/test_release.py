@@ -34,7 +34,7 @@ from async_local_executor.core.launchers.subprocess import SubprocessLauncher
 from tests.core.cgroups import helpers as cgroup_helpers
 from tests.core.cgroups.helpers import Scratch
 from tests.core.helpers import GUARD, Recorder, alive
-from tests.core.test_supervisor import make_launcher
+from tests.core.supervising import make_launcher
 
 # Runs until the gate's exclusive lock is dropped, then says it ran on; nothing written to its output
 # after "up" (its reader is gone once it is released).

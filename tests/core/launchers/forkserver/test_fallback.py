@@ -20,9 +20,9 @@ from async_local_executor.core.launchers.base import LaunchRequest
 from async_local_executor.core.launchers.forkserver.channel import Channel, ChannelClosed, MessageTooLarge
 from async_local_executor.core.launchers.forkserver.protocol import MAX_MESSAGE, Spawn
 from async_local_executor.core.launchers.subprocess import SubprocessLauncher
-from tests.core.helpers import GUARD, Recorder, py
+from tests.core.helpers import GUARD, Recorder, py, until_dead
 from tests.core.launchers.forkserver.test_launcher import _helper_replaced, fork_server
-from tests.core.test_supervisor import serving, until_dead
+from tests.core.supervising import serving
 
 pytestmark = pytest.mark.asyncio
 

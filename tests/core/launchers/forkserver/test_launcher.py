@@ -17,8 +17,8 @@ from async_local_executor.core.launchers.base import LaunchRequest
 from async_local_executor.core.launchers.forkserver.launcher import ForkServerLauncher
 from async_local_executor.core.launchers.subprocess import SubprocessLauncher
 from async_local_executor.core.outcome import OutcomeKind
-from tests.core.helpers import GUARD, FakeClock, Recorder, py
-from tests.core.test_supervisor import TARGET, is_dead, serving, until_dead
+from tests.core.helpers import GUARD, FakeClock, Recorder, is_dead, py, until_dead
+from tests.core.supervising import TARGET, serving
 
 pytestmark = pytest.mark.asyncio
 

@@ -25,7 +25,7 @@ from async_local_executor.core.launchers.forkserver.learning.learned import RETR
 from async_local_executor.core.launchers.forkserver.learning.loop import Learning
 from async_local_executor.core.launchers.forkserver.learning.source import top_level_imports
 from tests.core.helpers import GUARD, Recorder, py
-from tests.core.test_supervisor import TARGET, serving
+from tests.core.supervising import TARGET, serving
 
 DIST = "fakepre-good"
 
