@@ -58,3 +58,21 @@ async def serving(
 
 def request(key: object, **fields: Any) -> LaunchRequest:
     return LaunchRequest(key, ["workload"], **fields)
+
+
+def fork_server(recorder: Recorder, **kwargs: object) -> ForkServerLauncher:
+    """A fork-server launcher on the test target, its output to ``recorder``."""
+    options: dict[str, object] = {"target": TARGET, "output": recorder.output}
+    options.update(kwargs)
+    return ForkServerLauncher(**options)  # type: ignore[arg-type]
+
+
+async def helper_replaced(launcher: ForkServerLauncher, dead: int) -> int:
+    """The pid of the helper that replaced ``dead``, once the launcher has one."""
+    with anyio.fail_after(GUARD):
+        # The launcher publishes no event for a new helper; the guard bounds a real failure.
+        while launcher.helper_pid in (None, dead):  # noqa: ASYNC110
+            await anyio.sleep(0.01)
+    pid = launcher.helper_pid
+    assert pid is not None
+    return pid

@@ -312,3 +312,48 @@ def requeued_tries_run_once(
     )
     assert "Received executor event with state failed" not in text, text
     assert len(revoking(dag_id).findall(text)) == tries, text  # nothing else was revoked
+
+
+# The escapers DAG (dags/escapers.py): tasks that leave processes behind, which escape the parent-death
+# chain; shared by the tests of what the containment and the fallback reclaim do with them.
+ORPHAN_DEADLINE = 10.0
+
+
+def escaped_sleepers(folder: Path, try_number: int) -> dict[str, int]:
+    """The processes the escapers DAG's tasks left at try ``try_number``, by task, from their marks in ``folder``."""
+    found = {}
+    for path in folder.iterdir():
+        task, _, rest = path.name.partition(".")
+        tried, _, pid = rest.partition(".")
+        if task in ("detach", "shell") and tried == str(try_number):
+            found[task] = int(pid)
+    return found
+
+
+def run_to_the_sleepers(sandbox: AirflowSandbox, folder: Path) -> tuple[str, dict[str, int]]:
+    """Trigger the escapers DAG; its run and the sleepers its tasks' first tries left, once both did."""
+    sandbox.wait_for_dag("escapers", timeout=120)
+    run_id = sandbox.trigger("escapers")
+    poll("both tasks to leave a sleeper behind", lambda: len(escaped_sleepers(folder, 1)) == 2)
+    return run_id, escaped_sleepers(folder, 1)
+
+
+def kill_and_restart(sandbox: AirflowSandbox, folder: Path, run_id: str, escaped: dict[str, int]) -> str:
+    """``kill -9`` the scheduler while ``escaped`` run, restart it, let the run finish; its log after.
+
+    Asserts that the escaped processes outlive the dead scheduler (nothing of it reaches them: its task
+    processes die with it, by the parent-death chain) and that none is alive once the run succeeded.
+    """
+    sandbox.kill("scheduler")
+    deadline = time.monotonic() + ORPHAN_DEADLINE
+    while any(not alive(pid) for pid in escaped.values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(alive(pid) for pid in escaped.values()), escaped
+
+    (folder / "gate").touch()  # the retries do not wait
+    sandbox.restart("scheduler")
+    poll("the run to finish", lambda: sandbox.run_state("escapers", run_id) in ("success", "failed"))
+    rows = sandbox.task_instances("escapers", run_id)
+    assert sandbox.run_state("escapers", run_id) == "success", rows
+    assert {task: pid for task, pid in escaped.items() if alive(pid)} == {}
+    return sandbox.process_logs["scheduler"].read_text(errors="replace")

@@ -12,7 +12,6 @@ Nothing is mocked: a real Airflow on SQLite, the default fork-server launcher, r
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ import pytest
 from harness import cgroups
 from harness.sandbox import AirflowSandbox
 from tests.core.helpers import alive
-from tests.e2e.helpers import QUICK_ORPHANS, poll
+from tests.e2e.helpers import QUICK_ORPHANS, escaped_sleepers, kill_and_restart, poll, run_to_the_sleepers
 
 pytestmark = [
     pytest.mark.e2e,
@@ -28,17 +27,6 @@ pytestmark = [
     # handover_timeout = 0: a crash leaves only what escaped the parent-death chain, for the reclaim.
     pytest.mark.sandbox(config={**QUICK_ORPHANS, "AIRFLOW__ASYNC_LOCAL_EXECUTOR__HANDOVER_TIMEOUT": "0"}),
 ]
-ORPHAN_DEADLINE = 10.0
-
-
-def _sleepers(folder: Path, try_number: int) -> dict[str, int]:
-    found = {}
-    for path in folder.iterdir():
-        task, _, rest = path.name.partition(".")
-        tried, _, pid = rest.partition(".")
-        if task in ("detach", "shell") and tried == str(try_number):
-            found[task] = int(pid)
-    return found
 
 
 def test_what_a_task_leaves_behind_ends_with_it(sandbox: AirflowSandbox, tmp_path: Path) -> None:
@@ -48,7 +36,7 @@ def test_what_a_task_leaves_behind_ends_with_it(sandbox: AirflowSandbox, tmp_pat
     rows = sandbox.task_instances("escapers", run_id)
     assert sandbox.run_state("escapers", run_id) == "success", rows
     assert [row.try_number for row in rows] == [1, 1]
-    sleepers = _sleepers(tmp_path, 1)
+    sleepers = escaped_sleepers(tmp_path, 1)
     assert sorted(sleepers) == ["detach", "shell"]
     # The run succeeds when the tasks report success; their workloads end (and the executor kills what
     # they left) a moment later, when Airflow's supervisor in each has finished.
@@ -70,32 +58,3 @@ def test_a_restarted_scheduler_kills_what_tasks_left_before_it_launches(
     log = kill_and_restart(sandbox, tmp_path, run_id, escaped)
     assert "process(es) left in cgroup" in log
     assert "of a stopped executor" in log
-
-
-def run_to_the_sleepers(sandbox: AirflowSandbox, folder: Path) -> tuple[str, dict[str, int]]:
-    """Trigger the escapers DAG; its run and the sleepers its tasks' first tries left, once both did."""
-    sandbox.wait_for_dag("escapers", timeout=120)
-    run_id = sandbox.trigger("escapers")
-    poll("both tasks to leave a sleeper behind", lambda: len(_sleepers(folder, 1)) == 2)
-    return run_id, _sleepers(folder, 1)
-
-
-def kill_and_restart(sandbox: AirflowSandbox, folder: Path, run_id: str, escaped: dict[str, int]) -> str:
-    """``kill -9`` the scheduler while ``escaped`` run, restart it, let the run finish; its log after.
-
-    Asserts that the escaped processes outlive the dead scheduler (nothing of it reaches them: its task
-    processes die with it, by the parent-death chain) and that none is alive once the run succeeded.
-    """
-    sandbox.kill("scheduler")
-    deadline = time.monotonic() + ORPHAN_DEADLINE
-    while any(not alive(pid) for pid in escaped.values()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert all(alive(pid) for pid in escaped.values()), escaped
-
-    (folder / "gate").touch()  # the retries do not wait
-    sandbox.restart("scheduler")
-    poll("the run to finish", lambda: sandbox.run_state("escapers", run_id) in ("success", "failed"))
-    rows = sandbox.task_instances("escapers", run_id)
-    assert sandbox.run_state("escapers", run_id) == "success", rows
-    assert {task: pid for task, pid in escaped.items() if alive(pid)} == {}
-    return _scheduler_log(sandbox)

@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 
 from harness.sandbox import AirflowSandbox
-from tests.e2e.helpers import QUICK_ORPHANS, poll
-from tests.e2e.test_containment import kill_and_restart, run_to_the_sleepers
+from tests.e2e.helpers import QUICK_ORPHANS, kill_and_restart, poll, run_to_the_sleepers
 
 pytestmark = [
     pytest.mark.e2e,

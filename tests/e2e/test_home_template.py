@@ -3,61 +3,18 @@
 Two homes of one kind, one copied (harness/templates.py), one migrated by a real ``airflow db migrate``:
 the same tables, columns and rows, and the same airflow.cfg but for the secrets Airflow draws at random.
 The option ``db migrate`` writes into the database (the default pool's size) is given a value of its own,
-after a home with the default: a template of another kind must not be the one copied. Both Airflow majors use the comparison (tests/airflow2 collects it).
+after a home with the default: a template of another kind must not be the one copied. The comparison is
+tests/home_template.py, which tests/airflow2 runs on Airflow 2.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-import sqlalchemy as sa
 
 from harness.sandbox import AirflowSandbox
+from tests.home_template import check_copied_equals_migrated
 
 pytestmark = pytest.mark.e2e
-
-# Lines of the generated airflow.cfg that Airflow fills with fresh random values (the last: Airflow 2's).
-RANDOM_OPTIONS = ("secret_key", "jwt_secret", "internal_api_secret_key")
-POOL = {"AIRFLOW__CORE__DEFAULT_POOL_TASK_SLOT_COUNT": "77"}
-
-
-def contents(sandbox: AirflowSandbox) -> dict[str, Any]:
-    """Every table's columns and rows; times (when a row was written) left out."""
-    found: dict[str, Any] = {}
-    inspector = sa.inspect(sandbox.engine)
-    for table in sorted(inspector.get_table_names()):
-        columns = [(c["name"], str(c["type"])) for c in inspector.get_columns(table)]
-        timeless = [i for i, (_, kind) in enumerate(columns) if "TIME" not in kind and "DATE" not in kind]
-        rows = sandbox.query(f'SELECT * FROM "{table}"')  # noqa: S608 - names from the database itself
-        found[table] = (columns, sorted(repr([row[i] for i in timeless]) for row in rows))
-    return found
-
-
-def configuration(sandbox: AirflowSandbox) -> list[str]:
-    text = sandbox.airflow_cfg_path.read_text().replace(str(sandbox.home), "$AIRFLOW_HOME")
-    return [line for line in text.splitlines() if line.partition(" = ")[0] not in RANDOM_OPTIONS]
-
-
-def check_copied_equals_migrated(kind: type[AirflowSandbox], database: str) -> None:
-    made: list[AirflowSandbox] = []
-
-    def prepared(**options: Any) -> AirflowSandbox:
-        sandbox = kind(database=database, progress=None, **options)
-        made.append(sandbox)
-        sandbox.prepare()
-        return sandbox
-
-    try:
-        prepared()  # a template of the default kind, made or found
-        copied = prepared(extra_config=POOL)
-        migrated = prepared(extra_config=POOL, template=False)
-        assert copied.query("SELECT slots FROM slot_pool") == [(77,)]
-        assert contents(copied) == contents(migrated)
-        assert configuration(copied) == configuration(migrated)
-    finally:
-        for sandbox in made:
-            sandbox.stop()
 
 
 @pytest.mark.parametrize("database", ["sqlite", "postgres"])

@@ -34,8 +34,8 @@ from async_local_executor.ops.reclaim import reclaim
 from tests.core.cgroups import helpers as cgroup_helpers
 from tests.core.cgroups.helpers import MiB, Scratch, gone, read_line
 from tests.core.clock_step import step_wall_clock
+from tests.core.handing import Handed
 from tests.core.helpers import GUARD, alive
-from tests.core.test_custody import Handed
 from tests.processes import exits
 
 cgroups = pytest.mark.skipif(bool(cgroup_helpers.unusable()), reason=cgroup_helpers.unusable())

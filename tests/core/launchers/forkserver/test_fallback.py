@@ -21,8 +21,7 @@ from async_local_executor.core.launchers.forkserver.channel import Channel, Chan
 from async_local_executor.core.launchers.forkserver.protocol import MAX_MESSAGE, Spawn
 from async_local_executor.core.launchers.subprocess import SubprocessLauncher
 from tests.core.helpers import GUARD, Recorder, py, until_dead
-from tests.core.launchers.forkserver.test_launcher import _helper_replaced, fork_server
-from tests.core.supervising import serving
+from tests.core.supervising import fork_server, helper_replaced, serving
 
 pytestmark = pytest.mark.asyncio
 
@@ -89,7 +88,7 @@ async def test_a_request_larger_than_the_granted_buffer_falls_back_and_the_helpe
     fallback = SubprocessLauncher(output=recorder.output)
     launcher = fork_server(recorder, fallback=fallback, channel_buffer=SMALL_BUFFER)
     async with serving(recorder, launcher) as supervisor:
-        helper = await _helper_replaced(launcher, -1)
+        helper = await helper_replaced(launcher, -1)
         # Each argument within exec's own limit per argument (128 KiB), all of them past the channel's.
         supervisor.submit(LaunchRequest("big", [*FORKED, *["a" * SMALL_BUFFER] * 4]))
         await recorder.until(lambda: recorder.outcomes)
@@ -157,7 +156,7 @@ async def test_a_helper_that_gains_a_thread_after_startup_forks_nothing_more(
         recorder, preload=["tests.core.launchers.forkserver.late_thread"], fallback=fallback
     )
     async with serving(recorder, launcher) as supervisor:
-        helper = await _helper_replaced(launcher, -1)
+        helper = await helper_replaced(launcher, -1)
         supervisor.submit(LaunchRequest("before", FORKED))
         await recorder.until(lambda: recorder.outcomes)
         os.kill(helper, signal.SIGUSR1)  # the preload starts its thread now

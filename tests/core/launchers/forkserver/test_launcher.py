@@ -18,17 +18,11 @@ from async_local_executor.core.launchers.forkserver.launcher import ForkServerLa
 from async_local_executor.core.launchers.subprocess import SubprocessLauncher
 from async_local_executor.core.outcome import OutcomeKind
 from tests.core.helpers import GUARD, FakeClock, Recorder, is_dead, py, until_dead
-from tests.core.supervising import TARGET, serving
+from tests.core.supervising import fork_server, helper_replaced, serving
 
 pytestmark = pytest.mark.asyncio
 
 SLEEPER = py("import os, time; print('ready', os.getpid(), flush=True); time.sleep(60)")
-
-
-def fork_server(recorder: Recorder, **kwargs: object) -> ForkServerLauncher:
-    options: dict[str, object] = {"target": TARGET, "output": recorder.output}
-    options.update(kwargs)
-    return ForkServerLauncher(**options)  # type: ignore[arg-type]
 
 
 def ready_pids(recorder: Recorder) -> dict[object, int]:
@@ -178,22 +172,12 @@ async def test_helper_killed_with_sigkill_leaves_its_workloads_running_and_repor
     assert launcher.helpers_started == 2
 
 
-async def _helper_replaced(launcher: ForkServerLauncher, dead: int) -> int:
-    with anyio.fail_after(GUARD):
-        # The launcher publishes no event for a new helper; the guard bounds a real failure.
-        while launcher.helper_pid in (None, dead):  # noqa: ASYNC110
-            await anyio.sleep(0.01)
-    pid = launcher.helper_pid
-    assert pid is not None
-    return pid
-
-
 async def test_a_launch_right_after_the_helper_died_goes_to_a_new_helper() -> None:
     # The launch can reach the dead helper before the channel's reader has seen it close: the broken
     # channel itself must retire the helper, or the retry picks it again and the launch fails.
     recorder = Recorder()
     async with fork_server(recorder) as launcher:
-        first = await _helper_replaced(launcher, -1)
+        first = await helper_replaced(launcher, -1)
         os.kill(first, signal.SIGKILL)
         # Blocks the loop until the helper has exited (not reaping it): the reader cannot run meanwhile.
         with contextlib.suppress(ChildProcessError):  # reaped already by the loop's child watcher
@@ -223,14 +207,14 @@ async def test_an_idle_helper_that_dies_is_replaced_without_waiting_for_a_worklo
     clock = FakeClock()
     launcher = fork_server(recorder, restart_delay=0.5, clock=clock)
     async with serving(recorder, launcher) as supervisor:
-        first = await _helper_replaced(launcher, -1)
+        first = await helper_replaced(launcher, -1)
         os.kill(first, signal.SIGKILL)
         await until_dead(first)
         await _waiting_to_restart(launcher, clock)
         assert launcher.problem == f"fork server (pid {first}) is not running; a new one is starting"
         assert launcher.state == launcher.problem  # what the status report and the dashboard show
         clock.advance(0.5)
-        second = await _helper_replaced(launcher, first)  # no workload asked for it
+        second = await helper_replaced(launcher, first)  # no workload asked for it
         assert launcher.problem is None
         assert launcher.state == f"fork server running (pid {second}, 2 started so far)"
         os.kill(second, signal.SIGKILL)
@@ -239,7 +223,7 @@ async def test_an_idle_helper_that_dies_is_replaced_without_waiting_for_a_worklo
         # The second died young, so its delay doubled: 0.75 s is not enough (other waits may be parked too).
         assert any(left == pytest.approx(0.25) for left in clock.remaining())
         clock.advance(0.25)
-        third = await _helper_replaced(launcher, second)
+        third = await helper_replaced(launcher, second)
         supervisor.submit(
             LaunchRequest(
                 "after", py("import tests.core.launchers.forkserver.targets as t; print(t.PRELOADED)")
@@ -297,7 +281,7 @@ async def test_a_busy_helper_behind_a_lagging_loop_is_not_replaced() -> None:
     launcher = fork_server(recorder, ping_interval=0.05, ping_timeout=0.5)
     flood = "for i in range(2000): print('line', i)"
     async with serving(recorder, launcher) as supervisor:
-        first_helper = await _helper_replaced(launcher, -1)
+        first_helper = await helper_replaced(launcher, -1)
         for i in range(60):
             supervisor.submit(LaunchRequest(i, py(flood)))
             if i % 20 == 19:
