@@ -31,6 +31,7 @@ from tests.core.cgroups.helpers import read_line, scratch
 from tests.core.handing import OWNER_GONE, TIMEOUT, WORKLOAD, Handed
 from tests.core.helpers import GUARD
 from tests.processes import exits
+from tests.waits import poll
 
 pytestmark = pytest.mark.skipif(not custody.supported(), reason="custody is Linux's")
 
@@ -50,14 +51,6 @@ def handed(tmp_path: Path) -> Iterator[Callable[..., Handed]]:
     yield start
     for made in started:
         made.cleanup()
-
-
-def until(predicate: Callable[[], bool], what: str, guard: float = GUARD) -> None:
-    """Wait for ``predicate`` (a file's content: nothing to be woken by), failing after ``guard`` seconds."""
-    deadline = time.monotonic() + guard
-    while not predicate():
-        assert time.monotonic() < deadline, f"not within {guard} s: {what}"
-        time.sleep(0.02)
 
 
 def test_a_workload_in_custody_shows_its_watchdog_and_nothing_it_forks_or_its_owner_does(
@@ -91,7 +84,7 @@ def test_a_workload_outlives_its_killed_owner_then_kills_itself_and_its_group_af
     killed = time.monotonic()
     workload.kill_owner()
     workload.tell("say still here")
-    until(lambda: "still here\n" in workload.out(), "the workload's output in its .out")
+    poll("the workload's output in its .out", lambda: "still here\n" in workload.out(), GUARD)
     assert stat.S_IMODE(workload.directory.stat().st_mode) == 0o700
     assert stat.S_IMODE(workload.file(".out").stat().st_mode) == 0o600
     assert exits(workload.pid, TIMEOUT + GUARD), "the workload outlived its timeout"
@@ -110,7 +103,7 @@ def test_a_claim_by_a_live_successor_keeps_the_workload_until_that_one_dies_too(
     workload.kill_owner()
     assert not exits(workload.pid, TIMEOUT + 1.5), "the workload died although a successor claimed it"
     workload.tell("say adopted")
-    until(lambda: "adopted\n" in workload.out(), "the adopted workload's output in its .out")
+    poll("the adopted workload's output in its .out", lambda: "adopted\n" in workload.out(), GUARD)
     successor.kill()
     died = time.monotonic()
     successor.wait(GUARD)
@@ -170,7 +163,7 @@ def test_output_after_the_owner_s_death_never_blocks_nor_raises(handed: Callable
     workload = handed()
     workload.kill_owner()
     workload.tell("burst 300")  # far more than a pipe holds
-    until(lambda: "burst done\n" in workload.out(), "the end of the burst in the .out")
+    poll("the end of the burst in the .out", lambda: "burst done\n" in workload.out(), GUARD)
     out = workload.out()
     assert out.count("x" * 1023 + "\n") == 300
     assert "straight to fd 2\n" in out
@@ -183,7 +176,7 @@ def test_a_reader_of_the_dead_owner_s_pipe_left_behind_does_not_block_the_worklo
     workload = handed(leak=True)  # the pipe keeps a reader that never reads once the owner is gone
     workload.kill_owner()
     workload.tell("burst 300")
-    until(lambda: "burst done\n" in workload.out(), "the end of the burst in the .out")
+    poll("the end of the burst in the .out", lambda: "burst done\n" in workload.out(), GUARD)
     assert not (workload.directory / "raised").exists()
 
 
@@ -192,7 +185,7 @@ def test_the_out_file_stops_at_its_cap(handed: Callable[..., Handed]) -> None:
     workload.kill_owner()
     workload.tell(f"burst {custody.OUT_CAP // 1024 + 512}")
     workload.tell("exit 0")  # after the burst: the .exit says it is over
-    until(lambda: workload.file(".exit").exists(), "the workload's .exit")
+    poll("the workload's .exit", lambda: workload.file(".exit").exists(), GUARD)
     size = workload.file(".out").stat().st_size
     note = "\n[async_local_executor: output past 8 MiB dropped]\n"
     assert size == custody.OUT_CAP + len(note)
@@ -232,7 +225,7 @@ def test_a_fifo_under_the_output_s_name_neither_blocks_the_workload_nor_its_exit
     workload.kill_owner()
     workload.tell("burst 300")  # far more than its pipe holds: only a relay that goes on lets it finish
     workload.tell("exit 4")
-    until(lambda: workload.file(".exit").exists(), "the exit code of the workload")
+    poll("the exit code of the workload", lambda: workload.file(".exit").exists(), GUARD)
     assert json.loads(workload.file(".exit").read_text()) == {"status": 4}
 
 
@@ -261,7 +254,7 @@ def test_successors_that_each_exit_soon_after_their_claim_renew_nothing_but_one_
     workload.kill_owner()
     assert not exits(workload.pid, TIMEOUT * 0.75)  # most of its countdown spent without an owner
     stayed = workload.successor()
-    until(lambda: _holds_pidfd_of(workload.pid, stayed.pid), "the watchdog to follow the successor")
+    poll("the watchdog to follow the successor", lambda: _holds_pidfd_of(workload.pid, stayed.pid), GUARD)
     assert not exits(workload.pid, TIMEOUT + 0.5)  # it stays for longer than the timeout: it ran
     stayed.kill()
     stayed.wait(GUARD)
@@ -300,14 +293,14 @@ def test_a_workload_whose_owner_exited_before_it_took_custody_waits_for_a_succes
         pid = int(read_line(owner, GUARD).split()[1])
         name = custody_files.name(pid, start_ticks(pid) or 0)
         out = directory / f"{name}.out"
-        until(lambda: out.exists() and "ready" in out.read_text(), "the workload in custody")
+        poll("the workload in custody", lambda: out.exists() and "ready" in out.read_text(), GUARD)
         me = {"owner_pid": os.getpid(), "owner_start": start_ticks(os.getpid())}  # this test adopts it
         (directory / f"{name}.json").write_text(json.dumps(me))
         assert not exits(pid, TIMEOUT + 1.0), "the workload did not wait for its successor's claim"
         assert owner.stdin is not None
         owner.stdin.write("say adopted\nexit 6\n")
         owner.stdin.flush()
-        until(lambda: (directory / f"{name}.exit").exists(), "the workload's exit code")
+        poll("the workload's exit code", lambda: (directory / f"{name}.exit").exists(), GUARD)
         assert json.loads((directory / f"{name}.exit").read_text()) == {"status": 6}
         assert "adopted\n" in out.read_text()
     finally:
@@ -335,7 +328,7 @@ def test_only_a_workload_that_fails_after_its_owner_s_exit_tells_its_last_lines_
     fine.tell("exit 0")
     kept.tell("exit 1")  # its owner lives and relays its output: the scheduler log has its tail
     assert kept.expect("exited") == "exited 1"
-    until(lambda: failed.file(".exit").exists() and fine.file(".exit").exists(), "both exit codes")
+    poll("both exit codes", lambda: failed.file(".exit").exists() and fine.file(".exit").exists(), GUARD)
     # Told before its code was recorded: an adopter that reads the code finds the lines in the task's log.
     header = (
         f"async_local_executor: workload process {failed.pid} exited with code 1; its last 2 output "
@@ -423,4 +416,4 @@ def test_an_expired_workload_kills_its_whole_cgroup(handed: Callable[..., Handed
         assert exits(workload.pid, TIMEOUT + GUARD)
         assert exits(escaped, GUARD), "a process in the workload's cgroup outlived it"
         assert exits(workload.grandchild, GUARD), "the workload's process group outlived it"
-        until(lambda: not (w1 / "cgroup.procs").read_text().strip(), "the killed cgroup to empty")
+        poll("the killed cgroup to empty", lambda: not (w1 / "cgroup.procs").read_text().strip(), GUARD)

@@ -20,6 +20,7 @@ import psutil
 from async_local_executor.core.proc_identity import start_ticks
 from async_local_executor.ops.status_read import read_all
 from harness.sandbox import AirflowSandbox
+from tests import waits
 from tests.core.helpers import alive
 
 GUARD = 600.0
@@ -43,12 +44,8 @@ QUICK_ORPHANS = {
 
 
 def poll(what: str, done: Callable[[], bool], guard: float = GUARD) -> None:
-    # Airflow's state lives in the database and in /proc; polling them is the only way to observe it.
-    deadline = time.monotonic() + guard
-    while not done():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} did not happen within {guard:.0f}s")
-        time.sleep(0.2)
+    """:func:`tests.waits.poll` at this suite's guard: Airflow's state lives in the database and in /proc."""
+    waits.poll(what, done, guard, interval=0.2)
 
 
 def cmdline(pid: int) -> list[str]:

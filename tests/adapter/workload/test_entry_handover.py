@@ -26,6 +26,7 @@ from async_local_executor.core import custody, custody_files
 from async_local_executor.core.proc_identity import start_ticks
 from tests.core.helpers import GUARD
 from tests.processes import exits
+from tests.waits import poll
 
 WORKLOAD = """
 import os, signal, sys, time
@@ -108,14 +109,6 @@ def flags(directory: Path, timeout: float) -> tuple[str, ...]:
     return every[2:]  # the scheduler stand-in puts its own --parent-pid first
 
 
-def until(predicate: object, what: str) -> None:
-    assert callable(predicate)
-    deadline = time.monotonic() + GUARD
-    while not predicate():
-        assert time.monotonic() < deadline, f"not within {GUARD} s: {what}"
-        time.sleep(0.02)
-
-
 def test_the_handover_flags_make_the_round_trip_and_are_absent_when_off() -> None:
     on = entry.argv_flags(12, "low", "/learn", "/first", handover_timeout=300, custody_dir="/state/custody")
     assert on[-4:] == ("--handover-timeout", "300.0", "--custody-dir", "/state/custody")
@@ -170,7 +163,7 @@ def test_a_workload_and_its_task_outlive_a_killed_scheduler_and_record_their_exi
     release.touch()  # only a task still running after the kill can see it and end
     name = custody_files.name(scheduler.workload, start_ticks(scheduler.workload) or 0)
     exit_file = tmp_path / f"{name}.exit"
-    until(exit_file.exists, "the workload's recorded exit code")
+    poll("the workload's recorded exit code", exit_file.exists, GUARD)
     assert json.loads(exit_file.read_text()) == {"status": 9}
     assert exits(scheduler.workload, GUARD)
 

@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from async_local_executor.core.proc_identity import start_ticks
 from tests.adapter import workloads
 from tests.core.helpers import GUARD
 from tests.processes import exits
+from tests.waits import poll
 
 pytestmark = pytest.mark.skipif(not custody.supported(), reason="custody is Linux's")
 
@@ -158,14 +158,6 @@ def released(tmp_path: Path) -> Iterator[Callable[..., Released]]:
         each.cleanup()
 
 
-def until(predicate: Callable[[], bool], what: str) -> None:
-    """Wait for ``predicate`` (a file's content: nothing to be woken by), failing after the guard."""
-    deadline = time.monotonic() + GUARD
-    while not predicate():
-        assert time.monotonic() < deadline, f"not within {GUARD} s: {what}"
-        time.sleep(0.02)
-
-
 @pytest.mark.parametrize("mode", ["main", "forked"])
 def test_a_workload_released_before_it_took_custody_runs_on_for_its_successor(
     mode: str, released: Callable[..., Released]
@@ -179,7 +171,7 @@ def test_a_workload_released_before_it_took_custody_runs_on_for_its_successor(
         assert workload.scheduler.stdout.readline() == "not in custody: []\n"
     assert workload.scheduler.wait(GUARD) == 0
     workload.release.touch()  # only a task still running after its scheduler's exit can see it and end
-    until(workload.file(".exit").exists, "the workload's recorded exit code")
+    poll("the workload's recorded exit code", workload.file(".exit").exists, GUARD)
     assert json.loads(workload.file(".exit").read_text()) == {"status": 9}
     assert exits(workload.pid, GUARD)
 
@@ -191,7 +183,7 @@ def test_a_workload_that_crashes_after_its_handover_writes_its_traceback_to_its_
     workload.claim()
     assert workload.scheduler.wait(GUARD) == 0
     workload.release.touch()
-    until(workload.file(".exit").exists, "the workload's recorded exit code")
+    poll("the workload's recorded exit code", workload.file(".exit").exists, GUARD)
     assert json.loads(workload.file(".exit").read_text()) == {"status": entry.EXIT_CRASHED}
     records = [json.loads(line) for line in workload.task_log.read_text().splitlines()]
     assert {(r["level"], r["logger"]) for r in records} == {("error", "async_local_executor")}
