@@ -18,7 +18,7 @@ import pytest
 from airflow.models.taskinstancekey import TaskInstanceKey
 from airflow.utils.state import TaskInstanceState
 
-from async_local_executor.adapter import handover, validation
+from async_local_executor.adapter import intake, validation
 from async_local_executor.adapter.metrics import Metrics
 from tests.adapter import workloads
 from tests.adapter.driver import RecordingExecutor, Scheduler, final_events, queue
@@ -147,7 +147,7 @@ def test_writing_the_reason_to_the_task_log_never_raises(tmp_path: Path) -> None
     # During end() it runs on the scheduler's thread (the loop is gone): raising there would lose the
     # reason, and the task's final event with it, for an internal error.
     key = TaskInstanceKey("adapter_dag", "t", "manual__1", 1, -1)
-    handover.tell_the_task(str(tmp_path), "dag_id=adapter_dag/bad\0name.log", key, "why")
+    intake.tell_the_task(str(tmp_path), "dag_id=adapter_dag/bad\0name.log", key, "why")
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,7 @@
 Rule: a name Airflow moved or only one major has (the metrics client, the callback and connection-test
 keys, the executor's configuration, the execution API's URL and client timeout) is resolved here once,
 so no other module tests the version for it. How each major hands a workload over is
-:mod:`~async_local_executor.adapter.handover`; what the adapter reads and writes in the metadata database
+:mod:`~async_local_executor.adapter.intake`; what the adapter reads and writes in the metadata database
 is :mod:`~async_local_executor.adapter.metadata_db`.
 """
 

@@ -2,7 +2,7 @@
 
 :class:`AsyncLocalExecutor` is the only class Airflow loads. It owns what it keeps per workload
 (:mod:`~async_local_executor.adapter.submissions`), and composes the rest: what differs between Airflow
-majors in taking a workload in and telling its task (:mod:`~async_local_executor.adapter.handover`),
+majors in taking a workload in and telling its task (:mod:`~async_local_executor.adapter.intake`),
 the prefetch (:mod:`~async_local_executor.adapter.slots`), the health verdict and SIGUSR2's dump
 (:mod:`~async_local_executor.adapter.diagnostics`), the pacing of cleared task instances' exits
 (:mod:`~async_local_executor.adapter.cleared_exits`) and the metrics. Starting builds the core with
@@ -34,13 +34,13 @@ from airflow.executors.base_executor import BaseExecutor
 from airflow.models.taskinstancekey import TaskInstanceKey
 from airflow.utils.state import TaskInstanceState
 
-from async_local_executor.adapter import handover, scheduler_helpers, startup
+from async_local_executor.adapter import intake, scheduler_helpers, startup
 from async_local_executor.adapter.adoption import Adoption, Adoptions, TaskRecord, UnknownRecord, boot_clock
 from async_local_executor.adapter.cleared_exits import TI_GONE, ClearedExitGate
 from async_local_executor.adapter.compat import AIRFLOW_V3, client_timeout, execution_api_url, executor_conf
 from async_local_executor.adapter.config import SECTION, SHUTDOWN_MARGIN, ContainmentKind, ExecutorConfig
 from async_local_executor.adapter.diagnostics import Diagnostics, status_meta
-from async_local_executor.adapter.handover import Handed
+from async_local_executor.adapter.intake import Incoming
 from async_local_executor.adapter.metadata_db import (
     ExecutorScope,
     requeue_unreachable,
@@ -380,7 +380,7 @@ class AsyncLocalExecutor(BaseExecutor):
         """The command that runs one workload; it reads the workload (or Airflow 2 command) from stdin."""
         path0 = sys.path[0] if sys.path else None
         config = self._config
-        return handover.entry_argv(
+        return intake.entry_argv(
             os.getpid(),
             config.workload_cpu_priority,
             self._learn_dir,
@@ -526,7 +526,7 @@ class AsyncLocalExecutor(BaseExecutor):
 
     def _fork_target(self) -> str:
         """What a fork-server child runs: ``module:function`` taking ``(argv, stdin_bytes)``."""
-        return handover.fork_target()
+        return intake.fork_target()
 
     # Taking workloads in: Airflow 3's hook, then Airflow 2's (each major calls only its own).
 
@@ -538,13 +538,13 @@ class AsyncLocalExecutor(BaseExecutor):
         for workload in workload_items:
             # Each queue is typed by its own key kind; the key's kind already says which one holds it.
             key: Any = workload.key
-            handover.dequeue(key, self.queued_tasks, self.queued_callbacks, self.queued_connection_tests)
+            intake.dequeue(key, self.queued_tasks, self.queued_callbacks, self.queued_connection_tests)
             # Stock 3.3 never fills `running`, so parallelism limits nothing there; we do, so open_slots
             # is the truth and the scheduler stops handing us work once every slot is taken.
             self.running.add(key)
             label, log_path = describe(key), getattr(workload, "log_path", None)
             with self._last_resort(key, label, workload.failure_state, log_path):
-                handed = handover.from_workload(
+                incoming = intake.from_workload(
                     workload,
                     label,
                     log_path,
@@ -552,7 +552,7 @@ class AsyncLocalExecutor(BaseExecutor):
                     server=self._server,
                     prefix=self._title_prefix,
                 )
-                if (request := self._launch_request(handed)) is not None:
+                if (request := self._launch_request(incoming)) is not None:
                     requests.append(request)
         self._submit(requests)
 
@@ -578,7 +578,7 @@ class AsyncLocalExecutor(BaseExecutor):
         self.running.add(key)
         label = describe(key)
         with self._last_resort(key, label, TaskInstanceState.FAILED):
-            handed = handover.from_command(
+            incoming = intake.from_command(
                 key,
                 label,
                 command,
@@ -587,7 +587,7 @@ class AsyncLocalExecutor(BaseExecutor):
                 default_timeout=self._config.task_timeout,
                 prefix=self._title_prefix,
             )
-            return self._launch_request(handed)
+            return self._launch_request(incoming)
         return None  # the last resort failed it
 
     def cleanup_stuck_queued_tasks(self, tis: list[TaskInstance]) -> list[str]:
@@ -603,44 +603,44 @@ class AsyncLocalExecutor(BaseExecutor):
             readable.append(repr(ti))
         return readable
 
-    def _launch_request(self, handed: Handed) -> LaunchRequest | None:
-        """Accept a handed-over workload and say how it launches; None when it is invalid (it is then
+    def _launch_request(self, incoming: Incoming) -> LaunchRequest | None:
+        """Accept a workload Airflow incoming in and say how it launches; None when it is invalid (it is then
         failed, unlaunched, with why)."""
-        checked = self._checked(handed)
+        checked = self._checked(incoming)
         if checked is None:
             return None
-        ticket = Ticket(handed.key, next(self._serials))
+        ticket = Ticket(incoming.key, next(self._serials))
         self._records.pop(
-            handed.key, None
+            incoming.key, None
         )  # an earlier submission's, revoked: this one's launch makes its own
-        self._submissions[handed.key] = Submission(
+        self._submissions[incoming.key] = Submission(
             ticket,
-            handed.running,
-            handed.success,
-            handed.failure,
-            handed.label,
-            handed.log_path,
+            incoming.running,
+            incoming.success,
+            incoming.failure,
+            incoming.label,
+            incoming.log_path,
             self.clock.time(),
-            handed.ti_id,
+            incoming.ti_id,
             checked.timeout,
         )
         return LaunchRequest(
             key=ticket,
             argv=self._argv,
             stdin=checked.payload,
-            label=handed.label,
+            label=incoming.label,
             timeout=checked.timeout,
             group=checked.group,
             limits=checked.limits,
             source=checked.source,
         )
 
-    def _checked(self, handed: Handed) -> Checked | None:
+    def _checked(self, incoming: Incoming) -> Checked | None:
         """What the task launches with when its values are valid; else None, and the task failed,
         unlaunched, with the reason."""
-        checked = handed.checked
+        checked = incoming.checked
         if isinstance(checked, str):
-            self._not_launched(handed.key, handed.label, handed.failure, checked, handed.log_path)
+            self._not_launched(incoming.key, incoming.label, incoming.failure, checked, incoming.log_path)
             return None
         for name in checked.ignored:
             # Once each, as every task of a DAG may carry it; and only so many, as keys a DAG generates
@@ -652,7 +652,7 @@ class AsyncLocalExecutor(BaseExecutor):
                     "know: ignored (known: %s)",
                     SECTION,
                     name,
-                    handed.label,
+                    incoming.label,
                     ", ".join(KNOWN_KEYS),
                 )
         return checked
@@ -838,9 +838,7 @@ class AsyncLocalExecutor(BaseExecutor):
             or not (log_path or not AIRFLOW_V3)
         ):
             return
-        write = functools.partial(
-            handover.tell_the_task, self._task_log_folder, log_path, key, message, audit
-        )
+        write = functools.partial(intake.tell_the_task, self._task_log_folder, log_path, key, message, audit)
         runtime = self._runtime
         if runtime is not None and runtime.alive:
             runtime.run_blocking(write)  # file I/O: never on the scheduler's thread

@@ -1,10 +1,10 @@
-"""The Airflow 3 and Airflow 2 hand-over: what differs between the majors in taking a workload in, what
-runs it, and telling its task what happened.
+"""The intake of Airflow's workloads: what differs between the majors in taking a workload in, what runs
+it, and telling its task what happened.
 
 Airflow 3 hands the executor workload objects (tasks, callbacks, connection tests) out of three queues
 (``_process_workloads``), each run by :mod:`~async_local_executor.adapter.workload.airflow3`; Airflow 2
 hands it ``airflow tasks run ...`` command lists (``_process_tasks``, ``execute_async``), each run by
-:mod:`~async_local_executor.adapter.workload.airflow2`. Either becomes a :class:`Handed`, which the
+:mod:`~async_local_executor.adapter.workload.airflow2`. Either becomes an :class:`Incoming`, which the
 executor accepts, checks and launches the same way.
 
 Rule: nothing here holds executor state. These are plain functions of what the scheduler handed over;
@@ -38,8 +38,8 @@ ENTRY_MODULE = airflow3.__name__ if AIRFLOW_V3 else airflow2.__name__
 
 
 @dataclass(frozen=True)
-class Handed:
-    """One workload as the scheduler handed it over, in the terms both majors share.
+class Incoming:
+    """One workload as the scheduler handed it in, in the terms both majors share.
 
     :ivar log_path: the task's log file, relative to ``[logging] base_log_folder`` (Airflow 3 only)
     :ivar checked: what it launches with, or why it cannot (:mod:`~async_local_executor.adapter.validation`)
@@ -96,7 +96,7 @@ def from_workload(
     default_timeout: float,
     server: str,
     prefix: str,
-) -> Handed:
+) -> Incoming:
     """Airflow 3: a workload object, checked.
 
     :param server: where its task process reaches the execution API
@@ -112,7 +112,7 @@ def from_workload(
     )
     ti = getattr(workload, "ti", None)
     ti_id = getattr(ti, "id", None)
-    return Handed(
+    return Incoming(
         key,
         label,
         workload.running_state,
@@ -133,12 +133,12 @@ def from_command(
     *,
     default_timeout: float,
     prefix: str,
-) -> Handed:
+) -> Incoming:
     """Airflow 2: an ``airflow tasks run`` command, checked. Its task has no running state to report."""
     checked = validation.airflow2(
         command, queue, executor_config, default_timeout=default_timeout, title=f"{prefix} {label}"
     )
-    return Handed(key, label, None, TaskInstanceState.SUCCESS, TaskInstanceState.FAILED, None, checked)
+    return Incoming(key, label, None, TaskInstanceState.SUCCESS, TaskInstanceState.FAILED, None, checked)
 
 
 def tell_the_task(folder: str, relative: str | None, key: Any, message: str, audit: str = "") -> None:
