@@ -311,12 +311,6 @@ class LaunchJournal:
                     self.path.unlink()
             os.close(fd)
 
-    @property
-    def handed_over_pids(self) -> frozenset[int]:
-        """The open launches handed over (:meth:`handed_over`), which :meth:`close` leaves the journal for."""
-        with self._lock:
-            return frozenset(self._handovers)
-
     def _append(self, line: bytes) -> None:
         if self._fd is None or self._broken:
             return
