@@ -657,8 +657,10 @@ Scenarios:
   timeout. Loop stalls are gaps in the scheduler job's `latest_heartbeat` (polled from the database
   at 2 Hz); a scheduler that has not heartbeated for `stall_abort` seconds (120 s at full size) is
   reported as `stalled` and the run abandoned (upstream reports the stock executor freezing for good
-  here, blocked writing to its activity pipe). Runs on PostgreSQL unless `--database` says otherwise;
-  on Airflow 2 the clears call Airflow's own `clear_task_instances`.
+  here, blocked writing to its activity pipe); a run still going at the timeout is reported as
+  `timeout`. Either way the record's notes name the task instances left unfinished (map index, state,
+  try). Runs on PostgreSQL unless `--database` says otherwise; on Airflow 2 the clears call Airflow's
+  own `clear_task_instances`.
 - **dispatch**: no deployment; a driver process builds the executor, queues K real `ExecuteTask`
   workloads and calls `heartbeat()` + `get_event_buffer()` in a loop, like the scheduler. The execution
   API address accepts connections and never answers, so every started workload blocks, as long tasks
