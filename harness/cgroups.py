@@ -20,7 +20,7 @@ from uuid import uuid4
 from async_local_executor.core import custody
 from async_local_executor.core.cgroups import cgroup2_mount
 from async_local_executor.core.cgroups.discovery import directory_of, mount_root, own_cgroups, v1_mounts
-from async_local_executor.core.cgroups.names import PREFIX
+from async_local_executor.core.cgroups.names import instance_of
 from async_local_executor.ops.instance_cgroups import owner_lives
 
 ROOT_ENV = "AIRFLOW__ASYNC_LOCAL_EXECUTOR__CGROUP_ROOT"
@@ -62,9 +62,10 @@ def remove(root: str) -> None:
         parent = directory_of(point, mount_root(point), own[controller])
         with contextlib.suppress(OSError):
             for directory in parent.iterdir():
+                instance = instance_of(directory.name)
                 if (
-                    directory.name.startswith(PREFIX)
-                    and not owner_lives(directory.name[len(PREFIX) :])
+                    instance is not None
+                    and not owner_lives(instance)
                     and not any(custody.watched(pid) for pid in _members(directory))
                 ):
                     _remove_tree(directory)

@@ -604,7 +604,7 @@ class AsyncLocalExecutor(BaseExecutor):
         return readable
 
     def _launch_request(self, incoming: Incoming) -> LaunchRequest | None:
-        """Accept a workload Airflow incoming in and say how it launches; None when it is invalid (it is then
+        """Accept a workload Airflow handed in and say how it launches; None when it is invalid (it is then
         failed, unlaunched, with why)."""
         checked = self._checked(incoming)
         if checked is None:
