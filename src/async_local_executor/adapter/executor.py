@@ -1006,19 +1006,7 @@ class AsyncLocalExecutor(BaseExecutor):
                 recorded,
                 config.handover_timeout,
             )
-        writer, self._status = self._status, None
-        if writer is not None:
-            writer.remove()
-        launches, self._journal = self._journal, None
-        if launches is not None:
-            if recorded or runtime.alive or runtime.failure is not None:
-                # Unlocked, not removed: the next executor's reclaim finds what was handed over in it.
-                launches.hand_on()
-            else:
-                launches.close()
-        containment, self._containment = self._containment, None
-        if containment is not None:
-            containment.close()  # populated cgroups (the handed-over workloads') stay
+        self._close(runtime, handed_over=recorded)
 
     def _record(self, handovers: Sequence[LetGo]) -> int:
         """Journal each handed-over workload and mark it handed over in its custody file."""
@@ -1060,13 +1048,26 @@ class AsyncLocalExecutor(BaseExecutor):
         self._runtime = None
         self._stopped = True
         self.sync()
-        launches, self._journal = self._journal, None
+        self._close(runtime, handed_over=None)
+
+    def _close(self, runtime: Runtime, *, handed_over: int | None) -> None:
+        """Let go of what a stopped executor kept on disk: its status file, its journal, its cgroups.
+
+        :param handed_over: how many workloads a handover stop journalled; None for a shutdown
+        """
         writer, self._status = self._status, None
         if writer is not None:
             writer.remove()
-        if launches is not None and not runtime.alive and runtime.failure is None:
-            # Every workload has its final event and its process is gone: nothing left to reclaim.
-            launches.close()
+        left = runtime.alive or runtime.failure is not None
+        launches, self._journal = self._journal, None
+        if launches is not None:
+            if not left and not handed_over:
+                launches.close()  # every workload has its final event and its process is gone
+            elif handed_over is not None:
+                launches.hand_on()  # unlocked, not removed: the next executor's reclaim finds what is in it
+            # else a shutdown whose loop did not stop cleanly: locked until this process exits, then reclaimed
         containment, self._containment = self._containment, None
         if containment is not None:
-            containment.close()  # what is still populated (kill_leftover_processes off) stays for a reclaim
+            # The populated ones (the handed-over workloads', what kill_leftover_processes = False left) stay
+            # for their adopter or a reclaim.
+            containment.close()
