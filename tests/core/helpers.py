@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
+import logging
 import sys
 import threading
 from collections.abc import Callable, Hashable, Iterator
@@ -187,3 +189,30 @@ async def until_dead(pid: int) -> None:
     with anyio.fail_after(GUARD):
         while not is_dead(pid):  # noqa: ASYNC110 - a process's death has no event to await here
             await anyio.sleep(0.01)
+
+
+class Said(logging.Handler):
+    """Wakes the test's loop on each log line of the logger it is added to (the line must be emitted on
+    that loop's thread, as the supervisor's and the launchers' are)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+        self.changed = anyio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+        self.changed.set()
+        self.changed = anyio.Event()
+
+    async def until(self, part: str) -> str:
+        """The last line logged that holds ``part``, once there is one."""
+        with anyio.fail_after(GUARD):
+            while not (found := [m for m in self.messages if part in m]):
+                await self.changed.wait()
+        return found[-1]
+
+
+def say(**fields: object) -> None:
+    """One JSON line on stdout: a driver process's report to the test that runs it."""
+    print(json.dumps(fields), flush=True)

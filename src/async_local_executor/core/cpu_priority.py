@@ -11,9 +11,10 @@ An unprivileged process may enter ``SCHED_IDLE`` but leave it only within its ``
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 AUTO = "auto"
 IDLE = "idle"
@@ -111,8 +112,8 @@ def lower(pid: int) -> None:
     os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
 
 
-def idle(pids: Iterable[int]) -> bool:
-    """Whether any thread of ``pids`` is in ``SCHED_IDLE`` (a process gone meanwhile has none)."""
+def _idle_threads(pids: Iterable[int]) -> Iterator[int]:
+    """Each thread of ``pids`` in ``SCHED_IDLE`` now (a process or thread gone meanwhile has none)."""
     for pid in pids:
         try:
             threads = os.listdir(f"/proc/{pid}/task")
@@ -121,10 +122,14 @@ def idle(pids: Iterable[int]) -> bool:
         for tid in map(int, threads):
             try:
                 if os.sched_getscheduler(tid) == os.SCHED_IDLE:
-                    return True
+                    yield tid
             except ProcessLookupError:
                 continue
-    return False
+
+
+def idle(pids: Iterable[int]) -> bool:
+    """Whether any thread of ``pids`` is in ``SCHED_IDLE``."""
+    return next(_idle_threads(pids), None) is not None
 
 
 def restore(pids: Iterable[int]) -> int:
@@ -137,18 +142,10 @@ def restore(pids: Iterable[int]) -> int:
     restored = 0
     for _ in range(_RESTORE_PASSES):
         changed = 0
-        for pid in pids:
-            try:
-                threads = os.listdir(f"/proc/{pid}/task")
-            except OSError:
-                continue  # exited
-            for tid in map(int, threads):
-                try:
-                    if os.sched_getscheduler(tid) == os.SCHED_IDLE:
-                        os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
-                        changed += 1
-                except ProcessLookupError:
-                    continue
+        for tid in _idle_threads(pids):
+            with contextlib.suppress(ProcessLookupError):  # the thread exited in between
+                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+                changed += 1
         restored += changed
         if not changed:
             break

@@ -13,7 +13,6 @@ Each step prints one JSON line.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import resource
@@ -28,35 +27,11 @@ from async_local_executor.core.launchers.base import LaunchRequest
 from async_local_executor.core.launchers.forkserver.launcher import ForkServerLauncher
 from async_local_executor.core.launchers.subprocess import SubprocessLauncher
 from async_local_executor.core.supervisor import Supervisor
-from tests.core.helpers import GUARD, Recorder, payload_py
+from tests.core.helpers import Recorder, Said, payload_py, say
+from tests.core.supervising import TARGET
 
-TARGET = "tests.core.launchers.forkserver.targets:python_c"
 BLOCKER = payload_py("import time; print('blocking', flush=True); time.sleep(600)")
 LIMIT = payload_py("import resource; print('nofile', *resource.getrlimit(resource.RLIMIT_NOFILE))")
-
-
-class Said(logging.Handler):
-    """Wakes the test's loop on each admission log line (emitted on that loop's thread)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.messages: list[str] = []
-        self.changed = anyio.Event()
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-        self.changed.set()
-        self.changed = anyio.Event()
-
-    async def until(self, part: str) -> str:
-        with anyio.fail_after(GUARD):
-            while not (found := [m for m in self.messages if part in m]):
-                await self.changed.wait()
-        return found[-1]
-
-
-def say(**fields: object) -> None:
-    print(json.dumps(fields), flush=True)
 
 
 def launcher(kind: str, recorder: Recorder) -> ForkServerLauncher | SubprocessLauncher:

@@ -40,9 +40,9 @@ from async_local_executor.core.supervisor import Supervisor
 from tests.core.cgroups import helpers as cgroup_helpers
 from tests.core.cgroups.helpers import Scratch
 from tests.core.fakes import FakeLauncher
-from tests.core.helpers import GUARD, FakeClock, Recorder
-from tests.core.launchers.descriptor_driver import BLOCKER, LIMIT, TARGET, Said
-from tests.core.supervising import request, serving
+from tests.core.helpers import GUARD, FakeClock, Recorder, Said
+from tests.core.launchers.descriptor_driver import BLOCKER, LIMIT
+from tests.core.supervising import TARGET, request, serving
 
 ROOT = Path(__file__).resolve().parents[3]
 

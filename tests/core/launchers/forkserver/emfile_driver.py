@@ -8,7 +8,6 @@ step prints one JSON line.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import resource
@@ -20,36 +19,12 @@ from async_local_executor.core.launchers.base import LaunchRequest
 from async_local_executor.core.launchers.forkserver.launcher import ForkServerLauncher
 from async_local_executor.core.launchers.subprocess import SubprocessLauncher
 from async_local_executor.core.supervisor import Supervisor
-from tests.core.helpers import GUARD, Recorder, py
+from tests.core.helpers import GUARD, Recorder, Said, py, say
+from tests.core.supervising import TARGET
 
-TARGET = "tests.core.launchers.forkserver.targets:python_c"
 FORKED = py(
     "import sys; print('forked' if 'tests.core.launchers.forkserver.targets' in sys.modules else 'fresh')"
 )
-
-
-class Said(logging.Handler):
-    """Wakes the test's loop on each fork-server log line (they are emitted on that loop's thread)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.messages: list[str] = []
-        self.changed = anyio.Event()
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-        self.changed.set()
-        self.changed = anyio.Event()
-
-    async def until(self, part: str) -> str:
-        with anyio.fail_after(GUARD):
-            while not (found := [m for m in self.messages if part in m]):
-                await self.changed.wait()
-        return found[-1]
-
-
-def say(**fields: object) -> None:
-    print(json.dumps(fields), flush=True)
 
 
 async def main() -> None:
