@@ -114,19 +114,25 @@ def _cpu_share(pid: int) -> tuple[Path, str]:
     return directory, (directory / "cpu.weight").read_text().strip()
 
 
+def _weighing(box: Scratch) -> tuple[Containment, bool, Path, str]:
+    """The box's containment, skipping where workload cgroups cannot weigh CPU; whether the cpu controller
+    is cgroup v1's; and this process's cpu cgroup with its CPU share (where a workload's is back to)."""
+    containment: Containment = box.open()
+    if not containment.weighs_cpu:
+        pytest.skip(f"no cpu controller for workload cgroups here: {containment.describe()}")
+    home, default = _cpu_share(os.getpid())
+    return containment, containment.controllers["cpu"] != "cgroup2", home, default
+
+
 @pytest.mark.skipif(bool(cgroup_helpers.unusable()), reason=cgroup_helpers.unusable())
 async def test_a_crowded_start_gets_its_cgroup_cpu_weight_back_when_the_crowd_ends(
     box: Scratch, kind: str
 ) -> None:
     recorder = Recorder()
-    containment: Containment = box.open()
-    if not containment.weighs_cpu:
-        pytest.skip(f"no cpu controller for workload cgroups here: {containment.describe()}")
+    containment, v1, home, default = _weighing(box)
     choice = crowd.choose(containment.weighs_cpu)
     assert choice.how is How.CGROUP
     launcher = CrowdLauncher(ContainedLauncher(make_launcher(kind, recorder), containment), choice, crowd=2)
-    v1 = containment.controllers["cpu"] != "cgroup2"
-    home, default = _cpu_share(os.getpid())
 
     def lowered(workload: int, grandchild: int, holders: list[int]) -> None:
         where, weight = _cpu_share(workload)
@@ -333,13 +339,9 @@ async def test_a_crowded_contained_workload_handed_over_gets_its_cgroup_cpu_weig
     box: Scratch, kind: str
 ) -> None:
     recorder = Recorder()
-    containment: Containment = box.open()
-    if not containment.weighs_cpu:
-        pytest.skip(f"no cpu controller for workload cgroups here: {containment.describe()}")
+    containment, v1, home, default = _weighing(box)
     choice = crowd.choose(containment.weighs_cpu)
     launcher = CrowdLauncher(ContainedLauncher(make_launcher(kind, recorder), containment), choice, crowd=1)
-    v1 = containment.controllers["cpu"] != "cgroup2"
-    home, default = _cpu_share(os.getpid())
 
     def lowered(crowded: list[int]) -> None:
         assert {_cpu_share(pid)[1] for pid in crowded} == {"2" if v1 else "1"}
@@ -530,11 +532,7 @@ async def test_adopted_workloads_count_in_the_crowd_a_start_is_measured_against(
 async def test_one_whose_cgroup_arrives_weighed_down_gets_its_cpu_weight_back_when_taken(
     box: Scratch, predecessor: Predecessor
 ) -> None:
-    containment: Containment = box.open()
-    if not containment.weighs_cpu:
-        pytest.skip(f"no cpu controller for workload cgroups here: {containment.describe()}")
-    v1 = containment.controllers["cpu"] != "cgroup2"
-    home, default = _cpu_share(os.getpid())
+    containment, v1, home, default = _weighing(box)
     cgroup = containment.create("w1", low_cpu=True)  # as a predecessor's crowd made it
     assert cgroup is not None
     running = predecessor.start(cgroup=cgroup)
