@@ -67,7 +67,16 @@ from async_local_executor.core.proc_identity import start_ticks
 from harness.airflow2 import Airflow2Sandbox
 from tests.core.helpers import alive
 from tests.e2e.dags.chaos_adoption import BASE_ENV, INJECTED, ONCE_ENV
-from tests.e2e.helpers import bystander_at_recorded_pid, cmdline, first_tries, marks, poll, since, task_pid
+from tests.e2e.helpers import (
+    bystander_at_recorded_pid,
+    cmdline,
+    final_events,
+    first_tries,
+    marks,
+    poll,
+    since,
+    task_pid,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -161,21 +170,6 @@ def _last_scheduler_job(sandbox: Airflow2Sandbox) -> int:
     return int(sandbox.query("SELECT max(id) FROM job WHERE job_type = 'SchedulerJob'")[0][0])
 
 
-def _final_events(log: str, dag_id: str = DAG_ID) -> list[tuple[str, int, int]]:
-    """The scheduler's executor events for a DAG's task instances that say how a try ended: (state, map
-    index, try)."""
-    events = re.findall(
-        rf"Received executor event with state (\w+) for task instance TaskInstanceKey\(dag_id='{dag_id}'"
-        r".*?try_number=(\d+), map_index=(-?\d+)\)",
-        log,
-    )
-    return [
-        (state, int(index), int(attempt))
-        for state, attempt, index in events
-        if state not in ("queued", "running")
-    ]
-
-
 def _finish_after_adoption(
     sandbox: Airflow2Sandbox, tmp_path: Path, run_id: str, launched: list[int], before: list[Row]
 ) -> None:
@@ -206,9 +200,15 @@ def _finish_after_adoption(
     assert [m.split(".")[1] for m in marks(tmp_path, ".start")] == ["try1"] * TASKS
     # One final event per task instance, from the scheduler that adopted it. The run's state comes from
     # the task instances' own, so the events may still be on their way.
-    poll("both final events", lambda: len(_final_events(log.read_text(errors="replace"))) >= TASKS, guard=60)
+    poll(
+        "both final events",
+        lambda: len(final_events(log.read_text(errors="replace"), DAG_ID)) >= TASKS,
+        guard=60,
+    )
     text = log.read_text(errors="replace")
-    assert sorted(_final_events(text)) == [("success", i, 1) for i in range(TASKS)], _final_events(text)
+    assert sorted(final_events(text, DAG_ID)) == [("success", i, 1) for i in range(TASKS)], final_events(
+        text, DAG_ID
+    )
     assert "Detected zombie job" not in text
     assert "Reset the following" not in text
     # Each LocalTaskJob ran to its own end (it had, before its workload exited).
@@ -379,9 +379,11 @@ def _rerun_after_reset(
     assert marks(tmp_path, ".start") == [first, again, kept]
     assert marks(tmp_path, ".end") == [again, kept]
     # One final event per try that ended here: none for hold0's first, which nobody held.
-    poll("both final events", lambda: len(_final_events(since(sandbox, offset))) >= TASKS, guard=60)
+    poll("both final events", lambda: len(final_events(since(sandbox, offset), DAG_ID)) >= TASKS, guard=60)
     text = since(sandbox, offset)
-    assert sorted(_final_events(text)) == [("success", 0, 2), ("success", 1, 1)], _final_events(text)
+    assert sorted(final_events(text, DAG_ID)) == [("success", 0, 2), ("success", 1, 1)], final_events(
+        text, DAG_ID
+    )
     assert "Detected zombie job" not in text
     poll("every process of every execution to end", lambda: not any(alive(pid) for pid in launched), guard=60)
 
@@ -511,7 +513,7 @@ def test_an_adopted_task_times_out_when_what_was_left_of_its_limit_runs_out(
     assert sorted(p.name for p in tmp_path.glob("overrun*")) == [mark.name]
     # On Airflow 2 the task process fails its task instance itself (SIGTERM: AirflowTaskTerminated), and
     # the run ends with it; the workload's exit, and the executor's event, come after.
-    poll("its final event", lambda: _final_events(since(sandbox, offset), OVERRUN_DAG_ID) != [], guard=60)
+    poll("its final event", lambda: final_events(since(sandbox, offset), OVERRUN_DAG_ID) != [], guard=60)
     text = since(sandbox, offset)
     found = re.search(r"overrun try 1 ran longer than its ([0-9.e+-]+)s timeout; terminating it", text)
     assert found is not None, text
@@ -519,7 +521,7 @@ def test_an_adopted_task_times_out_when_what_was_left_of_its_limit_runs_out(
     assert float(found[1]) < OVERRUN_TIMEOUT - (restarted - launched_by), found[0]
     assert f"workload {OVERRUN_DAG_ID}.overrun try 1 failed: timed out after {found[1]}s" in text, text
     # Its end is reported once, by the scheduler that adopted it.
-    assert _final_events(text, OVERRUN_DAG_ID) == [("failed", -1, 1)], _final_events(text, OVERRUN_DAG_ID)
+    assert final_events(text, OVERRUN_DAG_ID) == [("failed", -1, 1)], final_events(text, OVERRUN_DAG_ID)
 
 
 TWICE_TIMEOUT = 150.0  # the executor's run-time limit per task, for a task adopted twice
@@ -557,10 +559,10 @@ def test_a_task_adopted_twice_after_its_adopter_crashed_finishes_inside_the_limi
     )
     rows = sandbox.task_instances(OVERRUN_DAG_ID, run_id)
     assert [(r.state, r.try_number) for r in rows] == [("success", 1)], rows
-    poll("its final event", lambda: _final_events(since(sandbox, offset), OVERRUN_DAG_ID) != [], guard=60)
+    poll("its final event", lambda: final_events(since(sandbox, offset), OVERRUN_DAG_ID) != [], guard=60)
     text = since(sandbox, offset)
     assert "timeout; terminating it" not in text
-    assert _final_events(text, OVERRUN_DAG_ID) == [("success", -1, 1)], _final_events(text, OVERRUN_DAG_ID)
+    assert final_events(text, OVERRUN_DAG_ID) == [("success", -1, 1)], final_events(text, OVERRUN_DAG_ID)
     # One execution, which reached its end; nothing ran again.
     ended = mark.name.replace(".start", ".end")
     assert sorted(p.name for p in tmp_path.glob("overrun*")) == sorted([mark.name, ended])

@@ -354,3 +354,18 @@ def kill_and_restart(sandbox: AirflowSandbox, folder: Path, run_id: str, escaped
     assert sandbox.run_state("escapers", run_id) == "success", rows
     assert {task: pid for task, pid in escaped.items() if alive(pid)} == {}
     return sandbox.process_logs["scheduler"].read_text(errors="replace")
+
+
+def final_events(log: str, dag_id: str) -> list[tuple[str, int, int]]:
+    """The scheduler's executor events for a DAG's task instances that say how a try ended: (state, map
+    index, try)."""
+    events = re.findall(
+        rf"Received executor event with state (\w+) for task instance TaskInstanceKey\(dag_id='{dag_id}'"
+        r".*?try_number=(\d+), map_index=(-?\d+)\)",
+        log,
+    )
+    return [
+        (state, int(index), int(attempt))
+        for state, attempt, index in events
+        if state not in ("queued", "running")
+    ]

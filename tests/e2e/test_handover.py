@@ -32,6 +32,7 @@ from tests.e2e.helpers import (
     QUICK_ORPHANS,
     bystander_at_recorded_pid,
     cmdline,
+    final_events,
     first_tries,
     marks,
     poll,
@@ -370,21 +371,6 @@ ADOPTED = re.compile(r"adopted (\d+) task instance\(s\)")
 OFFER_GUARD = 180.0  # the restart to Airflow's retried offer: the scheduler's start and its first loop
 
 
-def _final_events(log: str, dag_id: str) -> list[tuple[str, int, int]]:
-    """The scheduler's executor events for a DAG's task instances that say how a try ended: (state, map
-    index, try)."""
-    events = re.findall(
-        rf"Received executor event with state (\w+) for task instance TaskInstanceKey\(dag_id='{dag_id}'"
-        r".*?try_number=(\d+), map_index=(-?\d+)\)",
-        log,
-    )
-    return [
-        (state, int(index), int(attempt))
-        for state, attempt, index in events
-        if state not in ("queued", "running")
-    ]
-
-
 def _queued_by(sandbox: AirflowSandbox, run_id: str) -> list[int | None]:
     """The scheduler job each of the run's task instances names, by map index."""
     rows = sandbox.query(
@@ -448,9 +434,9 @@ def test_a_retried_adoption_gets_the_same_answer(sandbox: AirflowSandbox, tmp_pa
     # Each end is reported once, by the scheduler that adopted it; the run's state comes from the task
     # instances' own, so the events may still be on their way.
     poll(
-        "both final events", lambda: len(_final_events(since(sandbox, offset), "handover")) >= TASKS, guard=60
+        "both final events", lambda: len(final_events(since(sandbox, offset), "handover")) >= TASKS, guard=60
     )
     text = since(sandbox, offset)
-    events = _final_events(text, "handover")
+    events = final_events(text, "handover")
     assert sorted(events) == [("success", i, 1) for i in range(TASKS)], events
     assert "Reset the following" not in text, text
