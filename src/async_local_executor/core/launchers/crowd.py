@@ -150,11 +150,17 @@ class CrowdLauncher(Wrapper):
         crowded = self._crowded()
         self._running += 1
         serial = self._serials = self._serials + 1
-        # Shielded: once counted, it must be watched, or the count would never come down again.
-        with anyio.CancelScope(shield=True):
-            kept = await anyio.to_thread.run_sync(_taken_over, child.pid, cgroup_dir, crowded)
-        if kept is not None:
-            await self._lower(serial, kept)
+        try:
+            # Shielded: once counted, it must be watched, or the count would never come down again.
+            with anyio.CancelScope(shield=True):
+                kept = await anyio.to_thread.run_sync(_taken_over, child.pid, cgroup_dir, crowded)
+            if kept is not None:
+                await self._lower(serial, kept)
+        except BaseException:
+            # Not watched then (the supervisor takes the child as it is): uncounted, or every start after
+            # it would be judged in a crowd one too large.
+            self._running -= 1
+            raise
         return self._watched(child, serial)
 
     async def _lower(self, serial: int, lowered: _Lowered) -> None:
