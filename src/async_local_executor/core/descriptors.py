@@ -15,7 +15,6 @@ on a descriptor numbered 1024 or more, and what a task inherits must not depend 
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import resource
@@ -23,10 +22,8 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Final
 
-from async_local_executor.core.errors import DescriptorsFull, LaunchError
 from async_local_executor.core.launchers.base import Child, Launcher, LaunchRequest, Wrapper
 
-FULL: Final[frozenset[int]] = frozenset({errno.EMFILE, errno.ENFILE})
 # What one running workload holds in its supervisor's process on either launch path (its output pipe's
 # read end and its pidfd), plus one for the descriptors a launch holds while it starts one (measured:
 # docs/operations.md, Descriptors).
@@ -64,17 +61,6 @@ def running_changed(delta: int) -> None:
 def running() -> int:
     """Workloads with a process in this process, whichever supervisor's: their ends free descriptors."""
     return _Running.count
-
-
-def is_full(exc: BaseException) -> bool:
-    """Whether ``exc`` says a descriptor table (the process's, or the system's) is full."""
-    return isinstance(exc, OSError) and exc.errno in FULL
-
-
-def launch_error(what: str, exc: OSError) -> LaunchError:
-    """The error of a launch that could not ``what``: :class:`DescriptorsFull` when the table was full."""
-    message = f"{what}: {exc.strerror or exc}"
-    return DescriptorsFull(message) if is_full(exc) else LaunchError(message)
 
 
 def open_count() -> int:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import errno
+from typing import Final
+
 
 class AsyncLocalExecutorError(Exception):
     """Base class for every error this package raises on purpose."""
@@ -30,3 +33,18 @@ class RuntimeNotRunning(AsyncLocalExecutorError):
 
 class Released(AsyncLocalExecutorError):
     """The child was handed over alive: it runs on, no longer supervised here, and has no exit status for us."""
+
+
+# A descriptor table full: the process's own (EMFILE) or the system's (ENFILE).
+FULL: Final[frozenset[int]] = frozenset({errno.EMFILE, errno.ENFILE})
+
+
+def is_full(exc: BaseException) -> bool:
+    """Whether ``exc`` says a descriptor table (the process's, or the system's) is full."""
+    return isinstance(exc, OSError) and exc.errno in FULL
+
+
+def launch_error(what: str, exc: OSError) -> LaunchError:
+    """The error of a launch that could not ``what``: :class:`DescriptorsFull` when the table was full."""
+    message = f"{what}: {exc.strerror or exc}"
+    return DescriptorsFull(message) if is_full(exc) else LaunchError(message)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -12,7 +11,7 @@ from typing_extensions import Self
 
 from async_local_executor.core.cgroups.group import WorkloadCgroup
 from async_local_executor.core.cgroups.limits import Limits
-from async_local_executor.core.errors import DescriptorsFull, LaunchError
+from async_local_executor.core.errors import DescriptorsFull, LaunchError, is_full
 from async_local_executor.core.outcome import Cleanup
 
 OutputSink = Callable[[Hashable, str], None]
@@ -206,6 +205,6 @@ async def prepare(request: LaunchRequest, pid: int) -> None:
     except DescriptorsFull:
         raise
     except Exception as exc:
-        if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):  # waits for room
+        if is_full(exc):  # waits for room
             raise DescriptorsFull(f"cannot prepare the workload process: {exc}") from exc
         raise LaunchError(f"cannot prepare the workload process: {exc}") from exc

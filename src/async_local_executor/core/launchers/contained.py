@@ -27,8 +27,7 @@ from async_local_executor.core.cgroups import (
     WorkloadCgroup,
     names,
 )
-from async_local_executor.core.descriptors import is_full, launch_error
-from async_local_executor.core.errors import LaunchError
+from async_local_executor.core.errors import LaunchError, is_full, launch_error
 from async_local_executor.core.launchers.base import Child, Launcher, LaunchRequest, Wrapper
 from async_local_executor.core.outcome import Cleanup
 

@@ -26,8 +26,7 @@ import anyio.to_thread
 from typing_extensions import Self
 
 from async_local_executor.core.clock import SYSTEM, Clock
-from async_local_executor.core.descriptors import is_full, launch_error
-from async_local_executor.core.errors import DescriptorsFull, LaunchError
+from async_local_executor.core.errors import DescriptorsFull, LaunchError, is_full, launch_error
 from async_local_executor.core.launchers.base import LauncherReport, LaunchRequest, OutputSink, prepare
 from async_local_executor.core.launchers.output import LineSplitter, discard, drain_after_exit, drain_stream
 from async_local_executor.core.launchers.pidfd_child import PidfdChild, pidfds_work

@@ -15,7 +15,7 @@ import anyio
 import anyio.to_thread
 
 from async_local_executor.core.clock import SYSTEM, Clock
-from async_local_executor.core.descriptors import launch_error
+from async_local_executor.core.errors import launch_error
 from async_local_executor.core.launchers.base import LaunchRequest, OutputSink, prepare
 from async_local_executor.core.launchers.forkserver.protocol import GO
 from async_local_executor.core.launchers.pidfd_child import PidfdChild

@@ -31,8 +31,7 @@ import anyio.abc
 import psutil
 
 from async_local_executor.core.clock import SYSTEM, Clock
-from async_local_executor.core.descriptors import launch_error
-from async_local_executor.core.errors import DescriptorsFull, LaunchError
+from async_local_executor.core.errors import DescriptorsFull, LaunchError, launch_error
 from async_local_executor.core.launchers.base import HELPER_KEY, LaunchRequest, OutputSink
 from async_local_executor.core.launchers.forkserver import LOGGER, protocol
 from async_local_executor.core.launchers.forkserver.channel import Channel, ChannelClosed
