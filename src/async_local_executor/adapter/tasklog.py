@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from async_local_executor.core.files import write_all
+
 log = logging.getLogger(__name__)
 
 
@@ -64,13 +66,12 @@ def append_lines(
             for message in messages
         ]
     path = where.path
-    data = memoryview("".join(f"{line}\n" for line in lines).encode("utf-8", "replace"))
+    data = "".join(f"{line}\n" for line in lines).encode("utf-8", "replace")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
         try:
-            while data:
-                data = data[os.write(fd, data) :]
+            write_all(fd, data)
         finally:
             os.close(fd)
     except OSError as exc:
