@@ -126,6 +126,20 @@ def test_a_live_journal_s_companions_are_left_alone(tmp_path: Path, spawned: lis
         journal.close()
 
 
+def test_a_handed_on_journal_s_companions_are_left_while_its_scheduler_still_runs(
+    tmp_path: Path, spawned: list[int]
+) -> None:
+    # A stop hands its journal on (unlocked) before its process exits: a reclaim meanwhile (a second
+    # scheduler's) takes the journal, but the helpers are still the running scheduler's to stop.
+    helper, start = _sleeper(spawned)
+    journal = _live_journal(tmp_path, helper.pid, start)
+    journal.hand_on()
+
+    reclaim(tmp_path)
+
+    assert not exits(helper.pid, guard=0.2)
+
+
 def test_a_companion_s_descendants_are_killed_with_it(tmp_path: Path, spawned: list[int]) -> None:
     # A log server with workers of its own (Airflow 2's gunicorn): they hold its port too.
     master = subprocess.Popen([sys.executable, "-c", MASTER], stdout=subprocess.PIPE)

@@ -44,6 +44,7 @@ from async_local_executor.ops.journal_file import (
     HANDOVER_TIMEOUT_KEY,
     INSTANCE_ENV,
     OWNER_KEY,
+    OWNER_START_KEY,
     START_KEY,
     SUFFIX,
     Companion,
@@ -141,6 +142,7 @@ class LaunchJournal:
                 "owner": owner,
                 OWNER_KEY: owner_key,
                 "pid": os.getpid(),
+                OWNER_START_KEY: start_ticks(os.getpid()),
                 "opened": time.time(),
                 COMPANIONS_KEY: [companion.encode() for companion in companions],
             }

@@ -63,6 +63,9 @@ HANDOVER_TIMEOUT_KEY = "handover_timeout"
 OWNER_KEY = "owner_key"
 # In the header: the owner's helper processes that must not outlive it, each {"pid", START_KEY, "what"}.
 COMPANIONS_KEY = "companions"
+# The header's owner process's start ticks, beside its "pid": a journal handed on is unlocked while its
+# scheduler still runs, and that one's helpers are its own to stop until it has exited.
+OWNER_START_KEY = "pid_start_ticks"
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,7 @@ from async_local_executor.ops.journal_file import (
     CREATING,
     INSTANCE_ENV,
     OWNER_KEY,
+    OWNER_START_KEY,
     SUFFIX,
     Companion,
     Handovers,
@@ -214,8 +215,11 @@ def _reclaim_in(
                 # Its own name, not what it says inside: the mark of no other instance's processes.
                 instance = name.removesuffix(SUFFIX)
                 owner = str(header.get("owner", "?"))
-                # Whoever's journal it is: they are its owner's, which every executor in it shared.
-                _stop_companions(header.get(COMPANIONS_KEY), owner, instance, stopped)
+                # Whoever's journal it is: they are its owner's, which every executor in it shared. Not while
+                # that owner runs (a stop hands its journal on before its process exits): its own to stop.
+                pid, start = header.get("pid"), header.get(OWNER_START_KEY)
+                if not (type(pid) is int and type(start) is int and runs_as(pid, start)):
+                    _stop_companions(header.get(COMPANIONS_KEY), owner, instance, stopped)
                 journal = _Dead(name, instance, owner, records, seen, handovers)
                 theirs = header.get(OWNER_KEY)
                 if theirs is not None and theirs != owner_key and _any_holdable(journal):
