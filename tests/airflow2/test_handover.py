@@ -75,6 +75,7 @@ from tests.e2e.helpers import (
     marks,
     poll,
     since,
+    stop_scheduler,
     task_pid,
 )
 
@@ -265,14 +266,10 @@ def test_a_stopped_scheduler_hands_its_running_tasks_to_the_next_which_adopts_th
     sandbox = make()
     run_id, launched = _running(sandbox, tmp_path)
     before = _rows(sandbox, run_id)
-    log = sandbox.process_logs["scheduler"]
-    offset = log.stat().st_size
     started = time.monotonic()
-    status = sandbox.signal_and_wait("scheduler", signal.SIGTERM, timeout=120)
+    stopped = stop_scheduler(sandbox)
     took = time.monotonic() - started
-    assert status == 0
     assert took < EXIT_BOUND, f"the scheduler took {took:.1f}s to exit"
-    stopped = log.read_bytes()[offset:].decode(errors="replace")
     assert f"handed over {TASKS} running task workload(s)" in stopped, stopped
     assert all(alive(pid) for pid in launched), {pid: alive(pid) for pid in launched}
 
@@ -315,9 +312,7 @@ def test_a_killed_scheduler_s_tasks_wait_for_the_next_which_adopts_them(make: Ma
 
 def _stop(sandbox: Airflow2Sandbox, running: int) -> None:
     """SIGTERM the scheduler, which hands its ``running`` task workloads over and exits."""
-    offset = sandbox.process_logs["scheduler"].stat().st_size
-    assert sandbox.signal_and_wait("scheduler", signal.SIGTERM, timeout=120) == 0
-    stopped = since(sandbox, offset)
+    stopped = stop_scheduler(sandbox)
     assert f"handed over {running} running task workload(s)" in stopped, stopped
 
 

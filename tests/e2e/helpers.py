@@ -66,6 +66,18 @@ def since(sandbox: AirflowSandbox, offset: int) -> str:
     return sandbox.process_logs["scheduler"].read_bytes()[offset:].decode(errors="replace")
 
 
+def stop_scheduler(sandbox: AirflowSandbox, timeout: float = 120.0) -> str:
+    """SIGTERM the scheduler, as a service manager's stop does, and wait for it to exit 0.
+
+    :returns: what it logged from the signal on, which the failure shows when it exits otherwise
+    """
+    before = sandbox.process_logs["scheduler"].stat().st_size
+    status = sandbox.signal_and_wait("scheduler", signal.SIGTERM, timeout=timeout)
+    stopped = since(sandbox, before)
+    assert status == 0, f"the scheduler exited with {status} after SIGTERM; it logged:\n{stopped[-20000:]}"
+    return stopped
+
+
 def log_size(sandbox: AirflowSandbox) -> int:
     """Where the scheduler's log ends now: a test on a shared deployment reads it from there on (:func:`since`)."""
     return sandbox.process_logs["scheduler"].stat().st_size
@@ -264,9 +276,7 @@ def adopted_while_queued_then_revoked(sandbox: AirflowSandbox, dag_id: str, run_
 
     assert states() == ["queued"] * tries
     log = sandbox.process_logs["scheduler"]
-    before = log.stat().st_size
-    assert sandbox.signal_and_wait("scheduler", signal.SIGTERM, timeout=120) == 0
-    assert f"handed over {tries} running task workload(s)" in since(sandbox, before)
+    assert f"handed over {tries} running task workload(s)" in stop_scheduler(sandbox)
     assert all(alive(pid) for pid in workloads), {pid: alive(pid) for pid in workloads}
 
     sandbox.reconfigure(

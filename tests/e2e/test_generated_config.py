@@ -11,7 +11,6 @@ dag-processor on SQLite; the tasks report the timeout their own process's client
 from __future__ import annotations
 
 import re
-import signal
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +18,7 @@ import pytest
 
 from harness.demo import EXECUTOR
 from harness.sandbox import AirflowSandbox
-from tests.e2e.helpers import DAGS
+from tests.e2e.helpers import DAGS, stop_scheduler
 
 pytestmark = pytest.mark.e2e
 
@@ -56,7 +55,7 @@ def seen() -> Seen:
         cfg.write_text(
             text.replace("execution_api_timeout = 5.0\n", f"execution_api_timeout = {OPERATORS_CHOICE}\n")
         )
-        assert sandbox.signal_and_wait("scheduler", signal.SIGTERM, STOP_GUARD) == 0
+        stop_scheduler(sandbox, STOP_GUARD)
         sandbox.restart("scheduler")
         sandbox.wait_healthy()
         edited = run_and_observe(sandbox)

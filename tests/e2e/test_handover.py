@@ -37,6 +37,7 @@ from tests.e2e.helpers import (
     marks,
     poll,
     since,
+    stop_scheduler,
     task_pid,
 )
 
@@ -81,14 +82,10 @@ def test_a_stopped_scheduler_hands_its_running_tasks_to_the_next_which_adopts_th
     sandbox: AirflowSandbox, tmp_path: Path
 ) -> None:
     run_id, launched = _running(sandbox, tmp_path)
-    log = sandbox.process_logs["scheduler"]
-    before = log.stat().st_size
     started = time.monotonic()
-    status = sandbox.signal_and_wait("scheduler", signal.SIGTERM, timeout=120)
+    stopped = stop_scheduler(sandbox)
     took = time.monotonic() - started
-    assert status == 0
     assert took < EXIT_BOUND, f"the scheduler took {took:.1f}s to exit"
-    stopped = log.read_bytes()[before:].decode(errors="replace")
     assert f"handed over {TASKS} running task workload(s)" in stopped, stopped
     assert all(alive(pid) for pid in launched)
 
@@ -126,10 +123,7 @@ def test_without_a_next_scheduler_nothing_a_task_started_outlives_the_handover_t
 
 def _stop(sandbox: AirflowSandbox) -> None:
     """SIGTERM the scheduler, which hands both running tasks over."""
-    log = sandbox.process_logs["scheduler"]
-    before = log.stat().st_size
-    assert sandbox.signal_and_wait("scheduler", signal.SIGTERM, timeout=120) == 0
-    stopped = log.read_bytes()[before:].decode(errors="replace")
+    stopped = stop_scheduler(sandbox)
     assert f"handed over {TASKS} running task workload(s)" in stopped, stopped
 
 
@@ -250,9 +244,7 @@ def _overrun_handed_over(sandbox: AirflowSandbox, tmp_path: Path) -> tuple[str, 
     workload = psutil.Process(task).ppid()
     assert psutil.Process(workload).ppid() == sandbox.pids["scheduler"]
     [mark] = tmp_path.glob("overrun.try1.pid*.start")
-    before = sandbox.process_logs["scheduler"].stat().st_size
-    assert sandbox.signal_and_wait("scheduler", signal.SIGTERM, timeout=120) == 0
-    assert "handed over 1 running task workload(s)" in since(sandbox, before)
+    assert "handed over 1 running task workload(s)" in stop_scheduler(sandbox)
     return run_id, task, workload, mark
 
 
@@ -332,9 +324,7 @@ def test_a_task_adopted_twice_after_its_adopter_crashed_finishes_inside_the_limi
     [mark] = tmp_path.glob("overrun.try1.pid*.start")
     launched_by = mark.stat().st_mtime
     poll("part of its limit to run", lambda: time.time() > launched_by + STOP_AFTER, guard=STOP_AFTER + 30)
-    before = sandbox.process_logs["scheduler"].stat().st_size
-    assert sandbox.signal_and_wait("scheduler", signal.SIGTERM, timeout=120) == 0
-    assert "handed over 1 running task workload(s)" in since(sandbox, before)
+    assert "handed over 1 running task workload(s)" in stop_scheduler(sandbox)
     offset = _restart(sandbox)
     poll("the first adoption", lambda: "adopted 1 task instance(s)" in since(sandbox, offset))
     sandbox.kill("scheduler")

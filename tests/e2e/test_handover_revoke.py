@@ -25,6 +25,7 @@ from tests.e2e.helpers import (
     adopted_while_queued_then_revoked,
     marks,
     requeued_tries_run_once,
+    stop_scheduler,
 )
 
 TASKS = 2
@@ -47,7 +48,7 @@ def test_an_adopted_task_still_queued_is_revoked_by_the_next_scheduler_and_its_p
     sandbox.unpause("handover")
     # The run is made while no scheduler runs, then the api-server's group is paused: the scheduler
     # started next queues and launches both tries, which then wait for the api-server.
-    assert sandbox.signal_and_wait("scheduler", signal.SIGTERM, timeout=120) == 0
+    stop_scheduler(sandbox)
     run_id = sandbox.trigger("handover", unpause=False)
     api = os.getpgid(sandbox.pids["api-server"])
     os.killpg(api, signal.SIGSTOP)

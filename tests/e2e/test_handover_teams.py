@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from async_local_executor.ops.status_read import read_all
 from harness.demo import EXECUTOR
 from harness.teams import TeamsSandbox
 from tests.core.helpers import alive
-from tests.e2e.helpers import QUICK_ORPHANS, poll, since
+from tests.e2e.helpers import QUICK_ORPHANS, poll, since, stop_scheduler
 
 pytestmark = [pytest.mark.e2e]
 
@@ -125,17 +124,13 @@ def test_each_team_s_executor_adopts_only_the_tasks_its_own_predecessor_handed_o
     assert all(psutil.Process(pid).ppid() == sandbox.pids["scheduler"] for pid in workloads), workloads
     launched = [*workloads, *tasks]
 
-    log = sandbox.process_logs["scheduler"]
-    before = log.stat().st_size
-    code = sandbox.signal_and_wait("scheduler", signal.SIGTERM, timeout=120)
-    stopped = since(sandbox, before)
-    assert code == 0, stopped
+    stopped = stop_scheduler(sandbox)
     # Each team's executor handed over its own two; the global one ran nothing to hand over.
     handed_over = [int(n) for n in HANDED_OVER.findall(stopped)]
     assert sorted(n for n in handed_over if n) == [TASKS] * len(TEAMS), stopped
     assert all(alive(pid) for pid in launched), {pid: alive(pid) for pid in launched}
 
-    offset = log.stat().st_size
+    offset = sandbox.process_logs["scheduler"].stat().st_size
     sandbox.restart("scheduler")
     poll(
         "each team's executor to adopt its task instances",

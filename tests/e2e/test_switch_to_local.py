@@ -35,7 +35,7 @@ from async_local_executor.ops.journal_file import SUFFIX as JOURNAL_SUFFIX
 from harness.environment import SANDBOX_MARKER_ENV
 from harness.sandbox import AirflowSandbox
 from tests.core.helpers import alive
-from tests.e2e.helpers import poll, since
+from tests.e2e.helpers import poll, since, stop_scheduler
 
 DAG = "switch_back"
 TASKS = 3  # dags/switch_back.py
@@ -125,14 +125,6 @@ def marked_processes(sandbox: AirflowSandbox) -> dict[int, str]:
                 if var.startswith(mark):
                     found[int(entry.name)] = var[len(mark) :].decode(errors="replace")
     return found
-
-
-def stop_scheduler(sandbox: AirflowSandbox, timeout: float) -> str:
-    """SIGTERM the scheduler, as a service manager's stop does, and wait for its exit: what it logged."""
-    log = sandbox.process_logs["scheduler"]
-    before = log.stat().st_size
-    assert sandbox.signal_and_wait("scheduler", signal.SIGTERM, timeout=timeout) == 0
-    return log.read_bytes()[before:].decode(errors="replace")
 
 
 def start_scheduler(sandbox: AirflowSandbox) -> int:

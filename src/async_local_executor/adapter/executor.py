@@ -34,7 +34,7 @@ from airflow.executors.base_executor import BaseExecutor
 from airflow.models.taskinstancekey import TaskInstanceKey
 from airflow.utils.state import TaskInstanceState
 
-from async_local_executor.adapter import intake, scheduler_helpers, startup
+from async_local_executor.adapter import intake, scheduler_helpers, startup, stop_signals
 from async_local_executor.adapter.adoption import Adoption, Adoptions, TaskRecord, UnknownRecord, boot_clock
 from async_local_executor.adapter.cleared_exits import TI_GONE, ClearedExitGate
 from async_local_executor.adapter.compat import AIRFLOW_V3, client_timeout, execution_api_url, executor_conf
@@ -267,6 +267,7 @@ class AsyncLocalExecutor(BaseExecutor):
         )
 
     def start(self) -> None:
+        stop_signals.arm()
         conf = executor_conf(self)
         self._config = config = ExecutorConfig.from_conf(conf)
         # Every option is checked here, before anything is reclaimed, opened or started.
@@ -699,6 +700,13 @@ class AsyncLocalExecutor(BaseExecutor):
     def slots_occupied(self) -> int:
         return max(0, int(super().slots_occupied) - self._prefetch.allowed())
 
+    def heartbeat(self) -> None:
+        # The scheduler loop calls this outside its database work: a stop signal held while it was
+        # inside it is delivered here (stop_signals).
+        stop_signals.hold()
+        stop_signals.deliver_held()
+        super().heartbeat()
+
     def trigger_tasks(self, open_slots: int) -> None:
         super().trigger_tasks(open_slots + self._prefetch.allowed())
 
@@ -965,6 +973,7 @@ class AsyncLocalExecutor(BaseExecutor):
         return refused
 
     def end(self) -> None:
+        stop_signals.release()
         if self._config.hands_over:
             self._hand_over()
         else:
@@ -1036,6 +1045,7 @@ class AsyncLocalExecutor(BaseExecutor):
         return recorded
 
     def terminate(self) -> None:
+        stop_signals.release()
         self._shutdown(wait=0.0)
 
     def _shutdown(self, wait: float) -> None:

@@ -1,0 +1,170 @@
+"""Where a scheduler stop lands (adapter/stop_signals.py): held while the scheduler's thread is inside its
+database work, delivered at the executor's heartbeat, at once in the loop's own frame, after a bound, on a
+second signal and after the executor's stop.
+
+Real signals to this process's main thread, caught by a stand-in for the scheduler's handler (Airflow's
+``SchedulerJobRunner._exit_gracefully``, which logs and raises ``SystemExit``); no scheduler. The executor
+test drives a real executor's heartbeat.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from types import FrameType
+
+import pytest
+from airflow import settings
+
+from async_local_executor.adapter import stop_signals
+from tests.adapter.conftest import StartExecutor
+
+GUARD = 30.0
+
+
+class Scheduler:
+    """Stands in for Airflow's scheduler job runner: its stop handler, by the name Airflow gives it."""
+
+    def __init__(self) -> None:
+        self.stops: list[int] = []
+
+    def _exit_gracefully(self, signum: int, frame: FrameType | None) -> None:
+        self.stops.append(signum)
+        raise SystemExit(0)
+
+
+@pytest.fixture
+def scheduler() -> Iterator[Scheduler]:
+    """The scheduler's handlers on SIGTERM and SIGINT, then the executor's hold over them; restored after."""
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    runner = Scheduler()
+    for sig in before:
+        signal.signal(sig, runner._exit_gracefully)
+    stop_signals.arm()
+    try:
+        yield runner
+    finally:
+        stop_signals.release()
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def database_work(sig: signal.Signals = signal.SIGTERM) -> None:
+    """The scheduler's thread inside a call of its loop (a query, a commit): the signal arrives here."""
+    signal.raise_signal(sig)
+
+
+def _run_scheduler_loop() -> None:
+    """The loop's own frame, as Airflow names it: where its idle sleep is."""
+    signal.raise_signal(signal.SIGTERM)
+
+
+def test_a_stop_inside_database_work_is_held_and_delivered_at_the_heartbeat(scheduler: Scheduler) -> None:
+    database_work()
+    assert scheduler.stops == []
+    with pytest.raises(SystemExit):
+        stop_signals.deliver_held()
+    assert scheduler.stops == [signal.SIGTERM]
+    stop_signals.deliver_held()  # delivered once
+    assert scheduler.stops == [signal.SIGTERM]
+
+
+def test_sigint_is_held_as_sigterm_is(scheduler: Scheduler) -> None:
+    database_work(signal.SIGINT)
+    assert scheduler.stops == []
+    with pytest.raises(SystemExit):
+        stop_signals.deliver_held()
+    assert scheduler.stops == [signal.SIGINT]
+
+
+def test_in_the_loop_s_own_frame_with_no_connection_checked_out_a_stop_is_delivered_at_once(
+    scheduler: Scheduler,
+) -> None:
+    with pytest.raises(SystemExit):
+        _run_scheduler_loop()
+    assert scheduler.stops == [signal.SIGTERM]
+
+
+def test_in_the_loop_s_own_frame_with_a_connection_checked_out_a_stop_is_held(scheduler: Scheduler) -> None:
+    assert settings.engine is not None
+    with settings.engine.connect():
+        _run_scheduler_loop()
+    assert scheduler.stops == []
+    with pytest.raises(SystemExit):
+        stop_signals.deliver_held()
+
+
+def test_a_second_signal_is_delivered_at_once(scheduler: Scheduler) -> None:
+    database_work()
+    with pytest.raises(SystemExit):
+        database_work()
+    assert scheduler.stops == [signal.SIGTERM]
+
+
+def test_a_stop_held_past_the_bound_is_delivered_wherever_the_thread_is(
+    scheduler: Scheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(stop_signals, "BOUND", 0.3)
+    began = time.monotonic()
+    database_work()
+    # The thread blocks (a query waiting on a lock): the bound's timer signals it again, and the
+    # scheduler's handler raises inside the wait.
+    with pytest.raises(SystemExit):
+        threading.Event().wait(GUARD)
+    assert scheduler.stops == [signal.SIGTERM]
+    assert 0.3 <= time.monotonic() - began < GUARD
+
+
+def test_once_the_executor_stops_a_signal_is_delivered_at_once(scheduler: Scheduler) -> None:
+    stop_signals.release()
+    with pytest.raises(SystemExit):
+        database_work()
+    assert scheduler.stops == [signal.SIGTERM]
+
+
+def test_a_held_stop_s_timer_is_cancelled_when_the_executor_stops(
+    scheduler: Scheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(stop_signals, "BOUND", 0.2)
+    database_work()
+    stop_signals.release()  # the stop under way: no second SystemExit may land inside it
+    assert not threading.Event().wait(0.6)
+    assert scheduler.stops == []
+
+
+def test_a_process_forked_from_the_scheduler_gets_the_scheduler_s_handler_at_once(
+    scheduler: Scheduler,
+) -> None:
+    pid = os.fork()
+    if pid == 0:  # the child: its copy of the handler must act at once, or it would wait for a heartbeat
+        try:
+            database_work()
+        except SystemExit:
+            os._exit(7)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 7
+    assert scheduler.stops == []
+
+
+def test_handlers_other_than_the_scheduler_s_are_left_alone() -> None:
+    before = signal.getsignal(signal.SIGINT)
+    stop_signals.arm()
+    try:
+        assert signal.getsignal(signal.SIGINT) is before
+    finally:
+        stop_signals.release()
+
+
+def test_the_executor_s_heartbeat_delivers_a_held_stop(
+    scheduler: Scheduler, start_executor: StartExecutor
+) -> None:
+    executor = start_executor()  # arms again, over the scheduler's handler already held
+    database_work()
+    assert scheduler.stops == []
+    with pytest.raises(SystemExit):
+        executor.heartbeat()
+    assert scheduler.stops == [signal.SIGTERM]
