@@ -58,10 +58,11 @@ def test_every_stop_at_a_random_moment_exits_0(sandbox: AirflowSandbox, tmp_path
         if MODE == "terminate" or not cycle:
             started = len(list(tmp_path.glob("work*.start")))
             sandbox.trigger(DAG)
-            poll(
-                "the run's tasks to start",
-                lambda n=started: len(list(tmp_path.glob("work*.start"))) >= n + TASKS,
-            )
+
+            def launched(n: int = started) -> bool:
+                return len(list(tmp_path.glob("work*.start"))) >= n + TASKS
+
+            poll("the run's tasks to start", launched)
         elif moments.random() < 0.5:
             poll("the adoption", lambda: logged(f"adopted {TASKS} task instance(s)"))
         time.sleep(moments.uniform(0, 2))  # the moment is what the test varies, not a wait for anything
