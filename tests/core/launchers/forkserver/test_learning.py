@@ -24,6 +24,7 @@ from async_local_executor.core.launchers.forkserver.learning import loop, observ
 from async_local_executor.core.launchers.forkserver.learning.learned import RETRY_FIRST, Learned
 from async_local_executor.core.launchers.forkserver.learning.loop import Learning
 from async_local_executor.core.launchers.forkserver.learning.source import top_level_imports
+from async_local_executor.core.launchers.forkserver.protocol import Loaded, PreloadReport
 from tests.core.helpers import GUARD, Recorder, py
 from tests.core.supervising import TARGET, serving
 
@@ -430,7 +431,7 @@ def test_the_learned_set_is_written_through_a_temporary_name_of_its_own(tmp_path
     # Another writer's file at the old fixed name is neither truncated nor taken as ours.
     (tmp_path / "preloaded.json.tmp").write_text('["theirs"]')
     learned = Learned(str(tmp_path))
-    learned.took({"loaded": [["json5", "json5", "1", 1, None]]}, ["json5"])
+    learned.took(PreloadReport(loaded=(Loaded("json5", "json5", "1", 1, None),)), ["json5"])
     assert json.loads((tmp_path / "preloaded.json").read_text()) == ["json5"]
     assert (tmp_path / "preloaded.json.tmp").read_text() == '["theirs"]'
     assert (tmp_path / "preloaded.json").stat().st_mode & 0o777 == 0o600
@@ -467,7 +468,7 @@ def test_pandas_and_numpy_get_the_same_verdict_on_every_start() -> None:
         from async_local_executor.core.launchers.forkserver.helper.threads import ThreadCensus
         try:
             report = preload_learned(["pandas", "numpy"], budget=0, census=ThreadCensus(), settle=1.0)
-            print(json.dumps(sorted(row[0] for row in report["loaded"])))
+            print(json.dumps(sorted(row.module for row in report.loaded)))
         except Unfit as exc:
             print(json.dumps(["refused", exc.module, exc.reason]))
         """

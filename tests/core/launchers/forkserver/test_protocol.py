@@ -11,12 +11,15 @@ from async_local_executor.core.launchers.forkserver import protocol
 from async_local_executor.core.launchers.forkserver.protocol import (
     KINDS,
     Importing,
+    Loaded,
     Message,
     Ping,
     Plan,
     Pong,
+    PreloadReport,
     ProtocolError,
     Ready,
+    Refused,
     Spawn,
     SpawnFailed,
     Unfit,
@@ -31,9 +34,17 @@ EVERY_KIND: list[Message] = [
     Ping(id=-1),
     Importing(module="pandas"),
     Ready(pid=4242),
-    Ready(pid=4242, preload={"mode": "learned", "preloaded": [{"module": "pandas"}]}),
+    Ready(
+        pid=4242,
+        preload=PreloadReport(
+            loaded=(Loaded("pandas", "pandas", "2.2", 2048, "/site/pandas/__init__.py"),),
+            refused=(Refused("torch", "too big"),),
+            covered=("os",),
+        ),
+    ),
+    Ready(pid=4242, preload=PreloadReport(loaded=(Loaded("ns", "ns-dist", None, 0, None),))),
     Unfit(error="preloading x started 1 thread (sdk-exporter)"),
-    Unfit(error="a thread", blame="sdk", preload={"refused": []}),
+    Unfit(error="a thread", blame="sdk", preload=PreloadReport()),
     SpawnFailed(id=3, error="fork failed: Resource temporarily unavailable"),
     SpawnFailed(id=4, error="a thread started", unfit=True),
     Pong(id=9),
@@ -68,9 +79,28 @@ def test_a_message_is_one_json_object_named_by_its_op() -> None:
         (b'{"op": "spawn", "id": 1}', "spawn message without 'argv'"),
         (b'{"op": "spawn", "id": "1", "argv": []}', "spawn.id must be an integer, got '1'"),
         (b'{"op": "spawn", "id": true, "argv": []}', "spawn.id must be an integer, got True"),
-        (b'{"op": "spawn", "id": 1, "argv": [1]}', "spawn.argv must be a list of strings, got [1]"),
-        (b'{"op": "spawn", "id": 1, "argv": "ab"}', "spawn.argv must be a list of strings"),
+        (b'{"op": "spawn", "id": 1, "argv": [1]}', "spawn.argv[0] must be a string, got 1"),
+        (b'{"op": "spawn", "id": 1, "argv": "ab"}', "spawn.argv must be a list, got 'ab'"),
         (b'{"op": "ready", "pid": 1, "preload": []}', "ready.preload must be an object"),
+        (
+            b'{"op": "ready", "pid": 1, "preload": {"loaded": [{"module": "x"}]}}',
+            "ready.preload.loaded[0] without 'distribution'",
+        ),
+        (
+            b'{"op": "ready", "pid": 1, "preload": {"refused": [["x", "why"]]}}',
+            "ready.preload.refused[0] must be an object",
+        ),
+        (
+            b'{"op": "unfit", "error": "e", "preload": {"covered": ["os"], "mode": "x"}}',
+            "unfit.preload has unknown fields ['mode']",
+        ),
+        (
+            (
+                b'{"op": "ready", "pid": 1, "preload": {"loaded": [{"module": "x", "distribution": "d", '
+                b'"version": null, "kib": "2", "path": null}]}}'
+            ),
+            "ready.preload.loaded[0].kib must be an integer",
+        ),
         (b'{"op": "unfit", "error": null}', "unfit.error must be a string, got None"),
         (
             b'{"op": "spawn_failed", "id": 1, "error": "x", "unfit": 1}',

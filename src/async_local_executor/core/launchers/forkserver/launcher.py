@@ -47,7 +47,7 @@ from async_local_executor.core.launchers.forkserver.process import (
     LearnedModuleFailed,
     start_helper,
 )
-from async_local_executor.core.launchers.forkserver.protocol import BUFFER
+from async_local_executor.core.launchers.forkserver.protocol import BUFFER, PreloadReport
 from async_local_executor.core.launchers.output import discard
 
 __all__ = ["RESTART_DELAY_MAX", "ForkServerLauncher"]
@@ -346,7 +346,7 @@ class ForkServerLauncher:
         async with self._lock:
             old, self._helper = self._helper, helper
             self.helpers_started += 1
-        if (change := learning.took(helper.preload_report or {}, modules)) is not None:
+        if (change := learning.took(helper.preload_report or PreloadReport(), modules)) is not None:
             log.info("fork server (pid %d) took over: %s", helper.pid, change)
         if old is not None:  # it takes no new launch; its workloads are the scheduler's children, untouched
             old.close()

@@ -24,7 +24,6 @@ import socket
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import anyio
 import anyio.abc
@@ -116,7 +115,7 @@ class HelperProcess:
         self.process, self._plan = process, plan  # the plan to send it first, if any
         self.importing: str | None = None  # the learned module it said it is importing (during startup)
         self.blame: str | None = None  # the learned module it refused to fork after
-        self.preload_report: dict[str, Any] | None = None
+        self.preload_report: protocol.PreloadReport | None = None
         self._channel = channel
         self._output = output
         self._start_timeout = start_timeout

@@ -80,10 +80,38 @@ class Importing:
 
 
 @dataclass(frozen=True)
+class Loaded:
+    """A learned module a helper imported."""
+
+    module: str
+    distribution: str  # the installed distribution it was found in
+    version: str | None
+    kib: int  # what importing it added to the helper's resident memory (0: an earlier module brought it)
+    path: str | None  # its file (None: a namespace package)
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A learned module a helper did not import, and why."""
+
+    module: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class PreloadReport:
+    """What a helper made of its plan's learned modules, in the order it tried them."""
+
+    loaded: tuple[Loaded, ...] = ()
+    refused: tuple[Refused, ...] = ()
+    covered: tuple[str, ...] = ()  # already imported, or names a module defines: nothing to do
+
+
+@dataclass(frozen=True)
 class Ready:
     op: ClassVar[str] = "ready"
     pid: int
-    preload: dict[str, Any] | None = None  # what it made of the plan; None: it was given none
+    preload: PreloadReport | None = None  # what it made of the plan; None: it was given none
 
 
 @dataclass(frozen=True)
@@ -91,7 +119,7 @@ class Unfit:
     op: ClassVar[str] = "unfit"
     error: str
     blame: str | None = None  # the learned module that made it unfit, when one did
-    preload: dict[str, Any] | None = None
+    preload: PreloadReport | None = None  # what it made of the plan up to that module
 
 
 @dataclass(frozen=True)
@@ -116,12 +144,11 @@ Message = ToHelper | ToLoop
 KINDS: dict[str, type[Message]] = {
     kind.op: kind for kind in (Plan, Spawn, Ping, Importing, Ready, Unfit, SpawnFailed, Pong)
 }
-_FIELDS = {kind: typing.get_type_hints(kind) for kind in KINDS.values()}
+_FIELDS: dict[type[Any], dict[str, Any]] = {kind: typing.get_type_hints(kind) for kind in KINDS.values()}
 
 
 def encode(message: Message) -> bytes:
-    fields = {f.name: getattr(message, f.name) for f in dataclasses.fields(message)}
-    return json.dumps({"op": message.op, **fields}, separators=(",", ":")).encode()
+    return json.dumps({"op": message.op, **dataclasses.asdict(message)}, separators=(",", ":")).encode()
 
 
 def decode(data: bytes) -> Message:
@@ -153,12 +180,30 @@ def decode(data: bytes) -> Message:
 
 
 _WORDS: dict[object, str] = {
-    tuple: "a list of strings",
-    dict: "an object",
+    tuple: "a list",
     int: "an integer",
     str: "a string",
     bool: "a boolean",
 }
+# The records a message carries (the preload report), read field by field as the messages are.
+_RECORDS: tuple[type[Any], ...] = (PreloadReport, Loaded, Refused)
+_FIELDS.update({kind: typing.get_type_hints(kind) for kind in _RECORDS})
+
+
+def _record(kind: type[Any], value: object, where: str) -> Any:
+    if not isinstance(value, dict):
+        raise ProtocolError(f"{where} must be an object, got {value!r:.80}")
+    names = {f.name: f for f in dataclasses.fields(kind)}
+    if unknown := set(value) - set(names):
+        raise ProtocolError(f"{where} has unknown fields {sorted(unknown)}")
+    values: dict[str, Any] = {}
+    for name, f in names.items():
+        if name not in value:
+            if f.default is dataclasses.MISSING:
+                raise ProtocolError(f"{where} without {name!r}")
+            continue
+        values[name] = _value(value[name], _FIELDS[kind][name], f"{where}.{name}")
+    return kind(**values)
 
 
 def _value(value: object, hint: object, where: str) -> Any:
@@ -169,12 +214,12 @@ def _value(value: object, hint: object, where: str) -> Any:
             return None
         [hint] = [a for a in args if a is not type(None)]
     origin = typing.get_origin(hint)
+    if hint in _RECORDS:
+        return _record(hint, value, where)
     if origin is tuple:
-        if isinstance(value, list) and all(isinstance(v, str) for v in value):
-            return tuple(value)
-    elif origin is dict:
-        if isinstance(value, dict):
-            return value
+        [item, _] = typing.get_args(hint)
+        if isinstance(value, list):
+            return tuple(_value(v, item, f"{where}[{i}]") for i, v in enumerate(value))
     elif hint is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value

@@ -21,7 +21,6 @@ import signal
 import socket
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from async_local_executor.core.launchers.forkserver import protocol
 from async_local_executor.core.launchers.forkserver.helper.clone import sibling_fork_supported
@@ -112,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return Helper(sock, target, args.parent_pid, census, learned).serve()
 
 
-def _preload_learned(sock: socket.socket, census: ThreadCensus) -> dict[str, Any]:
+def _preload_learned(sock: socket.socket, census: ThreadCensus) -> protocol.PreloadReport:
     """Import the learned modules the loop sends (after the target's and the explicit ones)."""
     plan = decode(sock.recv(MAX_MESSAGE))
     if not isinstance(plan, protocol.Plan):

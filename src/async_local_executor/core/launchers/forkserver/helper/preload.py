@@ -35,6 +35,7 @@ from async_local_executor.core.launchers.forkserver.helper.hygiene import (
 )
 from async_local_executor.core.launchers.forkserver.helper.pools import stop_known_pools
 from async_local_executor.core.launchers.forkserver.helper.threads import ThreadCensus, thread_ids
+from async_local_executor.core.launchers.forkserver.protocol import Loaded, PreloadReport, Refused
 
 KIB = 1024
 # Refusals for what a module is, the same on every try (the others may pass: the launcher retries them).
@@ -47,7 +48,7 @@ PERMANENT_REFUSALS = (NOT_INSTALLED, NOT_ON_PATH, SHADOWED, *REFUSALS)
 class Unfit(Exception):
     """Importing ``module`` did what cannot be undone (a thread, a shared generator): this helper must not fork."""
 
-    def __init__(self, module: str, reason: str, report: dict[str, Any]) -> None:
+    def __init__(self, module: str, reason: str, report: PreloadReport) -> None:
         super().__init__(reason)
         self.module = module
         self.reason = reason
@@ -146,7 +147,7 @@ def preload_learned(
     census: ThreadCensus,
     settle: float,
     progress: Callable[[str], None] = lambda _: None,
-) -> dict[str, Any]:
+) -> PreloadReport:
     """Import what is safe of ``modules``; the report the helper sends in its ready message.
 
     :param budget: bytes the helper's resident memory may grow by for these modules (0: no limit)
@@ -157,10 +158,13 @@ def preload_learned(
     roots = installed_roots()
     cache: dict[str, Any] = {}
     start = resident()
-    loaded: list[list[Any]] = []
-    refused: list[list[str]] = []
+    loaded: list[Loaded] = []
+    refused: list[Refused] = []
     covered: list[str] = []
-    report: dict[str, list[Any]] = {"loaded": loaded, "refused": refused, "covered": covered}
+
+    def report() -> PreloadReport:
+        return PreloadReport(tuple(loaded), tuple(refused), tuple(covered))
+
     watch = ImportWatch()
     main_thread = {os.getpid()}
     # Airflow parses DAG files inside catch_warnings(): filters their imports add never reach a task.
@@ -171,16 +175,12 @@ def preload_learned(
                 continue
             distribution, why = _distribution(name.partition(".")[0], roots, cache)
             if distribution is None:
-                refused.append([name, why])
+                refused.append(Refused(name, why))
                 continue
             if name not in sys.modules:
                 if budget and resident() - start >= budget:
-                    refused.append(
-                        [
-                            name,
-                            f"the helper's memory budget for learned modules ({budget // KIB // KIB} MiB) is used up",
-                        ]
-                    )
+                    used_up = f"the helper's memory budget for learned modules ({budget // KIB // KIB} MiB) is used up"
+                    refused.append(Refused(name, used_up))
                     continue
                 progress(name)
                 before = resident()
@@ -188,19 +188,19 @@ def preload_learned(
                     with census.watching(name), watch.watching():
                         importlib.import_module(name)
                 except (Exception, SystemExit) as exc:  # noqa: BLE001 - the task meets it, or not, on its own
-                    refused.append([name, f"import failed: {type(exc).__name__}: {exc}"[:300]])
+                    refused.append(Refused(name, f"import failed: {type(exc).__name__}: {exc}"[:300]))
                     continue
                 if watch.problems:
-                    raise Unfit(name, "; ".join(watch.problems), report)
+                    raise Unfit(name, "; ".join(watch.problems), report())
                 if thread_ids() - main_thread:
                     stop_known_pools()  # NumPy's OpenBLAS: its idle workers stop, and restart in each task
                     census.settle(settle)
                     if (reason := census.unfit()) is not None:
-                        raise Unfit(name, f"importing it starts a thread: {reason}", report)
+                        raise Unfit(name, f"importing it starts a thread: {reason}", report())
                 kib = max(0, resident() - before) // KIB
             else:
                 kib = 0  # brought in by a module before it
             module = sys.modules.get(name)
             path = getattr(module, "__file__", None)
-            loaded.append([name, distribution, _version(distribution), kib, path])
-    return report
+            loaded.append(Loaded(name, distribution, _version(distribution), kib, path))
+    return report()

@@ -26,7 +26,6 @@ import socket
 import sys
 import traceback
 from collections.abc import Callable
-from typing import Any
 
 from async_local_executor.core.launchers.forkserver import protocol
 from async_local_executor.core.launchers.forkserver.helper.clone import fork_sibling
@@ -60,7 +59,7 @@ class Helper:
         target: Target,
         parent_pid: int,
         census: ThreadCensus | None = None,
-        learned: dict[str, Any] | None = None,
+        learned: protocol.PreloadReport | None = None,
     ) -> None:
         self._learned = learned
         self._sock = sock

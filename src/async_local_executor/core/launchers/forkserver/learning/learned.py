@@ -26,6 +26,7 @@ from typing import Any
 
 from async_local_executor.core.launchers.forkserver.helper.preload import PERMANENT_REFUSALS
 from async_local_executor.core.launchers.forkserver.learning import observe, source
+from async_local_executor.core.launchers.forkserver.protocol import PreloadReport
 
 # Files read per scan: a DAGs folder of thousands is read over several scans, not in one burst of CPU.
 FILES_PER_SCAN = 100
@@ -155,21 +156,20 @@ class Learned:
         """What a helper started on demand (after a crash, say) imports: what a helper already took."""
         return list(self.preloaded)
 
-    def took(self, report: dict[str, Any], tried: Sequence[str], now: float = 0.0) -> str | None:
+    def took(self, report: PreloadReport, tried: Sequence[str], now: float = 0.0) -> str | None:
         """Record the verdicts of a helper that took ``tried``; what changed, in words, or ``None``.
 
         :param now: the launcher's clock (monotonic): when a refusal that may pass is tried again
         """
         before, refused_before = set(self.preloaded), set(self.refused)
         preloaded: dict[str, Preloaded] = {}
-        for row in report.get("loaded") or ():
-            module, distribution, version, kib, path = (list(row) + [None] * 5)[:5]
-            preloaded[str(module)] = Preloaded(
-                str(module), distribution, version, int(kib or 0), path, stamp(path)
+        for row in report.loaded:
+            preloaded[row.module] = Preloaded(
+                row.module, row.distribution, row.version, row.kib, row.path, stamp(row.path)
             )
-        for module, reason in report.get("refused") or ():
-            self._refused(str(module), str(reason), now)
-        self._covered.update(str(m) for m in report.get("covered") or ())
+        for refused in report.refused:
+            self._refused(refused.module, refused.reason, now)
+        self._covered.update(report.covered)
         self.preloaded = preloaded
         for name in tried:
             self.pending.pop(name, None)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -20,6 +19,7 @@ import anyio.to_thread
 from async_local_executor.core.clock import SYSTEM, Clock
 from async_local_executor.core.launchers.forkserver import LOGGER
 from async_local_executor.core.launchers.forkserver.learning.learned import Learned
+from async_local_executor.core.launchers.forkserver.protocol import PreloadReport
 
 log = logging.getLogger(LOGGER)
 
@@ -84,7 +84,7 @@ class Learning:
         )
         self._notify()
 
-    def took(self, report: dict[str, Any], tried: list[str]) -> str | None:
+    def took(self, report: PreloadReport, tried: list[str]) -> str | None:
         """A helper that tried ``tried`` took over; what changed, in words, or ``None``."""
         change = self.learned.took(report, tried, self._clock.monotonic())
         self._notify()
