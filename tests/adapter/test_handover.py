@@ -471,6 +471,32 @@ def test_a_held_workload_never_offered_is_stopped_without_an_event(
     assert "the scheduler never offered its task instance" in caplog.text
 
 
+def test_a_handed_over_workload_of_a_try_this_executor_already_runs_is_stopped(
+    start: StartCustody, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The same try under two workloads: the predecessor's, once held here, names this process as its
+    # custody's owner, so its watchdog never fires; left running, it would run beside this one's to its end.
+    task, gate = _held_task(tmp_path, "twice")
+    first = start()
+    _queue(first, task)
+    Scheduler(first).run_until(lambda: len(_stub_pids(tmp_path)) == 1)
+    [theirs] = _stub_pids(tmp_path)
+    second = start()
+    _queue(second, task)
+    scheduler = Scheduler(second)
+    scheduler.run_until(lambda: len(_stub_pids(tmp_path)) == 2)
+    [mine] = [pid for pid in _stub_pids(tmp_path) if pid != theirs]
+    first.end()
+    second.try_adopt_task_instances([workloads.Revoked(task.key)])  # type: ignore[list-item]
+    scheduler.run_until(lambda: not alive(theirs))
+    assert alive(mine)
+    assert second._holding.waiting() == []
+    assert "is a try this executor already runs: it is stopped" in caplog.text
+    gate.unlink()
+    scheduler.run_until(lambda: task.key in scheduler.events)
+    assert scheduler.events[task.key] == (TaskInstanceState.SUCCESS, None)
+
+
 # A workload handed over twice keeps the countdown its launch gave it, whatever its adopter's own setting.
 # Its watchdog (core/custody.py) counts down the ``--handover-timeout`` on its command line, set once at its
 # launch. An adopter configured with another ``handover_timeout`` that is stopped in turn must journal that

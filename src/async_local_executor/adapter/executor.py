@@ -154,6 +154,14 @@ def _into_custody(let_go: Sequence[LetGo]) -> None:
         )
 
 
+def _kill_unheld(one: recovery.Held) -> None:
+    """Kill a handed-over workload this executor will not supervise, if it is still that process: with
+    its group, which it leads, and where its custody's watchdog runs."""
+    if runs_as(one.pid, one.start):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(one.pid, signal.SIGKILL)
+
+
 def _may_be_cleared_exit(key: object, event: Any) -> bool:
     # The scheduler restarts a cleared task instance on a success event only.
     return isinstance(key, TaskInstanceKey) and event[0] == TaskInstanceState.SUCCESS
@@ -438,18 +446,20 @@ class AsyncLocalExecutor(BaseExecutor):
                     one.owner,
                     exc,
                 )
-                if runs_as(one.pid, one.start):
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.killpg(one.pid, signal.SIGKILL)  # it leads its group; its watchdog dies too
+                _kill_unheld(one)
                 continue
             key = record.key
             if key in self._submissions:
+                # Its custody names this process as its owner now, so its watchdog would never fire: a
+                # second copy of the try, unsupervised, until it ended on its own.
                 log.warning(
-                    "workload pid %d (%s), handed over by %s, is a try this executor already runs: not held",
+                    "workload pid %d (%s), handed over by %s, is a try this executor already runs: it is "
+                    "stopped, and the try runs on in this executor's own workload",
                     one.pid,
                     describe(key),
                     one.owner,
                 )
+                _kill_unheld(one)
                 continue
             label = describe(key)
             ticket = Ticket(key, next(self._serials))
