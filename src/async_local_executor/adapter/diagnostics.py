@@ -6,7 +6,6 @@ so it is safe from any thread, the api-server's included.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from typing import Any, cast
@@ -33,7 +32,7 @@ class Diagnostics:
         self._clock = clock
         self.thresholds = Thresholds()
 
-    def health(self, runtime: Runtime | None, *, stopped: bool, containment: Containment | None) -> Health:
+    def health(self, runtime: Runtime | None, *, stopped: bool) -> Health:
         """Healthy, unhealthy (with reasons) or unknown; never waits.
 
         The verdict comes from the event loop's probe (loop lag, the launch path, recent launch
@@ -45,10 +44,7 @@ class Diagnostics:
         if not runtime.alive:
             return Health(Verdict.UNHEALTHY, (f"event loop thread is dead: {runtime.failure!r}",))
         report = runtime.report
-        health = stale(report, self.thresholds, self._clock.monotonic()) or cast("Report", report).health
-        if containment is None:
-            return health
-        return dataclasses.replace(health, details=(("containment", containment.describe()),))
+        return stale(report, self.thresholds, self._clock.monotonic()) or cast("Report", report).health
 
     def dump(self, health: Health, runtime: Runtime | None) -> None:
         """Log the verdict, then what the loop runs and how it fares (SIGUSR2 to the scheduler)."""

@@ -907,7 +907,7 @@ class AsyncLocalExecutor(BaseExecutor):
 
     def get_health(self) -> Health:
         """Healthy, unhealthy (with reasons) or unknown; never waits, safe from any thread."""
-        return self._diagnostics.health(self._runtime, stopped=self._stopped, containment=self._containment)
+        return self._diagnostics.health(self._runtime, stopped=self._stopped)
 
     def debug_dump(self) -> None:
         """SIGUSR2 to the scheduler: Airflow's queues, then this executor's health and workloads."""

@@ -60,14 +60,12 @@ PUBLIC_REASONS: Mapping[str, str] = MappingProxyType(
 
 @dataclass(frozen=True)
 class Health:
-    """:param details: facts beside the verdict, as (name, value) pairs (the containment in effect)
-    :param codes: the code of each reason (:data:`PUBLIC_REASONS`), for whoever may ask unauthenticated;
+    """:param codes: the code of each reason (:data:`PUBLIC_REASONS`), for whoever may ask unauthenticated;
         empty: :data:`WITHHELD`, if there are reasons
     """
 
     verdict: Verdict
     reasons: tuple[str, ...] = ()
-    details: tuple[tuple[str, str], ...] = field(default=(), compare=False)  # not part of the verdict
     codes: tuple[str, ...] = field(default=(), compare=False)
 
     @property

@@ -113,7 +113,6 @@ class Runtime:
         self._use_uvloop = use_uvloop
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._supervisor: Supervisor | None = None
         self._ready = threading.Event()
         self._failure: BaseException | None = None
         self._wake: asyncio.Event | None = None
