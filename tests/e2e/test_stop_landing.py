@@ -32,6 +32,7 @@ TASKS = 3
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(not CYCLES, reason="opt-in: ALE_STOP_CYCLES=<n> runs it"),
+    pytest.mark.timeout(300 + 60 * CYCLES),  # a terminate cycle takes 20-30 s on 2 cores
     pytest.mark.sandbox(
         parallelism=16,
         config={
