@@ -497,6 +497,31 @@ def test_a_handed_over_workload_of_a_try_this_executor_already_runs_is_stopped(
     assert scheduler.events[task.key] == (TaskInstanceState.SUCCESS, None)
 
 
+def test_a_held_workload_named_again_by_a_journal_read_twice_runs_on(
+    start: StartCustody, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A reclaim that could not remove a dead journal reads it again at the next offer: the workload it
+    # names is the one held already, not a second copy of its try.
+    task, gate = _held_task(tmp_path, "again")
+    _handed_over(start, gate, tasks=[task])
+    seen: list[Any] = []
+    hold = CustodyExecutor._hold
+
+    def recording(self: CustodyExecutor, records: Any) -> None:
+        seen.extend(records)
+        hold(self, records)
+
+    monkeypatch.setattr(CustodyExecutor, "_hold", recording)
+    second = start()
+    [record] = seen
+    second._hold([record])  # the journal's second reading
+    assert second.try_adopt_task_instances([workloads.Revoked(task.key)]) == []  # type: ignore[list-item]
+    gate.unlink()
+    scheduler = Scheduler(second)
+    scheduler.run_until(lambda: task.key in scheduler.events)
+    assert scheduler.events[task.key] == (TaskInstanceState.SUCCESS, None)  # it ran to its end, not killed
+
+
 # A workload handed over twice keeps the countdown its launch gave it, whatever its adopter's own setting.
 # Its watchdog (core/custody.py) counts down the ``--handover-timeout`` on its command line, set once at its
 # launch. An adopter configured with another ``handover_timeout`` that is stopped in turn must journal that

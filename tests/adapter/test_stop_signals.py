@@ -80,21 +80,52 @@ def test_sigint_is_held_as_sigterm_is(scheduler: Scheduler) -> None:
     assert scheduler.stops == [signal.SIGINT]
 
 
-def test_in_the_loop_s_own_frame_with_no_connection_checked_out_a_stop_is_delivered_at_once(
-    scheduler: Scheduler,
-) -> None:
+def test_in_the_loop_s_own_frame_a_stop_is_delivered_at_once(scheduler: Scheduler) -> None:
     with pytest.raises(SystemExit):
         _run_scheduler_loop()
     assert scheduler.stops == [signal.SIGTERM]
 
 
-def test_in_the_loop_s_own_frame_with_a_connection_checked_out_a_stop_is_held(scheduler: Scheduler) -> None:
+def test_in_the_loop_s_own_frame_a_stop_is_delivered_at_once_with_a_session_open_there(
+    scheduler: Scheduler,
+) -> None:
+    # The loop holds a session open between its calls (with create_session() as session: ...); no
+    # statement runs in its own frame, and the with block closes the session on the way out.
     assert settings.engine is not None
-    with settings.engine.connect():
+    with settings.engine.connect(), pytest.raises(SystemExit):
         _run_scheduler_loop()
+    assert scheduler.stops == [signal.SIGTERM]
+
+
+def test_a_stop_held_for_one_executor_stays_held_when_another_starts(scheduler: Scheduler) -> None:
+    # A scheduler with teams starts one executor per team, one after the other.
+    database_work()
+    stop_signals.arm()
     assert scheduler.stops == []
     with pytest.raises(SystemExit):
         stop_signals.deliver_held()
+    assert scheduler.stops == [signal.SIGTERM]
+
+
+def test_after_every_executor_stopped_a_new_one_starts_with_nothing_held(scheduler: Scheduler) -> None:
+    database_work()
+    stop_signals.release()
+    stop_signals.arm()
+    stop_signals.deliver_held()  # the earlier stop went with the executors that stopped
+    assert scheduler.stops == []
+    database_work()
+    with pytest.raises(SystemExit):
+        stop_signals.deliver_held()
+    assert scheduler.stops == [signal.SIGTERM]
+
+
+def test_the_scheduler_names_its_stop_handler_and_its_loop_as_this_module_expects() -> None:
+    # Renamed, the handler would no longer be held over (every stop as before), the loop no longer seen
+    # (every stop held until a heartbeat).
+    from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
+
+    assert SchedulerJobRunner._exit_gracefully.__name__ == stop_signals.AIRFLOW_HANDLER
+    assert callable(getattr(SchedulerJobRunner, stop_signals.LOOP))
 
 
 def test_a_second_signal_is_delivered_at_once(scheduler: Scheduler) -> None:

@@ -7,6 +7,7 @@ thread, both launch paths and the child processes.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -188,3 +189,44 @@ def test_nothing_is_left_running_after_end(executor: RecordingExecutor, tmp_path
     _, pid = _held(executor, tmp_path / "gate", scheduler)
     executor.terminate()
     assert not alive(pid)
+
+
+class SchedulerStop:
+    """Stands in for Airflow 2's ``SchedulerJobRunner._exit_gracefully``, by its name."""
+
+    def __init__(self) -> None:
+        self.stops: list[int] = []
+
+    def _exit_gracefully(self, signum: int, frame: Any) -> None:
+        self.stops.append(signum)
+        raise SystemExit(0)
+
+
+def test_the_scheduler_names_its_stop_handler_and_its_loop_as_stop_signals_expects() -> None:
+    from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
+
+    from async_local_executor.adapter import stop_signals
+
+    assert SchedulerJobRunner._exit_gracefully.__name__ == stop_signals.AIRFLOW_HANDLER
+    assert callable(getattr(SchedulerJobRunner, stop_signals.LOOP))
+
+
+def test_a_stop_during_the_first_adoption_after_start_is_held_until_the_heartbeat(
+    executor: RecordingExecutor,
+) -> None:
+    # Airflow 2 installs its stop handlers after the executor's start(): the adoption Airflow asks for
+    # first, inside its database transaction, already holds them.
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    stop = SchedulerStop()
+    try:
+        for sig in before:
+            signal.signal(sig, stop._exit_gracefully)
+        assert executor.try_adopt_task_instances([]) == []
+        signal.raise_signal(signal.SIGTERM)  # here: inside the adoption's transaction, for the scheduler
+        assert stop.stops == []
+        with pytest.raises(SystemExit):
+            executor.heartbeat()
+        assert stop.stops == [signal.SIGTERM]
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)

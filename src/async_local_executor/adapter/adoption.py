@@ -155,6 +155,11 @@ class Adoptions:
         """Whether ``key`` is held here, or was claimed (and its end given)."""
         return key in self._held or key in self._claimed
 
+    def holds_pid(self, key: object, pid: int) -> bool:
+        """Whether ``key``'s held workload is process ``pid`` (until its end is given)."""
+        held = self._held.get(key) if isinstance(key, TaskInstanceKey) else None
+        return held is not None and held.pid == pid
+
     def was_claimed(self, key: object) -> bool:
         """Whether ``key`` was held here and its task instance offered and claimed."""
         return key in self._claimed

@@ -155,11 +155,21 @@ def _into_custody(let_go: Sequence[LetGo]) -> None:
 
 
 def _kill_unheld(one: recovery.Held) -> None:
-    """Kill a handed-over workload this executor will not supervise, if it is still that process: with
-    its group, which it leads, and where its custody's watchdog runs."""
-    if runs_as(one.pid, one.start):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(one.pid, signal.SIGKILL)
+    """Kill a handed-over workload this executor will not supervise, and what it started: its process
+    group (its custody's watchdog with it) and cgroup, as for a workload this executor stops, and the
+    descendants seen of it elsewhere; each only while it is still that process."""
+    cgroup = Path(one.cgroup) if one.cgroup else None
+    try:
+        child = AdoptedChild.take(one.pid, one.start, lambda: None, cgroup)
+    except LaunchError:
+        pass  # gone, or its pid is another process's now
+    else:
+        child.signal(signal.SIGKILL)
+        child.release()
+    for pid, start in one.descendants:
+        if runs_as(pid, start):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _may_be_cleared_exit(key: object, event: Any) -> bool:
@@ -449,6 +459,8 @@ class AsyncLocalExecutor(BaseExecutor):
                 _kill_unheld(one)
                 continue
             key = record.key
+            if self._holding.holds_pid(key, one.pid):
+                continue  # this very workload, held already: a journal read again (its removal failed)
             if key in self._submissions:
                 # Its custody names this process as its owner now, so its watchdog would never fire: a
                 # second copy of the try, unsupervised, until it ended on its own.
@@ -711,11 +723,12 @@ class AsyncLocalExecutor(BaseExecutor):
         return max(0, int(super().slots_occupied) - self._prefetch.allowed())
 
     def heartbeat(self) -> None:
-        # The scheduler loop calls this outside its database work: a stop signal held while it was
-        # inside it is delivered here (stop_signals).
+        # The scheduler loop calls this between its database calls: a stop signal held while it was
+        # inside one is delivered here, before and after this executor's own work (stop_signals).
         stop_signals.hold()
         stop_signals.deliver_held()
         super().heartbeat()
+        stop_signals.deliver_held()
 
     def trigger_tasks(self, open_slots: int) -> None:
         super().trigger_tasks(open_slots + self._prefetch.allowed())
@@ -952,6 +965,7 @@ class AsyncLocalExecutor(BaseExecutor):
         Asked again with the same task instances (Airflow retries the call when its database
         transaction failed), it gives the same answer, and no end twice.
         """
+        stop_signals.hold()  # Airflow 2 installs its stop handlers after start(), before its first adoption
         unknown = {ti.key for ti in tis if not self._holding.knows(ti.key)}
         if self._config.hands_over and unknown:
             # A scheduler that stopped after this one started (its journal was locked at the start)
