@@ -61,7 +61,7 @@ PUBLIC_REASONS: Mapping[str, str] = MappingProxyType(
 @dataclass(frozen=True)
 class Health:
     """:param codes: the code of each reason (:data:`PUBLIC_REASONS`), for whoever may ask unauthenticated;
-        empty: :data:`WITHHELD`, if there are reasons
+    empty: :data:`WITHHELD`, if there are reasons
     """
 
     verdict: Verdict
