@@ -125,6 +125,13 @@ def _ended_unclaimed(executor: CustodyExecutor, key: TaskInstanceKey) -> bool:
     return any(held.key == key and held.ended is not None for held in executor._holding.waiting())
 
 
+def _succeeds(scheduler: Scheduler, key: object, gate: Path) -> None:
+    """Open the gate its stub waits on: the workload ends, and the scheduler gets its success."""
+    gate.unlink()
+    scheduler.run_until(lambda: key in scheduler.events)
+    assert scheduler.events[key] == (TaskInstanceState.SUCCESS, None)
+
+
 def _quiet_for_a_report(executor: CustodyExecutor, scheduler: Scheduler) -> None:
     """Run the scheduler's loop until two more health reports have passed: what was coming has come."""
     seen = executor.reports
@@ -165,9 +172,7 @@ def test_a_stop_lets_running_tasks_go_and_the_next_executor_adopts_them_and_repo
     assert "1 others are left for the scheduler to reset" in caplog.text
 
     scheduler = Scheduler(second)
-    ok_gate.unlink()
-    scheduler.run_until(lambda: ok.key in scheduler.events)
-    assert scheduler.events[ok.key] == (TaskInstanceState.SUCCESS, None)
+    _succeeds(scheduler, ok.key, ok_gate)
     assert fails.key not in scheduler.events  # still running
     fails_gate.unlink()
     scheduler.run_until(lambda: fails.key in scheduler.events)
@@ -350,9 +355,7 @@ def test_a_wall_clock_step_before_a_stop_leaves_an_adopted_task_its_limit(
     _quiet_for_a_report(second, scheduler)
     assert alive(stub), "the adopted task was stopped"
     assert "timeout; terminating it" not in caplog.text
-    gate.unlink()
-    scheduler.run_until(lambda: limited.key in scheduler.events)
-    assert scheduler.events[limited.key] == (TaskInstanceState.SUCCESS, None)
+    _succeeds(scheduler, limited.key, gate)
 
 
 LIMIT = 20.0  # a task's run-time limit, for a task handed over twice
@@ -398,9 +401,7 @@ def test_a_task_handed_over_by_a_stop_then_a_crash_keeps_the_limit_counted_from_
     _quiet_for_a_report(third, scheduler)
     assert time.monotonic() - launched < LIMIT, "too slow to tell: the limit ran out meanwhile"
     assert alive(stub), f"stopped before its limit: {caplog.text[-2000:]}"
-    gate.unlink()
-    scheduler.run_until(lambda: twice.key in scheduler.events)
-    assert scheduler.events[twice.key] == (TaskInstanceState.SUCCESS, None)
+    _succeeds(scheduler, twice.key, gate)
 
 
 def test_a_running_executor_holds_what_a_scheduler_stopped_after_its_start_handed_over(
@@ -444,10 +445,7 @@ def test_a_running_executor_takes_only_a_journal_that_names_a_task_instance_offe
     assert second.try_adopt_task_instances([unrelated]) == [unrelated]  # type: ignore[list-item]
     assert second._holding.waiting() == []
     assert second.try_adopt_task_instances([workloads.Revoked(held.key)]) == []  # type: ignore[list-item]
-    gate.unlink()
-    scheduler = Scheduler(second)
-    scheduler.run_until(lambda: held.key in scheduler.events)
-    assert scheduler.events[held.key] == (TaskInstanceState.SUCCESS, None)
+    _succeeds(Scheduler(second), held.key, gate)
 
 
 def test_a_held_workload_never_offered_is_stopped_without_an_event(
@@ -492,9 +490,7 @@ def test_a_handed_over_workload_of_a_try_this_executor_already_runs_is_stopped(
     assert alive(mine)
     assert second._holding.waiting() == []
     assert "is a try this executor already runs: it is stopped" in caplog.text
-    gate.unlink()
-    scheduler.run_until(lambda: task.key in scheduler.events)
-    assert scheduler.events[task.key] == (TaskInstanceState.SUCCESS, None)
+    _succeeds(scheduler, task.key, gate)
 
 
 def test_a_held_workload_named_again_by_a_journal_read_twice_runs_on(
@@ -516,10 +512,7 @@ def test_a_held_workload_named_again_by_a_journal_read_twice_runs_on(
     [record] = seen
     second._hold([record])  # the journal's second reading
     assert second.try_adopt_task_instances([workloads.Revoked(task.key)]) == []  # type: ignore[list-item]
-    gate.unlink()
-    scheduler = Scheduler(second)
-    scheduler.run_until(lambda: task.key in scheduler.events)
-    assert scheduler.events[task.key] == (TaskInstanceState.SUCCESS, None)  # it ran to its end, not killed
+    _succeeds(Scheduler(second), task.key, gate)  # it ran to its end, not killed
 
 
 # A workload handed over twice keeps the countdown its launch gave it, whatever its adopter's own setting.
