@@ -1,4 +1,4 @@
-"""Argument checks; the import-weight rule of the fork-server helper (tests/core/test_layers.py has the
+"""Argument checks; the import-weight rule of the fork-server helper (tests/packaging/test_layers.py has the
 core's independence from Airflow)."""
 
 from __future__ import annotations
