@@ -25,10 +25,9 @@ from collections.abc import Sequence
 from async_local_executor.core.launchers.forkserver import protocol
 from async_local_executor.core.launchers.forkserver.helper.clone import sibling_fork_supported
 from async_local_executor.core.launchers.forkserver.helper.hygiene import ImportWatch
-from async_local_executor.core.launchers.forkserver.helper.pools import stop_known_pools
 from async_local_executor.core.launchers.forkserver.helper.preload import Unfit, preload_learned
 from async_local_executor.core.launchers.forkserver.helper.server import Helper, Target
-from async_local_executor.core.launchers.forkserver.helper.threads import ThreadCensus
+from async_local_executor.core.launchers.forkserver.helper.threads import ThreadCensus, stop_known_pools
 from async_local_executor.core.launchers.forkserver.protocol import MAX_MESSAGE, decode, encode, size_buffers
 from async_local_executor.core.lifeline import EXIT_ORPHANED, die_with_parent
 

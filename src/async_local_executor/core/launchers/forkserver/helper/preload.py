@@ -33,8 +33,11 @@ from async_local_executor.core.launchers.forkserver.helper.hygiene import (
     ImportWatch,
     kept_warnings_filters,
 )
-from async_local_executor.core.launchers.forkserver.helper.pools import stop_known_pools
-from async_local_executor.core.launchers.forkserver.helper.threads import ThreadCensus, thread_ids
+from async_local_executor.core.launchers.forkserver.helper.threads import (
+    ThreadCensus,
+    stop_known_pools,
+    thread_ids,
+)
 from async_local_executor.core.launchers.forkserver.protocol import Loaded, PreloadReport, Refused
 
 KIB = 1024
