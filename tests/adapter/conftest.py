@@ -18,23 +18,10 @@ from typing import Any
 
 import pytest
 
-from harness import cgroups
 from tests.adapter.driver import RecordingExecutor
+from tests.executor_cgroups import cgroup_root  # noqa: F401 - a fixture, for this directory
 
 StartExecutor = Callable[..., RecordingExecutor]
-
-
-@pytest.fixture(autouse=True, scope="session")
-def cgroup_root() -> Iterator[None]:
-    """The session's executors make their cgroups under a root of their own, removed at the end."""
-    env = cgroups.sandbox_env()
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        cgroups.remove_from(env)
-        for name in env:
-            os.environ.pop(name, None)
 
 
 LAUNCHER_ENV = "AIRFLOW__ASYNC_LOCAL_EXECUTOR__LAUNCHER"

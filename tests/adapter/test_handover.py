@@ -290,6 +290,9 @@ def test_each_team_holds_only_what_its_own_executor_handed_over(
     # each must hold only its own team's workloads.
     monkeypatch.setenv("AIRFLOW__TEAM_A___ASYNC_LOCAL_EXECUTOR__STATE_DIR", str(state))
     monkeypatch.setenv("AIRFLOW__TEAM_A___ASYNC_LOCAL_EXECUTOR__ON_STOP", "handover")
+    # A team's section does not fall back to the global one: its cgroups go under the session's root too.
+    root = os.environ.get("AIRFLOW__ASYNC_LOCAL_EXECUTOR__CGROUP_ROOT", "")
+    monkeypatch.setenv("AIRFLOW__TEAM_A___ASYNC_LOCAL_EXECUTOR__CGROUP_ROOT", root)
     plain, plain_gate = _held_task(tmp_path, "plain")
     teamed, teamed_gate = _held_task(tmp_path, "teamed")
     first_plain, first_team = start(), start(team="team_a")
