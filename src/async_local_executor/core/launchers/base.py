@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Protocol
 
+import anyio
+import anyio.abc
 from typing_extensions import Self
 
 from async_local_executor.core.cgroups.group import WorkloadCgroup
@@ -208,3 +211,26 @@ async def prepare(request: LaunchRequest, pid: int) -> None:
         if is_full(exc):  # waits for room
             raise DescriptorsFull(f"cannot prepare the workload process: {exc}") from exc
         raise LaunchError(f"cannot prepare the workload process: {exc}") from exc
+
+
+# One spawn through an event loop at a time in this process, whichever loop asks: uvloop refuses a spawn
+# while another loop of the process is inside one ("Racing with another loop to spawn a process"), which
+# happens when a before-fork hook lets the other thread run; a scheduler with teams runs one loop per
+# team's executor.
+_SPAWNING = threading.Lock()
+SPAWN_POLL = 0.001
+"""Seconds between tries for the spawn lock while another loop of the process spawns (a few ms)."""
+
+
+async def open_process(command: Sequence[str], **kwargs: Any) -> anyio.abc.Process:
+    """:func:`anyio.open_process`, one at a time in this process across event loops.
+
+    The lock is taken without waiting, so no cancellation falls between taking it and the ``try`` that
+    releases it; a loop that finds it taken polls, leaving its own tasks to run.
+    """
+    while not _SPAWNING.acquire(blocking=False):  # noqa: ASYNC110 - held by other threads' loops
+        await anyio.sleep(SPAWN_POLL)
+    try:
+        return await anyio.open_process(list(command), **kwargs)
+    finally:
+        _SPAWNING.release()

@@ -27,7 +27,13 @@ from typing_extensions import Self
 
 from async_local_executor.core.clock import SYSTEM, Clock
 from async_local_executor.core.errors import DescriptorsFull, LaunchError, is_full, launch_error
-from async_local_executor.core.launchers.base import LauncherReport, LaunchRequest, OutputSink, prepare
+from async_local_executor.core.launchers.base import (
+    LauncherReport,
+    LaunchRequest,
+    OutputSink,
+    open_process,
+    prepare,
+)
 from async_local_executor.core.launchers.output import LineSplitter, discard, drain_after_exit, drain_stream
 from async_local_executor.core.launchers.pidfd_child import PidfdChild, pidfds_work
 from async_local_executor.core.launchers.tree import GroupSignaller
@@ -117,8 +123,8 @@ class SubprocessLauncher:
 
     async def _launch_transport(self, request: LaunchRequest) -> TransportChild:
         try:
-            process = await anyio.open_process(
-                list(request.argv),
+            process = await open_process(
+                request.argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,

@@ -31,7 +31,7 @@ import psutil
 
 from async_local_executor.core.clock import SYSTEM, Clock
 from async_local_executor.core.errors import DescriptorsFull, LaunchError, launch_error
-from async_local_executor.core.launchers.base import HELPER_KEY, LaunchRequest, OutputSink
+from async_local_executor.core.launchers.base import HELPER_KEY, LaunchRequest, OutputSink, open_process
 from async_local_executor.core.launchers.forkserver import LOGGER, protocol
 from async_local_executor.core.launchers.forkserver.channel import Channel, ChannelClosed
 from async_local_executor.core.launchers.forkserver.child import ForkServerChild
@@ -366,7 +366,7 @@ async def start_helper(
         argv.append("--learned")
         plan = protocol.Plan(modules=tuple(learned), budget=spec.memory_budget)
     try:
-        process = await anyio.open_process(
+        process = await open_process(
             argv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
