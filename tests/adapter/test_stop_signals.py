@@ -9,6 +9,7 @@ test drives a real executor's heartbeat.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -21,6 +22,7 @@ from airflow import settings
 
 from async_local_executor.adapter import stop_signals
 from tests.adapter.conftest import StartExecutor
+from tests.waits import poll
 
 GUARD = 30.0
 
@@ -62,9 +64,14 @@ def _run_scheduler_loop() -> None:
     signal.raise_signal(signal.SIGTERM)
 
 
-def test_a_stop_inside_database_work_is_held_and_delivered_at_the_heartbeat(scheduler: Scheduler) -> None:
+def test_a_stop_inside_database_work_is_held_and_delivered_at_the_heartbeat(
+    scheduler: Scheduler, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger=stop_signals.__name__)
     database_work()
     assert scheduler.stops == []
+    # Said by the watcher thread, not in the handler.
+    poll("the held stop to be logged", lambda: "inside a call of its loop" in caplog.text, GUARD)
     with pytest.raises(SystemExit):
         stop_signals.deliver_held()
     assert scheduler.stops == [signal.SIGTERM]

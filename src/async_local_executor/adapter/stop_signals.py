@@ -86,14 +86,8 @@ class _Held:
         if os.getpid() != self.owner or self.released or self.pending or _in_loop(frame):
             self.deliver(original, signum)
             return
+        self.deadline = time.monotonic() + BOUND  # before pending: the watcher reads them in that order
         self.pending = signum
-        self.deadline = time.monotonic() + BOUND
-        log.info(
-            "%s received while the scheduler is inside a call of its loop: it stops at the loop's next "
-            "executor heartbeat, or in %.0fs wherever it is",
-            signal.Signals(signum).name,
-            BOUND,
-        )
         self.wake.set()  # only the watcher waits on it: no lock the interrupted thread could hold
 
     def deliver(self, original: Handler, signum: int) -> None:
@@ -103,6 +97,7 @@ class _Held:
     def watch(self) -> None:
         """The watcher thread: signal the main thread again once a held signal's bound has passed; the
         handler then finds one held and delivers it."""
+        announced = 0
         while True:
             self.wake.wait()
             self.wake.clear()
@@ -110,11 +105,20 @@ class _Held:
                 with self.lock:
                     signum = self.pending
                     if not signum or self.delivered or self.released:
+                        announced = 0
                         break
+                    announce, announced = signum != announced, signum
                     left = self.deadline - time.monotonic()
                     if left <= 0:
                         signal.pthread_kill(threading.main_thread().ident or 0, signum)
                         break
+                if announce:  # logged here, not in the handler, where a log call could deadlock
+                    log.info(
+                        "%s received while the scheduler is inside a call of its loop: it stops at the "
+                        "loop's next executor heartbeat, or in %.0fs wherever it is",
+                        signal.Signals(signum).name,
+                        BOUND,
+                    )
                 if self.wake.wait(left):  # a change meanwhile: look again
                     self.wake.clear()
 
