@@ -156,8 +156,9 @@ def _into_custody(let_go: Sequence[LetGo]) -> None:
 
 def _kill_unheld(one: recovery.Held) -> None:
     """Kill a handed-over workload this executor will not supervise, and what it started: its process
-    group (its custody's watchdog with it) and cgroup, as for a workload this executor stops, and the
-    descendants seen of it elsewhere; each only while it is still that process."""
+    group (its custody's watchdog with it) and its cgroup's members, as for a workload this executor
+    stops, and the descendants seen of it elsewhere; each only while it is still that process. The
+    emptied cgroup is left for the next reclaim."""
     cgroup = Path(one.cgroup) if one.cgroup else None
     try:
         child = AdoptedChild.take(one.pid, one.start, lambda: None, cgroup)
