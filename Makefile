@@ -18,7 +18,7 @@ BENCH_VARIANTS ?= stock,ours
 BENCH_ARGS ?=
 
 .PHONY: install install-airflow2 install-airflow210 install-browser test test-airflow3 test-airflow2 test-airflow210 \
-	test-airflow2-both \
+	test-airflow2-both test-unit-and-airflow2 test-e2e \
 	test-core test-unit lint demo docs screenshots lock lock-airflow2 lock-airflow210 \
 	clean bench bench-full bench-smoke bench-airflow2
 
@@ -60,24 +60,33 @@ $(CHROMIUM):
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
 
-# Everything: the suite on Airflow 3.3, then the Airflow 2 tests (end to end on PostgreSQL) on 2.11 and
-# 2.10, one after another. TEST_JOBS=2 runs the Airflow 2 suites beside the Airflow 3.3 one and XDIST=2
-# splits the latter over two pytest-xdist workers (a module's tests stay on one worker, so a module-scoped
-# Airflow starts once). Not the default: every real Airflow then shares the cores with two or three
-# others, and end-to-end tests run into their guards (README, "Tests", has the timings).
-TEST_JOBS ?= 1
-XDIST ?= 0
+# Everything, in two lanes side by side (the end-to-end tests mostly wait on Airflow, so two lanes keep
+# both cores busy): the Airflow 3.3 end-to-end tests over XDIST pytest-xdist workers in one; the tests that
+# start no Airflow deployment, then the Airflow 2 tests on 2.11 and on 2.10, in the other. The lanes
+# take about as long as each other (README, "Tests", has the timings). TEST_JOBS=1 runs them one after
+# the other, XDIST=0 the end-to-end tests one at a time.
+TEST_JOBS ?= 2
+XDIST ?= 2
 
-test:
-	$(MAKE) --no-print-directory --jobs=$(TEST_JOBS) --output-sync=target test-airflow3 test-airflow2-both
+# The Airflow 3.3 virtualenv first: both lanes use it.
+test: install
+	$(MAKE) --no-print-directory --jobs=$(TEST_JOBS) --output-sync=target test-e2e test-unit-and-airflow2
+
+test-unit-and-airflow2:
+	$(MAKE) --no-print-directory test-unit
+	$(MAKE) --no-print-directory test-airflow2-both
 
 test-airflow2-both:
 	$(MAKE) --no-print-directory test-airflow2
 	$(MAKE) --no-print-directory test-airflow210
 
-# The tests that start no Airflow deployment over UNIT_JOBS workers (test-unit), then those that do,
-# one at a time unless XDIST says otherwise.
-test-airflow3: test-unit install-browser
+# The suite on Airflow 3.3 alone: the tests that start no Airflow deployment, then those that do.
+test-airflow3: test-unit
+	$(MAKE) --no-print-directory test-e2e
+
+# The tests that start a real Airflow 3.3 deployment (marked e2e). A module's tests stay on one worker
+# (--dist=loadscope), so a module-scoped deployment starts once.
+test-e2e: install install-browser
 	$(BIN)/python -m pytest -m e2e --numprocesses=$(XDIST) --dist=loadscope --durations=25 $(PYTEST_ARGS)
 
 # The executor page's screenshots in docs/images, from the browser test on a real Airflow.

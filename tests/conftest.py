@@ -39,6 +39,9 @@ def pytest_asyncio_loop_factories(
     config: pytest.Config, item: pytest.Item
 ) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
     # Every async test runs on plain asyncio and on uvloop: the executor picks uvloop when installed.
+    # A test marked one_loop runs on uvloop alone: what it checks happens in another process.
     import uvloop
 
+    if item.get_closest_marker("one_loop") is not None:
+        return {"uvloop": uvloop.new_event_loop}
     return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}

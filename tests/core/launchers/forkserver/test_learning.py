@@ -3,6 +3,10 @@
 A throwaway "site" directory holds modules of a fake installed distribution (one good, one that starts
 a thread at import, one that raises) and a "dags" directory holds a module of no distribution, both on
 the helpers' PYTHONPATH only. Workloads name a "DAG file" importing them all at its top.
+
+What is learned, preloaded and refused happens in the helper and its children, the same whatever loop
+the launcher runs on (tests/core/launchers/forkserver/test_launcher.py runs the launcher on both): these
+tests run on uvloop alone.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from async_local_executor.core.launchers.forkserver.learning.source import top_l
 from async_local_executor.core.launchers.forkserver.protocol import Loaded, PreloadReport
 from tests.core.helpers import GUARD, Recorder, py
 from tests.core.supervising import TARGET, serving
+
+pytestmark = pytest.mark.one_loop
 
 DIST = "fakepre-good"
 
