@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from async_local_executor.ops.status_read import read_all
+from async_local_executor.ops.status_read import ADOPTION_ADOPTED, adoption_of, read_all
 from harness.demo import EXECUTOR
 from harness.teams import TeamsSandbox
 from tests.core.helpers import alive
@@ -93,10 +93,8 @@ def adopted_per_team(sandbox: TeamsSandbox) -> dict[str | None, list[str]]:
     for found in read_all(sandbox.home / "async_local_executor"):
         if found.stale is None:
             rows = found.data.get("running", [])
-            # A claimed workload's row says "adopted": true (a held one's does not since the status files
-            # tell the two apart), read as is so the test runs on versions before that too.
             adopted[found.data.get("team")] = sorted(
-                str(row["key"]) for row in rows if row.get("adopted") is True
+                str(row["key"]) for row in rows if adoption_of(row) == ADOPTION_ADOPTED
             )
     return adopted
 

@@ -246,11 +246,7 @@ def test_a_handed_over_workload_is_marked_held_until_claimed_then_adopted(tmp_pa
     writer.write(Report(time.monotonic(), 0.0, 0.0, Health(Verdict.HEALTHY), state))
 
     [found] = read_all(tmp_path)
-    assert [(row.get("adoption"), row.get("adopted")) for row in found.data["running"]] == [
-        ("held", None),
-        ("adopted", True),  # adopted: what an earlier version's reader marks
-        (None, None),
-    ]
+    assert [row.get("adoption") for row in found.data["running"]] == ["held", "adopted", None]
     [shown] = overview.status([found], HOST, time.time(), tmp_path)["executors"]
     assert [(w["task"], w.get("adoption")) for w in shown["running"]] == [
         ("etl.load[3]", "held"),
@@ -265,17 +261,14 @@ def test_a_handed_over_workload_is_marked_held_until_claimed_then_adopted(tmp_pa
     ]
 
 
-def test_a_workload_an_earlier_version_marked_adopted_is_shown_adopted(tmp_path: Path) -> None:
-    # Earlier versions wrote only adopted = true, from the hold on; and a writer not told which ones are
-    # claimed writes what they wrote.
+def test_a_writer_not_told_which_are_claimed_marks_every_handed_over_workload_adopted(tmp_path: Path) -> None:
     state = quiet(
         running=(RunningWorkload("etl.load[3] try 2", os.getpid(), time.time() - 5, "default", adopted=True),)
     )
     writer = StatusWriter(status_path(tmp_path, "a"), {"instance": "a", "pid": os.getpid(), "parallelism": 4})
     writer.write(Report(time.monotonic(), 0.0, 0.0, Health(Verdict.HEALTHY), state))
     [found] = read_all(tmp_path)
-    assert found.data["running"][0]["adopted"] is True
-    assert "adoption" not in found.data["running"][0]
+    assert found.data["running"][0]["adoption"] == "adopted"
     [shown] = overview.status([found], HOST, time.time(), tmp_path)["executors"]
     assert shown["running"][0]["adoption"] == "adopted"
     assert "etl.load[3] try 2 (adopted)" in rendered([found], tmp_path)

@@ -8,9 +8,8 @@ first executor made for it; any other's from ``/proc``: file reads for every run
 belong on the loop either). Nothing here knows Airflow.
 
 A workload a stopped predecessor handed over is ``held`` until its task instance is claimed, then
-``adopted`` (the row's ``adoption``, :data:`ADOPTION_HELD` or :data:`ADOPTION_ADOPTED`; ``adopted`` is
-true once it is adopted, for the readers of earlier versions). Which ones are claimed, the writer is told
-(``claimed``); without that it knows no more than earlier versions did, and marks every one adopted.
+``adopted`` (the row's ``adoption``, :data:`ADOPTION_HELD` or :data:`ADOPTION_ADOPTED`). Which ones are
+claimed, the writer is told (``claimed``); a writer not told marks every one adopted.
 """
 
 from __future__ import annotations
@@ -178,11 +177,8 @@ def _numbers(cgroup: WorkloadCgroup | None, pid: int, rss: Mapping[int, int | No
 def _adoption(workload: RunningWorkload, claimed: Callable[[int], bool] | None) -> dict[str, Any]:
     if not workload.adopted:
         return {}
-    if claimed is None:
-        return {"adopted": True}  # not told which are claimed: as earlier versions wrote it
-    if claimed(workload.pid):
-        return {"adoption": ADOPTION_ADOPTED, "adopted": True}
-    return {"adoption": ADOPTION_HELD}
+    held = claimed is not None and not claimed(workload.pid)
+    return {"adoption": ADOPTION_HELD if held else ADOPTION_ADOPTED}
 
 
 def document(

@@ -43,7 +43,7 @@ SUFFIX = ".json"
 # The writer's process start, in clock ticks since boot, which a clock step does not move.
 START_TICKS_KEY = "pid_start_ticks"
 # A running workload's ``adoption``: handed over by a stopped predecessor and held, its task instance not
-# claimed yet; then claimed (``adopted`` is true as well then, for the readers of earlier versions).
+# claimed yet; then claimed.
 ADOPTION_HELD = "held"
 ADOPTION_ADOPTED = "adopted"
 # A report older than this comes from an executor whose loop (or whole scheduler) has stopped.
@@ -56,14 +56,9 @@ _warned: set[tuple[Path, bool]] = set()
 
 def adoption_of(row: Mapping[str, Any]) -> str | None:
     """What a running workload's row says of its adoption: :data:`ADOPTION_HELD`, :data:`ADOPTION_ADOPTED`,
-    or None for a workload launched by its own executor (or an ``adoption`` this version does not know).
-
-    A row of an earlier version says only ``adopted``, which it wrote from the hold on.
-    """
+    or None for a workload launched by its own executor (or an ``adoption`` this version does not know)."""
     adoption = row.get("adoption")
-    if adoption is not None:
-        return adoption if adoption in (ADOPTION_HELD, ADOPTION_ADOPTED) else None
-    return ADOPTION_ADOPTED if row.get("adopted") is True else None
+    return adoption if adoption in (ADOPTION_HELD, ADOPTION_ADOPTED) else None
 
 
 @dataclass(frozen=True)
@@ -228,7 +223,6 @@ NUMBER = _scalar(_finite, "not a finite number")
 INTEGER = _scalar(lambda v: type(v) is int, "not an integer")
 COUNT = _scalar(lambda v: type(v) is int and v >= 0, "not a count")
 PID = _scalar(lambda v: type(v) is int and v > 0, "not a pid")
-BOOL = _scalar(lambda v: type(v) is bool, "not true or false")
 TEXT = _scalar(lambda v: isinstance(v, str), "not a string")
 FLAG = _scalar(lambda v: isinstance(v, bool), "not true or false")
 SAMPLE = _scalar(lambda v: isinstance(v, list) and len(v) == 3 and all(map(_finite, v)), "not 3 numbers")
@@ -323,7 +317,6 @@ _RUNNING = _record(
         "peak_mb": _maybe(NUMBER),
         "cpu_s": _maybe(NUMBER),
         "memory_from": _maybe(TEXT),
-        "adopted": _maybe(BOOL),
         "adoption": _maybe(TEXT),
     },
     required=("key", "pid"),
