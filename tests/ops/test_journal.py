@@ -167,7 +167,7 @@ def test_the_journal_is_compacted_and_keeps_only_live_launches(
         header, live = journal_file.read(fd)
     finally:
         os.close(fd)
-    assert header["owner"] == "compacting"
+    assert header.owner == "compacting"
     assert {pid: key for pid, (_, key) in live.items()} == {procs[2].pid: "stays"}
     journal.close()
 

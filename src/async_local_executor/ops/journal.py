@@ -40,15 +40,16 @@ from async_local_executor.core.outcome import Outcome
 from async_local_executor.core.proc_identity import runs_as, start_ticks
 from async_local_executor.core.supervisor import Listener
 from async_local_executor.ops.journal_file import (
-    COMPANIONS_KEY,
-    HANDOVER_TIMEOUT_KEY,
     INSTANCE_ENV,
-    OWNER_KEY,
-    OWNER_START_KEY,
-    START_KEY,
     SUFFIX,
     Companion,
-    encode,
+    Ended,
+    HandoverLine,
+    Header,
+    HeldFrom,
+    Launch,
+    SeenLine,
+    encode_line,
     install_locked,
 )
 from async_local_executor.ops.reclaim import Held, ReclaimResult, Survivor, reclaim
@@ -136,17 +137,9 @@ class LaunchJournal:
         """
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         instance = uuid.uuid4().hex
-        header = encode(
-            {
-                "instance": instance,
-                "owner": owner,
-                OWNER_KEY: owner_key,
-                "pid": os.getpid(),
-                OWNER_START_KEY: start_ticks(os.getpid()),
-                "opened": time.time(),
-                COMPANIONS_KEY: [companion.encode() for companion in companions],
-            }
-        )
+        header = Header(
+            instance, owner, owner_key, os.getpid(), start_ticks(os.getpid()), time.time(), tuple(companions)
+        ).encode()
         # Appears under its name already locked: a reclaimer never takes it for a dead writer's.
         fd = install_locked(directory / f"{instance}{SUFFIX}", header)
         return cls(directory, fd, instance, header)
@@ -174,12 +167,9 @@ class LaunchJournal:
         with self._lock:
             if self._starts.get(pid) == start and pid in self._live:
                 return
-        entry: dict[str, object] = {"+": pid, START_KEY: start, "key": label}
-        if handover_timeout > 0:
-            entry[HANDOVER_TIMEOUT_KEY] = handover_timeout
-            if info:
-                entry["info"] = dict(info)
-        self._open_launch(pid, start, _encoded(entry, "info"))
+        timeout = max(handover_timeout, 0.0)
+        launch = Launch(pid, start, label, timeout, info=dict(info) if info and timeout > 0 else None)
+        self._open_launch(pid, start, encode_line(launch))
 
     def hold(self, held: Held) -> None:
         """Record a workload taken over from a dead instance (its reclaim held it) as a launch of this one.
@@ -189,22 +179,9 @@ class LaunchJournal:
         as a handover: that one was the dead instance's, and only :meth:`handed_over` makes another. The
         descendants seen of it are journalled again.
         """
-        held_line = {
-            "info": dict(held.info),
-            "cgroup": held.cgroup,
-            "at": held.at,
-            "boot": held.boot,
-            "timeout": held.timeout,
-            "from": held.instance,
-        }
-        entry: dict[str, object] = {
-            "+": held.pid,
-            START_KEY: held.start,
-            "key": held.key,
-            HANDOVER_TIMEOUT_KEY: held.timeout,
-            "held": held_line,
-        }
-        self._open_launch(held.pid, held.start, _encoded(entry, "held", "info"))
+        source = HeldFrom(held.info, held.cgroup, held.at, held.boot, held.timeout, held.instance)
+        launch = Launch(held.pid, held.start, held.key, held.timeout, held=source)
+        self._open_launch(held.pid, held.start, encode_line(launch))
         if held.descendants:  # what the dead journal had seen of it, for this one's reclaim in turn
             self.seen({held.pid: held.descendants})
 
@@ -231,17 +208,17 @@ class LaunchJournal:
             if start is None or pid not in self._live:
                 log.debug("pid %d handed over is no launch still open: not journalled", pid)
                 return
-            entry: dict[str, object] = {
-                "handover": pid,
-                START_KEY: start,
-                "info": dict(info),
-                "cgroup": cgroup,
-                "at": time.time(),
-                "boot": time.clock_gettime(time.CLOCK_BOOTTIME),
-                "timeout": timeout,
-            }
-            self._handovers[pid] = line = _encoded(entry, "info")
-            self._append(line)
+            record = HandoverLine(
+                pid,
+                start,
+                info=dict(info),
+                cgroup=cgroup,
+                at=time.time(),
+                boot=time.clock_gettime(time.CLOCK_BOOTTIME),
+                timeout=timeout,
+            )
+            self._handovers[pid] = encoded = encode_line(record)
+            self._append(encoded)
 
     def ended(self, pid: int) -> None:
         with self._lock:
@@ -249,7 +226,7 @@ class LaunchJournal:
                 self._starts.pop(pid, None)
                 self._handovers.pop(pid, None)
                 self._seen_lines -= len(self._seen.pop(pid, {}))
-                self._append(encode({"-": pid}))
+                self._append(encode_line(Ended(pid)))
 
     def seen(self, found: Mapping[int, Sequence[tuple[int, int]]]) -> None:
         """Record the descendants not recorded yet of each running launch, as ``(pid, start ticks)``.
@@ -279,9 +256,9 @@ class LaunchJournal:
                     if len(known) >= _SEEN_PER_LAUNCH:
                         break
                     pid, start = ident
-                    known[ident] = line = encode({"seen": pid, START_KEY: start, "of": launch})
+                    known[ident] = encoded = encode_line(SeenLine(pid, start, launch))
                     self._seen_lines += 1
-                    self._append(line)
+                    self._append(encoded)
 
     def _crowded(self, launch: int, descendants: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
         """The recorded descendants of ``launch`` if the new ones would not all fit beside them."""
@@ -359,26 +336,6 @@ class LaunchJournal:
         os.close(self._fd)
         self._fd = fd
         self._lines = len(content)
-
-
-def _encoded(entry: dict[str, object], *opaque: str) -> bytes:
-    """``entry``'s line; an opaque field JSON cannot hold is written empty, with a warning."""
-    try:
-        return encode(entry)
-    except (TypeError, ValueError) as exc:
-        log.warning(
-            "the launch journal cannot hold the data given for pid %s (%s): written without it",
-            entry.get("+", entry.get("handover")),
-            exc,
-        )
-        emptied = dict(entry)
-        for name in opaque:
-            value = emptied.get(name)
-            if name == "held" and isinstance(value, dict):
-                emptied[name] = {**value, "info": {}}
-            elif name in emptied:
-                emptied[name] = {}
-        return encode(emptied)
 
 
 class RecordingListener:

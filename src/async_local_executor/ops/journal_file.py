@@ -7,6 +7,9 @@ per exit, and ``{"seen": pid, "start_ticks": ..., "of": pid}`` per descendant a 
 exit ends those too). Written by :class:`~async_local_executor.ops.journal.LaunchJournal`, read by
 :func:`~async_local_executor.ops.reclaim.reclaim`.
 
+Each kind of line is one type here (:class:`Header`, :class:`Launch`, :class:`Ended`, :class:`SeenLine`,
+:class:`HandoverLine`), which the writer encodes and the reader decodes.
+
 Handover (workloads that outlive their scheduler, for the next one to adopt) adds:
 
 - on a launch line, ``"handover_timeout": <s>`` when the workload was started to outlive its scheduler
@@ -32,6 +35,7 @@ an instant: a reclaimer that finds only shared locks knows the writer is dead an
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import json
@@ -121,6 +125,178 @@ class Handover:
 Handovers = dict[int, Handover]
 
 
+@dataclass(frozen=True)
+class Header:
+    """The journal's first line: whose it is."""
+
+    instance: str
+    owner: str
+    """Who this is, for the log lines of whoever reclaims it."""
+    owner_key: str | None
+    """Whose workloads it records (a deployment and a team); None in a header without one."""
+    pid: int | None
+    """The owner process."""
+    pid_start: int | None
+    """The owner process's start ticks: a journal handed on is unlocked while its scheduler still runs,
+    and that one's companions are its own to stop until it has exited."""
+    opened: float | None = None
+    companions: tuple[Companion, ...] = ()
+
+    def encode(self) -> bytes:
+        return encode(
+            {
+                "instance": self.instance,
+                "owner": self.owner,
+                OWNER_KEY: self.owner_key,
+                "pid": self.pid,
+                OWNER_START_KEY: self.pid_start,
+                "opened": self.opened,
+                COMPANIONS_KEY: [companion.encode() for companion in self.companions],
+            }
+        )
+
+    @classmethod
+    def decode(cls, entry: Mapping[str, object]) -> Header:
+        """Whatever a first line holds: a field of the wrong kind reads as missing."""
+        pid, start, key = entry.get("pid"), entry.get(OWNER_START_KEY), entry.get(OWNER_KEY)
+        opened, raw = entry.get("opened"), entry.get(COMPANIONS_KEY)
+        companions = [Companion.decode(each) for each in raw] if isinstance(raw, list) else []
+        return cls(
+            instance=str(entry.get("instance", "?")),
+            owner=str(entry.get("owner", "?")),
+            owner_key=key if isinstance(key, str) else None,
+            pid=pid if type(pid) is int else None,
+            pid_start=start if type(start) is int else None,
+            opened=float(opened)
+            if isinstance(opened, (int, float)) and not isinstance(opened, bool)
+            else None,
+            companions=tuple(each for each in companions if each is not None),
+        )
+
+
+@dataclass(frozen=True)
+class HeldFrom:
+    """What a dead journal said of a launch this instance took over: the ``held`` of its launch line."""
+
+    info: Mapping[str, object]
+    cgroup: str | None
+    at: float
+    boot: float
+    timeout: float
+    instance: str
+    """The dead instance."""
+
+    def encode(self) -> dict[str, object]:
+        return {
+            "info": dict(self.info),
+            "cgroup": self.cgroup,
+            "at": self.at,
+            "boot": self.boot,
+            "timeout": self.timeout,
+            "from": self.instance,
+        }
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A launch: ``{"+": pid, ...}``."""
+
+    pid: int
+    start: int
+    key: str
+    handover_timeout: float = 0.0
+    """How long the workload outlives its scheduler (0: it dies with it)."""
+    info: Mapping[str, object] | None = None
+    """The adapter's data for whoever adopts it after a crash."""
+    held: HeldFrom | None = None
+
+    def encode(self) -> dict[str, object]:
+        entry: dict[str, object] = {"+": self.pid, START_KEY: self.start, "key": self.key}
+        if self.handover_timeout > 0:
+            entry[HANDOVER_TIMEOUT_KEY] = self.handover_timeout
+        if self.info and self.held is None:
+            entry["info"] = dict(self.info)
+        if self.held is not None:
+            entry["held"] = self.held.encode()
+        return entry
+
+    def without_data(self) -> Launch:
+        return dataclasses.replace(
+            self,
+            info={} if self.info is not None else None,
+            held=None if self.held is None else dataclasses.replace(self.held, info={}),
+        )
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A launch's end: ``{"-": pid}``."""
+
+    pid: int
+
+    def encode(self) -> dict[str, object]:
+        return {"-": self.pid}
+
+
+@dataclass(frozen=True)
+class SeenLine:
+    """A descendant a launch was seen with: ``{"seen": pid, "start_ticks": ..., "of": launch pid}``."""
+
+    pid: int
+    start: int
+    of: int
+
+    def encode(self) -> dict[str, object]:
+        return {"seen": self.pid, START_KEY: self.start, "of": self.of}
+
+
+@dataclass(frozen=True)
+class HandoverLine:
+    """A launch still open handed over by a stopping scheduler: ``{"handover": pid, ...}``."""
+
+    pid: int
+    start: int
+    info: Mapping[str, object]
+    cgroup: str | None
+    at: float
+    """Wall time of the handover."""
+    boot: float
+    """``CLOCK_BOOTTIME`` seconds at the handover, which its age is measured on."""
+    timeout: float
+
+    def encode(self) -> dict[str, object]:
+        return {
+            "handover": self.pid,
+            START_KEY: self.start,
+            "info": dict(self.info),
+            "cgroup": self.cgroup,
+            "at": self.at,
+            "boot": self.boot,
+            "timeout": self.timeout,
+        }
+
+    def without_data(self) -> HandoverLine:
+        return dataclasses.replace(self, info={})
+
+
+Line = Launch | Ended | SeenLine | HandoverLine
+
+
+def encode_line(record: Line) -> bytes:
+    """``record``'s line; the adapter's data, where JSON cannot hold it, is written empty, with a warning."""
+    try:
+        return encode(record.encode())
+    except (TypeError, ValueError) as exc:
+        if not isinstance(record, (Launch, HandoverLine)):
+            raise
+        log.warning(
+            "the launch journal cannot hold the data given for pid %s (%s): written without it",
+            record.pid,
+            exc,
+        )
+        return encode(record.without_data().encode())
+
+
 def _lock_new(fd: int) -> None:
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
@@ -183,13 +359,13 @@ def encode(entry: Mapping[str, object]) -> bytes:
     return json.dumps(entry, separators=(",", ":")).encode() + b"\n"
 
 
-def read(fd: int, path: Path | None = None) -> tuple[dict[str, object], Records]:
+def read(fd: int, path: Path | None = None) -> tuple[Header, Records]:
     """The header and the launches still open, from a journal's whole content (see :func:`read_all`)."""
     header, live, _, _ = read_all(fd, path)
     return header, live
 
 
-def read_all(fd: int, path: Path | None = None) -> tuple[dict[str, object], Records, Seen, Handovers]:
+def read_all(fd: int, path: Path | None = None) -> tuple[Header, Records, Seen, Handovers]:
     """The header, the launches still open, the descendants they were seen with, and their handovers.
 
     Lines that are not this format's (a line cut short by a crash, another version's, garbage) are
@@ -197,7 +373,7 @@ def read_all(fd: int, path: Path | None = None) -> tuple[dict[str, object], Reco
     handover fields are not this format's still records the launch (it is then not handed over).
     """
     lines = read_fd(fd).splitlines()
-    header: dict[str, object] = {}
+    header = Header.decode({})
     live: Records = {}
     seen: Seen = {}
     handovers: Handovers = {}
@@ -212,30 +388,25 @@ def read_all(fd: int, path: Path | None = None) -> tuple[dict[str, object], Reco
             if not isinstance(entry, dict):
                 raise TypeError(type(entry).__name__)
             if number == 0:
-                header = entry
-            elif "+" in entry:
-                launched = _pid(entry["+"])
-                live[launched] = (_start(entry), str(entry["key"]))
-                handovers.pop(launched, None)
-                # The launch stays recorded whatever its handover fields hold: it is killed, not lost.
-                enabled = _enabled(entry)
+                header = Header.decode(entry)
+                continue
+            record, whole = decode(entry)
+            foreign += not whole
+            if isinstance(record, Launch):
+                live[record.pid] = (record.start, record.key)
+                handovers.pop(record.pid, None)
+                enabled = _enabled(record)
                 if enabled is not None:
-                    handovers[launched] = enabled
-            elif "-" in entry:
-                ended = _pid(entry["-"])
-                live.pop(ended, None)
-                seen.pop(ended, None)
-                handovers.pop(ended, None)
-            elif "handover" in entry:
-                launch = _pid(entry["handover"])
-                if launch in live:  # one of a launch that ended is nothing to hold
-                    handovers[launch] = _handover(entry, handovers.get(launch))
-            elif "seen" in entry:
-                of = _pid(entry["of"])
-                if of in live:  # one of a launch that ended is not reclaimed, as the launch is not
-                    seen.setdefault(of, {})[_pid(entry["seen"])] = _start(entry)
-            else:
-                raise KeyError("+")
+                    handovers[record.pid] = enabled
+            elif isinstance(record, Ended):
+                live.pop(record.pid, None)
+                seen.pop(record.pid, None)
+                handovers.pop(record.pid, None)
+            elif isinstance(record, HandoverLine):
+                if record.pid in live:  # one of a launch that ended is nothing to hold
+                    handovers[record.pid] = _handover(record, handovers.get(record.pid))
+            elif record.of in live:  # one of a launch that ended is not reclaimed, as the launch is not
+                seen.setdefault(record.of, {})[record.pid] = record.start
         except (ValueError, TypeError, KeyError):
             foreign += 1
     if foreign:
@@ -247,42 +418,84 @@ def read_all(fd: int, path: Path | None = None) -> tuple[dict[str, object], Reco
     return header, live, seen, handovers
 
 
-def _enabled(entry: Mapping[str, object]) -> Handover | None:
-    """The handover a launch line enables, or None. Raises like the other fields' checks."""
-    if HANDOVER_TIMEOUT_KEY not in entry and "held" not in entry:
-        return None
-    start = entry[START_KEY]
-    if type(start) is not int:
-        raise TypeError("a handover needs a start in ticks")
-    held = entry.get("held")
-    if held is None:
-        timeout = _seconds(entry[HANDOVER_TIMEOUT_KEY])
-        return Handover(start, timeout, info=_info(entry.get("info", {}))) if timeout > 0 else None
-    if not isinstance(held, dict):
-        raise TypeError(type(held).__name__)
-    timeout = _seconds(entry.get(HANDOVER_TIMEOUT_KEY, held["timeout"]))
-    source = held["from"]
+def decode(entry: Mapping[str, object]) -> tuple[Line, bool]:
+    """The record a line (other than the first) holds, and whether all of it was this format's.
+
+    A launch whose handover fields are not this format's is still a launch, without them: it is then
+    killed by a reclaim, not lost. Raises ValueError, TypeError or KeyError for a line that is no record.
+    """
+    if "+" in entry:
+        launch = Launch(_pid(entry["+"]), _start(entry), str(entry["key"]))
+        try:
+            return _with_handover(launch, entry), True
+        except (ValueError, TypeError, KeyError):
+            return launch, False
+    if "-" in entry:
+        return Ended(_pid(entry["-"])), True
+    if "handover" in entry:
+        record = HandoverLine(
+            _pid(entry["handover"]),
+            _start(entry),
+            info=_info(entry["info"]),
+            cgroup=_cgroup(entry["cgroup"]),
+            at=_seconds(entry["at"]),
+            boot=_seconds(entry["boot"]),
+            timeout=_seconds(entry["timeout"]),
+        )
+        return record, True
+    if "seen" in entry:
+        return SeenLine(_pid(entry["seen"]), _start(entry), _pid(entry["of"])), True
+    raise KeyError("+")
+
+
+def _with_handover(launch: Launch, entry: Mapping[str, object]) -> Launch:
+    """``launch`` with the handover fields of its line. Raises like the other fields' checks."""
+    timeout = _seconds(entry[HANDOVER_TIMEOUT_KEY]) if HANDOVER_TIMEOUT_KEY in entry else None
+    raw = entry.get("held")
+    if raw is None:
+        if timeout is None:
+            return launch
+        return dataclasses.replace(launch, handover_timeout=timeout, info=_info(entry.get("info", {})))
+    if not isinstance(raw, dict):
+        raise TypeError(type(raw).__name__)
+    source = raw["from"]
     if not isinstance(source, str):
         raise TypeError(type(source).__name__)
-    if timeout <= 0:
+    held = HeldFrom(
+        info=_info(raw["info"]),
+        cgroup=_cgroup(raw["cgroup"]),
+        at=_seconds(raw["at"]),
+        boot=_seconds(raw["boot"]),
+        timeout=_seconds(raw["timeout"]),
+        instance=source,
+    )
+    return dataclasses.replace(
+        launch, handover_timeout=held.timeout if timeout is None else timeout, held=held
+    )
+
+
+def _enabled(launch: Launch) -> Handover | None:
+    """The handover a launch line enables, or None."""
+    if launch.handover_timeout <= 0:
         return None
+    if launch.held is None:
+        return Handover(launch.start, launch.handover_timeout, info=launch.info or {})
     # What the dead journal said of it, for whoever reads this one; its age is not measured from
     # there, since this instance answered for it meanwhile (see ops/reclaim.py).
-    info, cgroup = _info(held["info"]), _cgroup(held["cgroup"])
-    return Handover(start, timeout, info=info, cgroup=cgroup, held_from=source)
-
-
-def _handover(entry: Mapping[str, object], enabled: Handover | None) -> Handover:
-    start = entry[START_KEY]
-    if type(start) is not int or start < 0:
-        raise ValueError(f"not a start in ticks: {start!r}")
+    held = launch.held
     return Handover(
-        start,
-        _seconds(entry["timeout"]),
-        info=_info(entry["info"]),
-        cgroup=_cgroup(entry["cgroup"]),
-        at=_seconds(entry["at"]),
-        boot=_seconds(entry["boot"]),
+        launch.start, launch.handover_timeout, info=held.info, cgroup=held.cgroup, held_from=held.instance
+    )
+
+
+def _handover(record: HandoverLine, enabled: Handover | None) -> Handover:
+    return Handover(
+        record.start,
+        record.timeout,
+        info=record.info,
+        cgroup=record.cgroup,
+        at=record.at,
+        boot=record.boot,
         held_from=enabled.held_from if enabled is not None else None,
     )
 

@@ -43,7 +43,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -59,11 +59,8 @@ from async_local_executor.core.cgroups.discovery import (
 )
 from async_local_executor.core.proc_identity import runs_as, started_as
 from async_local_executor.ops.journal_file import (
-    COMPANIONS_KEY,
     CREATING,
     INSTANCE_ENV,
-    OWNER_KEY,
-    OWNER_START_KEY,
     SUFFIX,
     Companion,
     Handovers,
@@ -214,14 +211,14 @@ def _reclaim_in(
                     continue
                 # Its own name, not what it says inside: the mark of no other instance's processes.
                 instance = name.removesuffix(SUFFIX)
-                owner = str(header.get("owner", "?"))
+                owner = header.owner
                 # Whoever's journal it is: they are its owner's, which every executor in it shared. Not while
                 # that owner runs (a stop hands its journal on before its process exits): its own to stop.
-                pid, start = header.get("pid"), header.get(OWNER_START_KEY)
-                if not (type(pid) is int and type(start) is int and runs_as(pid, start)):
-                    _stop_companions(header.get(COMPANIONS_KEY), owner, instance, stopped)
+                pid, start = header.pid, header.pid_start
+                if not (pid is not None and start is not None and runs_as(pid, start)):
+                    _stop_companions(header.companions, owner, instance, stopped)
                 journal = _Dead(name, instance, owner, records, seen, handovers)
-                theirs = header.get(OWNER_KEY)
+                theirs = header.owner_key
                 if theirs is not None and theirs != owner_key and _any_holdable(journal):
                     # Another team's or deployment's: Airflow offers its task instances to its executor
                     # alone, which holds them when it starts. Unlocked again as this block ends.
@@ -248,7 +245,9 @@ def _reclaim_in(
     return ReclaimResult([each.survivor for each in found], held, [each.instance for each in dead])
 
 
-def _stop_companions(raw: object, owner: str, instance: str, stopped: set[tuple[int, int]]) -> None:
+def _stop_companions(
+    companions: Sequence[Companion], owner: str, instance: str, stopped: set[tuple[int, int]]
+) -> None:
     """SIGKILL the companions a dead journal names that still run as themselves, and their descendants.
 
     A service's helper that outlived the process that started it still holds what it inherited: a
@@ -259,9 +258,8 @@ def _stop_companions(raw: object, owner: str, instance: str, stopped: set[tuple[
     :param stopped: ``(pid, start)`` of the companions stopped in this reclaim so far (every team's
         journal names the same ones)
     """
-    for each in raw if isinstance(raw, list) else []:
-        companion = Companion.decode(each)
-        if companion is None or companion.pid == os.getpid() or (companion.pid, companion.start) in stopped:
+    for companion in companions:
+        if companion.pid == os.getpid() or (companion.pid, companion.start) in stopped:
             continue
         try:
             # The handle first: checked as the recorded process, it refuses any later one under the pid.
