@@ -18,7 +18,7 @@ BENCH_VARIANTS ?= stock,ours
 BENCH_ARGS ?=
 
 .PHONY: install install-airflow2 install-airflow210 install-browser test test-airflow3 test-airflow2 test-airflow210 \
-	test-airflow2-both test-unit-and-airflow2 test-e2e \
+	test-airflow2-both test-e2e \
 	test-core test-unit lint demo docs screenshots lock lock-airflow2 lock-airflow210 \
 	clean bench bench-full bench-smoke bench-airflow2
 
@@ -61,26 +61,22 @@ $(CHROMIUM):
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
 
 # Everything, in two lanes side by side (the end-to-end tests mostly wait on Airflow, so two lanes keep
-# both cores busy): the Airflow 3.3 end-to-end tests over XDIST pytest-xdist workers in one; the tests that
-# start no Airflow deployment, then the Airflow 2 tests on 2.11 and on 2.10, in the other. The lanes
-# take about as long as each other (README, "Tests", has the timings). TEST_JOBS=1 runs them one after
-# the other, XDIST=0 the end-to-end tests one at a time.
+# both cores busy): the suite on Airflow 3.3 in one (the tests that start no Airflow deployment, then the
+# end-to-end tests over XDIST pytest-xdist workers), the Airflow 2 tests on 2.11 then on 2.10 in the
+# other (README, "Tests", has the timings). TEST_JOBS=1 runs the lanes one after the other, XDIST=0 the
+# end-to-end tests one at a time.
 TEST_JOBS ?= 2
 XDIST ?= 2
 
 # The Airflow 3.3 virtualenv first: both lanes use it.
 test: install
-	$(MAKE) --no-print-directory --jobs=$(TEST_JOBS) --output-sync=target test-e2e test-unit-and-airflow2
-
-test-unit-and-airflow2:
-	$(MAKE) --no-print-directory test-unit
-	$(MAKE) --no-print-directory test-airflow2-both
+	$(MAKE) --no-print-directory --jobs=$(TEST_JOBS) --output-sync=target test-airflow3 test-airflow2-both
 
 test-airflow2-both:
 	$(MAKE) --no-print-directory test-airflow2
 	$(MAKE) --no-print-directory test-airflow210
 
-# The suite on Airflow 3.3 alone: the tests that start no Airflow deployment, then those that do.
+# The suite on Airflow 3.3: the tests that start no Airflow deployment, then those that do.
 test-airflow3: test-unit
 	$(MAKE) --no-print-directory test-e2e
 

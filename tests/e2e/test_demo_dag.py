@@ -1,7 +1,10 @@
 """A real Airflow 3.3 (api-server, scheduler, dag-processor) runs the demo DAG on AsyncLocalExecutor.
 
 One run per metadata database (SQLite in a temporary AIRFLOW_HOME; a fresh PostgreSQL database on
-127.0.0.1:5432); the tests then read what that run left behind. Nothing is mocked.
+127.0.0.1:5432), on the default launch path (the fork server); the tests then read what that run left
+behind. Nothing is mocked. The other launch path (``launcher = subprocess``) runs tasks on a real Airflow
+in tests/e2e/test_fingerprint.py, and every workload type (tasks, callbacks, connection tests) in
+tests/adapter/test_executor.py, with real child processes.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ def wait_for_connection_test(sandbox: AirflowSandbox, token: str) -> tuple[str, 
 
 @pytest.fixture(
     scope="module",
-    params=[("sqlite", "forkserver"), ("postgres", "forkserver"), ("sqlite", "subprocess")],
+    params=[("sqlite", "forkserver"), ("postgres", "forkserver")],
     ids=lambda p: "-".join(p),
 )
 def finished(request: pytest.FixtureRequest) -> Iterator[Finished]:
