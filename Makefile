@@ -68,8 +68,9 @@ $(CHROMIUM):
 TEST_JOBS ?= 2
 XDIST ?= 2
 
-# The Airflow 3.3 virtualenv first: both lanes use it.
-test: install
+# Every virtualenv first: a build leaves src/*.egg-info on the other virtualenvs' sys.path for a moment
+# (see make_venv), where an Airflow the other lane starts would find the package twice.
+test: install install-airflow2 install-airflow210
 	$(MAKE) --no-print-directory --jobs=$(TEST_JOBS) --output-sync=target test-airflow3 test-airflow2-both
 
 test-airflow2-both:

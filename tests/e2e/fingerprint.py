@@ -23,8 +23,9 @@ from harness.sandbox import AirflowSandbox
 from tests.e2e.helpers import poll, preload, preloaded
 
 DAG_FILE = Path(__file__).with_name("dags_fingerprint") / "fingerprint_dag.py"
-# Six tasks are enough to tell a generator shared between them from one of their own; the DAG file
-# is told their number (ALE_FINGERPRINT_TASKS), which a measurement can raise.
+# Six tasks are enough to tell a generator shared between them from one of their own. The DAG file
+# is told their number (ALE_FINGERPRINT_TASKS in the deployment's environment); a measurement of more
+# changes it here.
 DAG_ID, TASK_ID, TASKS = "fingerprint", "look", 6
 DRAWS = ("draw.random", "draw.numpy", "draw.module_generator")
 # Differs from task to task under any executor.

@@ -1,10 +1,10 @@
 """A real Airflow 3.3 (api-server, scheduler, dag-processor) runs the demo DAG on AsyncLocalExecutor.
 
-One run per metadata database (SQLite in a temporary AIRFLOW_HOME; a fresh PostgreSQL database on
-127.0.0.1:5432), on the default launch path (the fork server); the tests then read what that run left
-behind. Nothing is mocked. The other launch path (``launcher = subprocess``) runs tasks on a real Airflow
-in tests/e2e/test_fingerprint.py, and every workload type (tasks, callbacks, connection tests) in
-tests/adapter/test_executor.py, with real child processes.
+Two runs: on PostgreSQL (a fresh database on 127.0.0.1:5432) with the fork server, and on SQLite (in a
+temporary AIRFLOW_HOME) with ``launcher = subprocess``, so that both databases and both launch paths run
+every workload type (tasks, the deadline callback, a connection test) on a real Airflow. The tests then
+read what each run left behind. Nothing is mocked. SQLite with the fork server, the laptop default, is
+what most other end-to-end tests run on.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def wait_for_connection_test(sandbox: AirflowSandbox, token: str) -> tuple[str, 
 
 @pytest.fixture(
     scope="module",
-    params=[("sqlite", "forkserver"), ("postgres", "forkserver")],
+    params=[("postgres", "forkserver"), ("sqlite", "subprocess")],
     ids=lambda p: "-".join(p),
 )
 def finished(request: pytest.FixtureRequest) -> Iterator[Finished]:

@@ -164,24 +164,26 @@ class Header:
         return cls(
             instance=str(entry.get("instance", "?")),
             owner=str(entry.get("owner", "?")),
-            owner_key=key if isinstance(key, str) else None,
+            # Any other key than this version's strings is another deployment's, as before it was decoded.
+            owner_key=None if key is None else str(key),
             pid=pid if type(pid) is int else None,
             pid_start=start if type(start) is int else None,
-            opened=float(opened)
-            if isinstance(opened, (int, float)) and not isinstance(opened, bool)
-            else None,
+            opened=_optional_seconds(opened),
             companions=tuple(each for each in companions if each is not None),
         )
 
 
 @dataclass(frozen=True)
 class HeldFrom:
-    """What a dead journal said of a launch this instance took over: the ``held`` of its launch line."""
+    """What a dead journal said of a launch this instance took over: the ``held`` of its launch line.
+
+    Its :attr:`at` and :attr:`boot` are for whoever reads the file: its age is not measured from there.
+    """
 
     info: Mapping[str, object]
     cgroup: str | None
-    at: float
-    boot: float
+    at: float | None
+    boot: float | None
     timeout: float
     instance: str
     """The dead instance."""
@@ -214,7 +216,7 @@ class Launch:
         entry: dict[str, object] = {"+": self.pid, START_KEY: self.start, "key": self.key}
         if self.handover_timeout > 0:
             entry[HANDOVER_TIMEOUT_KEY] = self.handover_timeout
-        if self.info and self.held is None:
+        if self.info is not None and self.held is None:
             entry["info"] = dict(self.info)
         if self.held is not None:
             entry["held"] = self.held.encode()
@@ -455,7 +457,8 @@ def _with_handover(launch: Launch, entry: Mapping[str, object]) -> Launch:
     if raw is None:
         if timeout is None:
             return launch
-        return dataclasses.replace(launch, handover_timeout=timeout, info=_info(entry.get("info", {})))
+        info = _info(entry["info"]) if "info" in entry else None
+        return dataclasses.replace(launch, handover_timeout=timeout, info=info)
     if not isinstance(raw, dict):
         raise TypeError(type(raw).__name__)
     source = raw["from"]
@@ -464,14 +467,12 @@ def _with_handover(launch: Launch, entry: Mapping[str, object]) -> Launch:
     held = HeldFrom(
         info=_info(raw["info"]),
         cgroup=_cgroup(raw["cgroup"]),
-        at=_seconds(raw["at"]),
-        boot=_seconds(raw["boot"]),
-        timeout=_seconds(raw["timeout"]),
+        at=_optional_seconds(raw.get("at")),
+        boot=_optional_seconds(raw.get("boot")),
+        timeout=_seconds(raw["timeout"]) if timeout is None else timeout,
         instance=source,
     )
-    return dataclasses.replace(
-        launch, handover_timeout=held.timeout if timeout is None else timeout, held=held
-    )
+    return dataclasses.replace(launch, handover_timeout=held.timeout, held=held)
 
 
 def _enabled(launch: Launch) -> Handover | None:
@@ -503,10 +504,21 @@ def _handover(record: HandoverLine, enabled: Handover | None) -> Handover:
 def _seconds(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"not a number of seconds: {value!r}")
-    seconds = float(value)
+    try:
+        seconds = float(value)
+    except OverflowError:  # an integer beyond any float
+        raise ValueError(f"not a number of seconds: {value!r}") from None
     if not math.isfinite(seconds) or seconds < 0:
         raise ValueError(f"not a number of seconds: {value!r}")
     return seconds
+
+
+def _optional_seconds(value: object) -> float | None:
+    """A number of seconds where the field only informs: None for anything else."""
+    try:
+        return _seconds(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def _info(value: object) -> dict[str, object]:

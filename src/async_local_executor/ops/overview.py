@@ -172,8 +172,7 @@ def status(found: Sequence[Found], hostname: str, now: float, directory: Path) -
 
 def _with_task(row: dict[str, Any]) -> dict[str, Any]:
     """A workload's row with its task and try apart (its label, ``key``, says ``<task> try <n>``), and, for
-    a running one a predecessor handed over, its ``adoption`` as this version says it (an earlier
-    version's file says only ``adopted``)."""
+    a running one a predecessor handed over, its ``adoption``."""
     label = str(row.get("key", ""))
     match = _TRY.match(label)
     task, attempt = (match["task"], int(match["try"])) if match else (label, None)

@@ -4,9 +4,10 @@ A throwaway "site" directory holds modules of a fake installed distribution (one
 a thread at import, one that raises) and a "dags" directory holds a module of no distribution, both on
 the helpers' PYTHONPATH only. Workloads name a "DAG file" importing them all at its top.
 
-What is learned, preloaded and refused happens in the helper and its children, the same whatever loop
-the launcher runs on (tests/core/launchers/forkserver/test_launcher.py runs the launcher on both): these
-tests run on uvloop alone.
+What is preloaded and refused happens in the helper and its children, whatever loop the launcher runs
+on; the launcher's own part (recording what was learned, retrying a refusal) is anyio code, the same on
+both loops, whose loop-facing parts tests/core/launchers/forkserver/test_launcher.py runs on both. So
+these tests run on uvloop alone.
 """
 
 from __future__ import annotations
