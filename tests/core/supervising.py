@@ -56,6 +56,12 @@ async def serving(
                 tg.cancel_scope.cancel()  # a shutdown cut short must fail the test, not leave serve() running
 
 
+def in_flight(supervisor: Supervisor) -> int:
+    """Workloads accepted and not finished: running or waiting (loop thread only, as ``state()``)."""
+    state = supervisor.state()
+    return len(state.running) + state.waiting
+
+
 def request(key: object, **fields: Any) -> LaunchRequest:
     return LaunchRequest(key, ["workload"], **fields)
 
@@ -71,8 +77,8 @@ async def helper_replaced(launcher: ForkServerLauncher, dead: int) -> int:
     """The pid of the helper that replaced ``dead``, once the launcher has one."""
     with anyio.fail_after(GUARD):
         # The launcher publishes no event for a new helper; the guard bounds a real failure.
-        while launcher.helper_pid in (None, dead):  # noqa: ASYNC110
+        while launcher.report().pid in (None, dead):  # noqa: ASYNC110
             await anyio.sleep(0.01)
-    pid = launcher.helper_pid
+    pid = launcher.report().pid
     assert pid is not None
     return pid

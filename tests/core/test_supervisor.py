@@ -34,7 +34,7 @@ from async_local_executor.core.stopping import TerminationPolicy
 from async_local_executor.core.supervisor import LetGo, Supervisor
 from tests.core.fakes import FakeLauncher
 from tests.core.helpers import GUARD, FakeClock, Recorder, py, until_dead
-from tests.core.supervising import request, serving
+from tests.core.supervising import in_flight, request, serving
 
 pytestmark = pytest.mark.asyncio
 
@@ -88,10 +88,10 @@ async def test_an_exit_is_reported_once_with_its_status(status: int, kind: Outco
         child = launcher.children["k"]
         await recorder.until(lambda: "k" in recorder.pids)
         assert recorder.pids["k"] == child.pid
-        assert supervisor.in_flight == 1
+        assert in_flight(supervisor) == 1
         child.exit(status)
         await recorder.until(lambda: recorder.outcomes)
-        assert supervisor.in_flight == 0
+        assert in_flight(supervisor) == 0
     [outcome] = recorder.outcomes
     assert (outcome.key, outcome.kind, outcome.returncode, outcome.reason) == ("k", kind, status, reason)
     assert outcome.ok is (status == 0)
@@ -157,7 +157,7 @@ async def test_thousands_ending_at_once_each_get_their_one_outcome() -> None:
         for child in launcher.children.values():
             child.exit(0)
         await recorder.until(lambda: len(recorder.outcomes) == 1500)
-        assert supervisor.in_flight == 0
+        assert in_flight(supervisor) == 0
     assert sorted(o.key for o in recorder.outcomes) == list(range(1500))  # type: ignore[type-var]
     assert all(o.ok for o in recorder.outcomes)
 
@@ -303,7 +303,7 @@ async def test_shutdown_drops_waiting_workloads_and_terminates_running_ones() ->
         "late": OutcomeKind.NOT_STARTED,
     }
     assert recorder.outcome("late").reason == "executor is shutting down"
-    assert supervisor.in_flight == 0
+    assert in_flight(supervisor) == 0
     assert launcher.exited
 
 
@@ -471,9 +471,9 @@ async def test_a_killed_process_that_never_exits_is_given_up_on_the_clock(
         child = launcher.children["stuck"]
         tg.start_soon(supervisor.shutdown, 0.0)
         await clock.sleepers(1)  # awaiting the killed process, bounded on the clock
-        assert supervisor.in_flight == 1
+        assert in_flight(supervisor) == 1
         clock.advance(ABANDONED_REAP)
-    assert supervisor.in_flight == 0
+    assert in_flight(supervisor) == 0
     assert child.signals == [signal.SIGKILL]
     assert recorder.outcome("stuck").kind is OutcomeKind.LOST
     assert any("was not gone" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
@@ -768,7 +768,7 @@ async def test_release_hands_running_workloads_over_alive_with_no_event_and_drop
         "waiting": OutcomeKind.NOT_STARTED,
         "late": OutcomeKind.NOT_STARTED,
     }
-    assert supervisor.in_flight == 0
+    assert in_flight(supervisor) == 0
 
 
 async def test_release_stops_what_it_may_not_hand_over_and_what_is_being_stopped() -> None:

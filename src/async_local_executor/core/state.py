@@ -66,6 +66,7 @@ class SupervisorState:
     outcomes_total: Mapping[str, int]  # OutcomeKind value (or "ok") -> count
     recent_finished: tuple[FinishedWorkload, ...] = ()  # the latest last
     launcher_state: str | None = None  # the launch path in words (which fork server, say)
+    launcher_pid: int | None = None  # the fork server's helper, while one runs
     preload: Mapping[str, Any] | None = None  # what the fork server preloads and refused (learned)
     # The descriptor table when a launch found it full, while launches are held back for it; else None.
     descriptors_full: Table | None = None
@@ -127,6 +128,7 @@ def snapshot(
         outcomes_total=dict(tally.outcomes_total),
         recent_finished=tuple(tally.finished_recently),
         launcher_state=launcher.description,
+        launcher_pid=launcher.pid,
         preload=launcher.preload,
         descriptors_full=admission.descriptors_full,
         descriptor_waits_total=admission.descriptor_waits_total,

@@ -136,11 +136,6 @@ class Supervisor:
         self._closed = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
 
-    @property
-    def in_flight(self) -> int:
-        """Workloads accepted and not finished."""
-        return len(self._workloads)
-
     def state(self) -> SupervisorState:
         """A snapshot for health checks and status reports. Loop thread only; O(workloads)."""
         running: list[RunningWorkload] = []

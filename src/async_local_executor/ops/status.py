@@ -238,6 +238,7 @@ def document(
         "descriptors": _descriptors(state.descriptors_full),
         "launcher_problem": state.launcher_problem,
         "launcher_state": state.launcher_state,
+        "launcher_pid": state.launcher_pid,
         "preload": None if state.preload is None else dict(state.preload),
         "recent_finished": [
             {

@@ -381,6 +381,7 @@ _STATUS = _record(
         "memory": _record({"guard_holding": FLAG, "floor_mb": NUMBER, "available_mb": _maybe(NUMBER)}),
         "launcher_problem": _maybe(TEXT),
         "launcher_state": _maybe(TEXT),
+        "launcher_pid": _maybe(PID),
         "preload": _maybe(_PRELOAD),
         "recent_finished": _list(_FINISHED),
         "history": _list(SAMPLE),

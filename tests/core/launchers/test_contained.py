@@ -204,7 +204,7 @@ async def test_the_fork_server_s_death_costs_a_contained_workload_nothing(
     async with serving(recorder, launcher) as supervisor:
         supervisor.submit(LaunchRequest(key="w", argv=py(code)))
         await recorder.until(lambda: _said(recorder, "cgroup"))
-        helper = forkserver.helper_pid
+        helper = forkserver.report().pid
         assert helper is not None
         os.kill(helper, signal.SIGKILL)
         await until_dead(helper)

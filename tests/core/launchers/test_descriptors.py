@@ -214,7 +214,7 @@ async def test_a_fork_server_whose_own_table_is_full_holds_the_launch_back() -> 
     async with serving(recorder, launcher) as supervisor:
         supervisor.submit(LaunchRequest(key="warm", argv=LIMIT))
         await recorder.until(lambda: recorder.outcomes)
-        helper = launcher.helper_pid
+        helper = launcher.report().pid
         assert helper is not None
         soft, hard = resource.prlimit(helper, resource.RLIMIT_NOFILE)
 
@@ -229,7 +229,7 @@ async def test_a_fork_server_whose_own_table_is_full_holds_the_launch_back() -> 
             resource.prlimit(helper, resource.RLIMIT_NOFILE, (soft, hard))
 
         await _held_then_launched(recorder, supervisor, fill, unfill)
-        assert launcher.helper_pid == helper  # the same fork server: it was full, not broken
+        assert launcher.report().pid == helper  # the same fork server: it was full, not broken
 
 
 def test_the_table_reads_what_this_process_holds() -> None:

@@ -129,11 +129,14 @@ class LauncherReport:
     :param description: the launch path in words (which fork server, say)
     :param problem: why it is degraded or down right now, in words; None when it is fine
     :param preload: what it preloads and what it refused, for a path that learns; None otherwise
+    :param pid: the process it launches through (the fork server's helper) while one runs; None for a
+        path without one
     """
 
     description: str
     problem: str | None = None
     preload: Mapping[str, Any] | None = None
+    pid: int | None = None
 
 
 class Launcher(Protocol):

@@ -43,7 +43,7 @@ async def main() -> None:
     async with anyio.create_task_group() as tg:
         await tg.start(supervisor.serve)
         await said.until("fork server ready")
-        helper = launcher.helper_pid
+        helper = launcher.report().pid
         assert helper is not None
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 16, hard))

@@ -95,7 +95,7 @@ async def test_a_request_larger_than_the_granted_buffer_falls_back_and_the_helpe
         assert recorder.outcome("big").ok, recorder.outcome("big").reason
         supervisor.submit(LaunchRequest("small", FORKED))
         await recorder.until(lambda: len(recorder.outcomes) == 2)
-        assert launcher.helper_pid == helper
+        assert launcher.report().pid == helper
         assert launcher.problem is None
     assert recorder.outcome("small").ok
     assert ran(recorder, "big") == "fresh"
@@ -167,7 +167,7 @@ async def test_a_helper_that_gains_a_thread_after_startup_forks_nothing_more(
         await until_dead(helper)  # stopped, and not replaced
         supervisor.submit(LaunchRequest("later", FORKED))
         await recorder.until(lambda: len(recorder.outcomes) == 3)
-        assert launcher.helper_pid is None
+        assert launcher.report().pid is None
     assert all(o.ok for o in recorder.outcomes)
     assert [ran(recorder, k) for k in ("before", "refused", "later")] == ["forked", "fresh", "fresh"]
     [warning] = messages(caplog, "stopped forking")

@@ -51,7 +51,7 @@ async def test_helper_leads_its_own_group_in_our_session_and_ignores_ctrl_c() ->
     async with serving(recorder, launcher) as supervisor:
         supervisor.submit(LaunchRequest("k", SLEEPER))
         await recorder.until(lambda: "k" in ready_pids(recorder))
-        helper = launcher.helper_pid
+        helper = launcher.report().pid
         assert helper is not None
         assert os.getpgid(helper) == helper != os.getpgid(0)
         assert os.getsid(helper) == os.getsid(0)
@@ -59,7 +59,7 @@ async def test_helper_leads_its_own_group_in_our_session_and_ignores_ctrl_c() ->
         os.kill(helper, signal.SIGINT)
         supervisor.submit(LaunchRequest("after", py("print('ok')")))
         await recorder.until(lambda: any(o.key == "after" for o in recorder.outcomes))
-        assert launcher.helper_pid == helper
+        assert launcher.report().pid == helper
         assert launcher.helpers_started == 1
         supervisor.stop("k", "test over")
         await recorder.until(lambda: len(recorder.outcomes) == 2)
@@ -97,7 +97,7 @@ async def test_payload_never_appears_on_a_command_line() -> None:
             )
         )
         await recorder.until(lambda: "k" in ready_pids(recorder))
-        helper_pid = launcher.helper_pid
+        helper_pid = launcher.report().pid
         assert helper_pid is not None
         for pid in (helper_pid, ready_pids(recorder)["k"]):
             assert secret not in " ".join(psutil.Process(pid).cmdline())
@@ -148,14 +148,14 @@ async def test_helper_killed_with_sigkill_leaves_its_workloads_running_and_repor
         for key in ("a", "b", "c"):
             supervisor.submit(LaunchRequest(key, SLEEPER if key == "c" else py(waiter)))
         await recorder.until(lambda: len(ready_pids(recorder)) == 3)
-        first_helper = launcher.helper_pid
+        first_helper = launcher.report().pid
         assert first_helper is not None
         os.kill(first_helper, signal.SIGKILL)
         await until_dead(first_helper)
         # The helper's death is noticed and a new one takes the next launch ...
         supervisor.submit(LaunchRequest("after", py("print('fine')")))
         await recorder.until(lambda: any(o.key == "after" for o in recorder.outcomes))
-        assert launcher.helper_pid not in (None, first_helper)
+        assert launcher.report().pid not in (None, first_helper)
         # ... while the three it forked still run, reported with their real statuses when they end.
         assert recorder.outcomes == [recorder.outcome("after")]
         pids = ready_pids(recorder)
@@ -184,7 +184,7 @@ async def test_a_launch_right_after_the_helper_died_goes_to_a_new_helper() -> No
             os.waitid(os.P_PID, first, os.WEXITED | os.WNOWAIT)  # noqa: ASYNC222
         child = await launcher.launch(LaunchRequest("k", py("print('fine')")))
         assert await child.wait() == 0
-        assert launcher.helper_pid not in (None, first)
+        assert launcher.report().pid not in (None, first)
     assert ("k", "fine") in recorder.lines
     assert launcher.helpers_started == 2
 
@@ -230,7 +230,7 @@ async def test_an_idle_helper_that_dies_is_replaced_without_waiting_for_a_worklo
             )
         )
         await recorder.until(lambda: recorder.outcomes)
-        assert launcher.helper_pid == third
+        assert launcher.report().pid == third
     assert recorder.outcome("after").ok
     assert [line for k, line in recorder.lines if k == "after"] == ["True"]
     assert launcher.helpers_started == 3
@@ -253,7 +253,7 @@ async def test_a_helper_that_stops_answering_is_replaced_and_its_workloads_keep_
     async with serving(recorder, launcher) as supervisor:
         supervisor.submit(LaunchRequest("stuck", SLEEPER))
         await recorder.until(lambda: "stuck" in ready_pids(recorder))
-        first_helper = launcher.helper_pid
+        first_helper = launcher.report().pid
         assert first_helper is not None
         os.kill(first_helper, signal.SIGSTOP)
         await until_stopped(first_helper)
@@ -261,7 +261,7 @@ async def test_a_helper_that_stops_answering_is_replaced_and_its_workloads_keep_
             await clock.sleepers(1)
             clock.advance(1.0)
         await clock.sleepers(1)
-        assert launcher.helper_pid == first_helper  # 4 s of silence: not yet the 5 s timeout
+        assert launcher.report().pid == first_helper  # 4 s of silence: not yet the 5 s timeout
         clock.advance(1.0)
         await until_dead(first_helper)  # retired, then killed: it owns no workload
         supervisor.submit(LaunchRequest("next", py("pass")))
@@ -288,7 +288,7 @@ async def test_a_busy_helper_behind_a_lagging_loop_is_not_replaced() -> None:
                 # The loop thread itself stalls (the behaviour under test), thrice the ping timeout.
                 time.sleep(1.5)  # noqa: ASYNC251
         await recorder.until(lambda: len(recorder.outcomes) == 60)
-        assert launcher.helper_pid == first_helper
+        assert launcher.report().pid == first_helper
     assert all(o.ok for o in recorder.outcomes)
     assert sum(1 for k, line in recorder.lines if line == "line 1999") == 60
     assert launcher.helpers_started == 1
@@ -355,7 +355,7 @@ async def test_with_an_idle_timeout_the_helper_starts_on_demand_and_leaves_when_
         return [int(m.split("pid ")[1].rstrip(")")) for m in ready if m.startswith("fork server ready")]
 
     async with serving(recorder, launcher) as supervisor:
-        assert launcher.helper_pid is None  # nothing started before the first workload
+        assert launcher.report().pid is None  # nothing started before the first workload
         supervisor.submit(LaunchRequest("first", py("pass")))
         await recorder.until(lambda: len(recorder.outcomes) == 1)
         [first_helper] = helpers()
@@ -363,10 +363,10 @@ async def test_with_an_idle_timeout_the_helper_starts_on_demand_and_leaves_when_
         await clock.sleepers(2)
         clock.advance(1.5)
         await clock.sleepers(2)  # the idle check ran and went back to sleep
-        assert launcher.helper_pid == first_helper  # idle for 1.5 s: kept
+        assert launcher.report().pid == first_helper  # idle for 1.5 s: kept
         clock.advance(0.5)
         await until_dead(first_helper)  # idle for 2 s: stopped
-        assert launcher.helper_pid is None
+        assert launcher.report().pid is None
         supervisor.submit(LaunchRequest("second", py("pass")))
         await recorder.until(lambda: len(recorder.outcomes) == 2)
     assert recorder.outcome("first").ok

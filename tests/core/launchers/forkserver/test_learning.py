@@ -301,7 +301,7 @@ async def test_numpy_is_preloaded_and_its_blas_threads_restart_in_each_task(worl
     async with serving(recorder, launcher) as supervisor:
         supervisor.submit(LaunchRequest("cold", py(compute), source=str(world["dags"] / "numeric_dag.py")))
         await until(learning, lambda: "numpy" in preloaded(learning))
-        helper = launcher.helper_pid
+        helper = launcher.report().pid
         supervisor.submit(LaunchRequest("warm", py(compute)))
         await recorder.until(lambda: len(recorder.outcomes) == 2)
         assert helper is not None
@@ -399,14 +399,14 @@ async def test_a_thread_a_learned_module_starts_later_costs_the_preloads_not_the
     async with serving(recorder, launcher) as supervisor:
         supervisor.submit(LaunchRequest("before", py(PROBE), source=str(world["dags"] / "late_dag.py")))
         await until(learning, lambda: "fakepre_late" in preloaded(learning))
-        helper = launcher.helper_pid
+        helper = launcher.report().pid
         assert helper is not None
         gate.touch()  # the module's thread starts when the helper next counts its threads: before a fork
         # The helper refuses this fork; the launch goes to a new helper that preloads none of it.
         supervisor.submit(LaunchRequest("after", py(PROBE)))
         await recorder.until(lambda: len(recorder.outcomes) == 2)
         assert launcher.problem is None
-        assert launcher.helper_pid not in (None, helper)
+        assert launcher.report().pid not in (None, helper)
     assert all(o.ok for o in recorder.outcomes), recorder.outcomes
     assert "a thread started in the fork server after it preloaded this" in refused(learning)["fakepre_late"]
     assert had(recorder, "after") == []

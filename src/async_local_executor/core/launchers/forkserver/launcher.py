@@ -136,11 +136,6 @@ class ForkServerLauncher:
         self._closing = False
         self.helpers_started = 0
 
-    @property
-    def helper_pid(self) -> int | None:
-        helper = self._helper
-        return helper.pid if helper is not None and helper.alive else None
-
     async def __aenter__(self) -> Self:
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
@@ -194,7 +189,9 @@ class ForkServerLauncher:
         return describe(self._learning, self._spec.preload)
 
     def report(self) -> LauncherReport:
-        return LauncherReport(self.state, self.problem, self.preload)
+        helper = self._helper
+        pid = helper.pid if helper is not None and helper.alive else None
+        return LauncherReport(self.state, self.problem, self.preload, pid)
 
     async def launch(self, request: LaunchRequest) -> Child:
         if self._learning is not None:
