@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from async_local_executor.adapter.executor import owner_key
+from async_local_executor.adapter.adoption import owner_key
 
 
 class Conf:

@@ -13,19 +13,37 @@ Rule: a held workload is supervised (it holds a slot, its limit and stops apply)
 its end becomes Airflow's event only once its task instance was offered and claimed (:class:`Adoptions`,
 which answers the same when asked twice): until then, an end is kept for that moment. A task instance
 offered that no held workload runs is refused, and Airflow resets it as before.
+
+The executor's own steps at either end live here too: whose workloads it holds (:func:`owner_key`), how
+long a hold waits for Airflow's offer (:func:`hold_bound`), taking a held workload's process at once
+(:func:`taken_now`) and reading its exit (:func:`read_exit_once`), stopping a duplicate it will not
+hold (:func:`kill_unheld`), and a stop's wait for custody (:func:`into_custody`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
 import math
+import os
+import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from airflow.models.taskinstancekey import TaskInstanceKey
 
+from async_local_executor.adapter.submissions import Ticket
+from async_local_executor.core.custody import await_custody
+from async_local_executor.core.errors import LaunchError
+from async_local_executor.core.launchers.adopted import AdoptedChild
 from async_local_executor.core.outcome import Outcome
+from async_local_executor.core.proc_identity import runs_as, start_ticks
+from async_local_executor.core.supervisor import LetGo
+from async_local_executor.ops import custody_dir, recovery
 
 log = logging.getLogger(__name__)
 
@@ -210,3 +228,123 @@ class Adoptions:
     def waiting(self) -> list[Adoption]:
         """The ones not claimed yet."""
         return [held for held in self._held.values() if not held.claimed]
+
+
+# What the executor does at either end of a handover: whose workloads it holds, how long Airflow may
+# take to offer them, taking a held workload's process, and what a stop waits for.
+
+
+def a_task(ticket: object) -> bool:
+    """Only task workloads are handed over: Airflow adopts task instances, not callbacks or tests."""
+    return isinstance(ticket, Ticket) and isinstance(ticket.key, TaskInstanceKey)
+
+
+def read_exit_once(custody: Path, pid: int, start: int) -> int | None:
+    """The exit code an adopted workload recorded, read at its exit; its custody files go then.
+
+    Its outcome is ours from here on and nothing reads them again; left, they would pile up for as long
+    as this scheduler runs (the next start removes only those no live executor answers for).
+    """
+    try:
+        return custody_dir.read_exit(custody, pid, start)
+    finally:
+        with contextlib.suppress(OSError):
+            custody_dir.remove(custody, pid, start)
+
+
+def taken_now(take: Callable[[], AdoptedChild]) -> Callable[[], AdoptedChild]:
+    """Take a held workload's process at once, for the supervisor to have it when the loop gets to it.
+
+    Taken later (the loop gets to it after the start, and after a slot and the memory floor), a workload
+    that ended meanwhile would be a failed launch ("no longer runs as the workload that was handed over")
+    whatever exit code it recorded; taken now, its exit is read from that record as any adopted one's.
+    """
+    try:
+        child = take()
+    except LaunchError as exc:
+        error = exc
+
+        def failed() -> AdoptedChild:
+            raise error
+
+        return failed
+    return lambda: child
+
+
+def into_custody(let_go: Sequence[LetGo]) -> None:
+    """A worker thread of the loop, before the loop thread exits: wait until each workload let go took
+    custody of itself.
+
+    One launched just before the stop may not have yet: a fork-server child then still has the helper's
+    parent-death signal armed, which fires when the loop thread, its parent thread, exits. (The
+    subprocess path's children have it too, until their custody clears it.) A crash meanwhile hands
+    them over all the same: their launch lines already say so.
+    """
+    workloads = [(each.pid, start) for each in let_go if (start := start_ticks(each.pid)) is not None]
+    late = await_custody(workloads, CUSTODY_WAIT)
+    if late:
+        log.warning(
+            "%d handed-over workload(s) had not taken custody %.0fs after the stop (pid %s): they die "
+            "with this scheduler, and their task instances are reset",
+            len(late),
+            CUSTODY_WAIT,
+            ", ".join(map(str, late)),
+        )
+
+
+def kill_unheld(one: recovery.Held) -> None:
+    """Kill a handed-over workload this executor will not supervise, and what it started: its process
+    group (its custody's watchdog with it) and its cgroup's members, as for a workload this executor
+    stops, and the descendants seen of it elsewhere; each only while it is still that process. The
+    emptied cgroup is left for the next reclaim."""
+    cgroup = Path(one.cgroup) if one.cgroup else None
+    try:
+        child = AdoptedChild.take(one.pid, one.start, lambda: None, cgroup)
+    except LaunchError:
+        pass  # gone, or its pid is another process's now
+    else:
+        child.signal(signal.SIGKILL)
+        child.release()
+    for pid, start in one.descendants:
+        if runs_as(pid, start):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+
+# How long a stop waits for the workloads it handed over to take custody (a fork-server child within
+# milliseconds of its launch, a fresh interpreter within its start): before, its exit may kill them.
+CUSTODY_WAIT = 5.0
+
+
+def owner_key(conf: Any, team: str | None) -> str:
+    """Whose workloads an executor holds: its deployment (its metadata database) and its team.
+
+    The database is named by what stays when credentials rotate or the driver changes: its backend,
+    host, port and database, hashed (two deployments on one host may share a state directory, and one
+    must not adopt what the other handed over). Neither the user, the password nor the query is in it.
+    """
+    from sqlalchemy.engine import make_url
+
+    raw = conf.get("database", "sql_alchemy_conn", fallback="") or ""
+    try:
+        url = make_url(raw)
+        backend = url.get_backend_name()
+        port = url.port or _DEFAULT_PORTS.get(backend)
+        named = f"{backend}://{(url.host or '').lower()}:{port or ''}/{url.database or ''}"
+    except Exception:  # noqa: BLE001 - a URL SQLAlchemy cannot parse still names its deployment
+        named = raw.rpartition("@")[2]
+    deployment = hashlib.sha256(named.encode()).hexdigest()[:16]
+    return f"{deployment}/{team or ''}"
+
+
+_DEFAULT_PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
+# Beyond Airflow's own bounds, for a scheduler whose loop runs late.
+_HOLD_MARGIN = 120.0
+
+
+def hold_bound(conf: Any) -> float:
+    """How long Airflow may take to offer a dead scheduler's task instances: its orphan check's interval
+    once the dead job's heartbeat counts as stale, and a margin."""
+    interval = float(conf.getfloat("scheduler", "orphaned_tasks_check_interval", fallback=300.0))
+    stale = float(conf.getfloat("scheduler", "scheduler_health_check_threshold", fallback=30.0))
+    return interval + stale + _HOLD_MARGIN

@@ -19,13 +19,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import hashlib
 import itertools
 import logging
 import os
-import signal
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -34,8 +32,15 @@ from airflow.executors.base_executor import BaseExecutor
 from airflow.models.taskinstancekey import TaskInstanceKey
 from airflow.utils.state import TaskInstanceState
 
-from async_local_executor.adapter import intake, scheduler_helpers, startup, stop_signals
-from async_local_executor.adapter.adoption import Adoption, Adoptions, TaskRecord, UnknownRecord, boot_clock
+from async_local_executor.adapter import adoption, intake, scheduler_helpers, startup, stop_signals
+from async_local_executor.adapter.adoption import (
+    Adoption,
+    Adoptions,
+    TaskRecord,
+    UnknownRecord,
+    boot_clock,
+    owner_key,
+)
 from async_local_executor.adapter.cleared_exits import TI_GONE, ClearedExitGate
 from async_local_executor.adapter.compat import AIRFLOW_V3, client_timeout, execution_api_url, executor_conf
 from async_local_executor.adapter.config import SECTION, SHUTDOWN_MARGIN, ContainmentKind, ExecutorConfig
@@ -55,14 +60,13 @@ from async_local_executor.adapter.workload import entry
 from async_local_executor.core import descriptors
 from async_local_executor.core.cgroups import Containment
 from async_local_executor.core.clock import SYSTEM, Clock
-from async_local_executor.core.custody import await_custody
-from async_local_executor.core.errors import LaunchError, RuntimeNotRunning
+from async_local_executor.core.errors import RuntimeNotRunning
 from async_local_executor.core.health import Health, Report
 from async_local_executor.core.launchers.adopted import AdoptedChild
 from async_local_executor.core.launchers.base import LaunchRequest
 from async_local_executor.core.outcome import Outcome, OutcomeKind
 from async_local_executor.core.prefetch import PrefetchBudget
-from async_local_executor.core.proc_identity import runs_as, start_ticks
+from async_local_executor.core.proc_identity import start_ticks
 from async_local_executor.core.runtime import Runtime
 from async_local_executor.core.supervisor import LetGo
 from async_local_executor.core.wiring import wire
@@ -96,83 +100,6 @@ def _requeue_in_thread(keys: list[Any], job_id: int | str, scope: ExecutorScope)
         )
 
 
-def _a_task(ticket: object) -> bool:
-    """Only task workloads are handed over: Airflow adopts task instances, not callbacks or tests."""
-    return isinstance(ticket, Ticket) and isinstance(ticket.key, TaskInstanceKey)
-
-
-def _read_exit_once(custody: Path, pid: int, start: int) -> int | None:
-    """The exit code an adopted workload recorded, read at its exit; its custody files go then.
-
-    Its outcome is ours from here on and nothing reads them again; left, they would pile up for as long
-    as this scheduler runs (the next start removes only those no live executor answers for).
-    """
-    try:
-        return custody_dir.read_exit(custody, pid, start)
-    finally:
-        with contextlib.suppress(OSError):
-            custody_dir.remove(custody, pid, start)
-
-
-def _taken_now(take: Callable[[], AdoptedChild]) -> Callable[[], AdoptedChild]:
-    """Take a held workload's process at once, for the supervisor to have it when the loop gets to it.
-
-    Taken later (the loop gets to it after the start, and after a slot and the memory floor), a workload
-    that ended meanwhile would be a failed launch ("no longer runs as the workload that was handed over")
-    whatever exit code it recorded; taken now, its exit is read from that record as any adopted one's.
-    """
-    try:
-        child = take()
-    except LaunchError as exc:
-        error = exc
-
-        def failed() -> AdoptedChild:
-            raise error
-
-        return failed
-    return lambda: child
-
-
-def _into_custody(let_go: Sequence[LetGo]) -> None:
-    """A worker thread of the loop, before the loop thread exits: wait until each workload let go took
-    custody of itself.
-
-    One launched just before the stop may not have yet: a fork-server child then still has the helper's
-    parent-death signal armed, which fires when the loop thread, its parent thread, exits. (The
-    subprocess path's children have it too, until their custody clears it.) A crash meanwhile hands
-    them over all the same: their launch lines already say so.
-    """
-    workloads = [(each.pid, start) for each in let_go if (start := start_ticks(each.pid)) is not None]
-    late = await_custody(workloads, _CUSTODY_WAIT)
-    if late:
-        log.warning(
-            "%d handed-over workload(s) had not taken custody %.0fs after the stop (pid %s): they die "
-            "with this scheduler, and their task instances are reset",
-            len(late),
-            _CUSTODY_WAIT,
-            ", ".join(map(str, late)),
-        )
-
-
-def _kill_unheld(one: recovery.Held) -> None:
-    """Kill a handed-over workload this executor will not supervise, and what it started: its process
-    group (its custody's watchdog with it) and its cgroup's members, as for a workload this executor
-    stops, and the descendants seen of it elsewhere; each only while it is still that process. The
-    emptied cgroup is left for the next reclaim."""
-    cgroup = Path(one.cgroup) if one.cgroup else None
-    try:
-        child = AdoptedChild.take(one.pid, one.start, lambda: None, cgroup)
-    except LaunchError:
-        pass  # gone, or its pid is another process's now
-    else:
-        child.signal(signal.SIGKILL)
-        child.release()
-    for pid, start in one.descendants:
-        if runs_as(pid, start):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-
-
 def _may_be_cleared_exit(key: object, event: Any) -> bool:
     # The scheduler restarts a cleared task instance on a success event only.
     return isinstance(key, TaskInstanceKey) and event[0] == TaskInstanceState.SUCCESS
@@ -184,43 +111,6 @@ _EXIT_REASONS = {
     entry.EXIT_ORPHANED: "workload process found the executor gone before it started",
 }
 _IGNORED_KEYS_WARNED = 100
-# How long a stop waits for the workloads it handed over to take custody (a fork-server child within
-# milliseconds of its launch, a fresh interpreter within its start): before, its exit may kill them.
-_CUSTODY_WAIT = 5.0
-
-
-def owner_key(conf: Any, team: str | None) -> str:
-    """Whose workloads an executor holds: its deployment (its metadata database) and its team.
-
-    The database is named by what stays when credentials rotate or the driver changes: its backend,
-    host, port and database, hashed (two deployments on one host may share a state directory, and one
-    must not adopt what the other handed over). Neither the user, the password nor the query is in it.
-    """
-    from sqlalchemy.engine import make_url
-
-    raw = conf.get("database", "sql_alchemy_conn", fallback="") or ""
-    try:
-        url = make_url(raw)
-        backend = url.get_backend_name()
-        port = url.port or _DEFAULT_PORTS.get(backend)
-        named = f"{backend}://{(url.host or '').lower()}:{port or ''}/{url.database or ''}"
-    except Exception:  # noqa: BLE001 - a URL SQLAlchemy cannot parse still names its deployment
-        named = raw.rpartition("@")[2]
-    deployment = hashlib.sha256(named.encode()).hexdigest()[:16]
-    return f"{deployment}/{team or ''}"
-
-
-_DEFAULT_PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
-# Beyond Airflow's own bounds, for a scheduler whose loop runs late.
-_HOLD_MARGIN = 120.0
-
-
-def _hold_bound(conf: Any) -> float:
-    """How long Airflow may take to offer a dead scheduler's task instances: its orphan check's interval
-    once the dead job's heartbeat counts as stale, and a margin."""
-    interval = float(conf.getfloat("scheduler", "orphaned_tasks_check_interval", fallback=300.0))
-    stale = float(conf.getfloat("scheduler", "scheduler_health_check_threshold", fallback=30.0))
-    return interval + stale + _HOLD_MARGIN
 
 
 def _ti_gone(key: object, outcome: Outcome) -> bool:
@@ -315,7 +205,7 @@ class AsyncLocalExecutor(BaseExecutor):
         owner = f"scheduler pid {os.getpid()}" + (f" team {self.team_name}" if self.team_name else "")
         self._owner_key = owner_key(airflow_conf, self.team_name)
         self._state_dir = directory
-        self._hold_bound = _hold_bound(airflow_conf)
+        self._hold_bound = adoption.hold_bound(airflow_conf)
         recovered = recovery.reclaim_then_open(
             directory, owner=owner, owner_key=self._owner_key, companions=scheduler_helpers.companions()
         )
@@ -415,7 +305,7 @@ class AsyncLocalExecutor(BaseExecutor):
         Its record is made here, at its launch (the loop thread's, as the supervisor arms its limit),
         once: an adopted workload's is the one its hold brought, and stays what its launch made it.
         """
-        if not _a_task(ticket):
+        if not adoption.a_task(ticket):
             return None
         key = cast("TaskInstanceKey", cast("Ticket", ticket).key)
         submission = self._submissions.get(key)
@@ -457,7 +347,7 @@ class AsyncLocalExecutor(BaseExecutor):
                     one.owner,
                     exc,
                 )
-                _kill_unheld(one)
+                adoption.kill_unheld(one)
                 continue
             key = record.key
             if self._holding.holds_pid(key, one.pid):
@@ -472,7 +362,7 @@ class AsyncLocalExecutor(BaseExecutor):
                     describe(key),
                     one.owner,
                 )
-                _kill_unheld(one)
+                adoption.kill_unheld(one)
                 continue
             label = describe(key)
             ticket = Ticket(key, next(self._serials))
@@ -489,9 +379,9 @@ class AsyncLocalExecutor(BaseExecutor):
             if one.timeout != self._config.handover_timeout:
                 self._custody_timeouts[key] = one.timeout
             self._holding.hold(Adoption(key, one.pid, label, held_at=self.clock.monotonic()))
-            read = functools.partial(_read_exit_once, custody, one.pid, one.start)
+            read = functools.partial(adoption.read_exit_once, custody, one.pid, one.start)
             cgroup = Path(one.cgroup) if one.cgroup else None
-            take = _taken_now(functools.partial(AdoptedChild.take, one.pid, one.start, read, cgroup))
+            take = adoption.taken_now(functools.partial(AdoptedChild.take, one.pid, one.start, read, cgroup))
             timeout = record.timeout_left(boot_clock())
             request = LaunchRequest(key=ticket, argv=("adopted",), label=label, timeout=timeout)
             runtime.adopt(request, take, record.launched, one.cgroup)
@@ -1025,9 +915,9 @@ class AsyncLocalExecutor(BaseExecutor):
             timeout=config.shutdown_timeout
             + config.termination_grace_period
             + SHUTDOWN_MARGIN
-            + _CUSTODY_WAIT,
-            which=_a_task,
-            settle=_into_custody,
+            + adoption.CUSTODY_WAIT,
+            which=adoption.a_task,
+            settle=adoption.into_custody,
         )
         self._runtime = None
         self._stopped = True
