@@ -16,16 +16,21 @@ from tests.core.helpers import GUARD
 pytestmark = pytest.mark.skipif(bool(cgroup_helpers.unusable()), reason=cgroup_helpers.unusable())
 
 # Everything a task can do to leave a process group or a session: a double fork, a new session, a
-# cleared environment. The grandchild says its pid (sh's $$, which exec keeps) and sleeps.
+# cleared environment. The grandchild tells its pid (sh's $$, which exec keeps) and sleeps; the child
+# says it once the process between them is reaped, so the cgroup then holds the two alone.
 ESCAPER = """
 import os, sys
+r, w = os.pipe()
 first = os.fork()
 if first == 0:
     if os.fork() == 0:
         os.setsid()
+        os.dup2(w, 1)
         os.execvp("env", ["env", "-i", "sh", "-c", "echo $$; exec sleep 600"])
     os._exit(0)
 os.waitpid(first, 0)
+os.close(w)
+print(os.fdopen(r).readline().strip(), flush=True)
 sys.stdin.readline()
 """
 # A grandchild in a session of its own that reports SIGTERM; the child keeps the default action.
