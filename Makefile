@@ -63,7 +63,7 @@ $(CHROMIUM):
 # Everything: the suite on Airflow 3.3 (the tests that start no Airflow deployment, then the end-to-end
 # tests), then the Airflow 2 tests on 2.11 and on 2.10. TEST_JOBS=2 runs the Airflow 2 suites beside the
 # Airflow 3.3 one and XDIST=2 splits its end-to-end tests over two pytest-xdist workers: about 21 minutes
-# instead of 33 on 2 cores, but the cores are then saturated and the benchmark smoke test's stock
+# instead of 32 on 2 cores, but the cores are then saturated and the benchmark smoke test's stock
 # LocalExecutor runs lose tasks (README, "Tests", has the timings), so it is not the default.
 TEST_JOBS ?= 1
 XDIST ?= 0
