@@ -89,8 +89,14 @@ def own_v1_cgroups(name: str) -> Iterator[None]:
         mine = parent / name
         try:
             mine.mkdir(exist_ok=True)
+        except OSError:
+            continue
+        try:
             (mine / "cgroup.procs").write_text(str(os.getpid()))
         except OSError:
+            # cpuset's new cgroups have no CPUs or memory nodes until given some: nothing joins them.
+            with contextlib.suppress(OSError):
+                mine.rmdir()
             continue
         moved.append((parent, mine))
     try:
