@@ -20,7 +20,7 @@ from async_local_executor.ops.journal_file import (
     encode_line,
 )
 
-HELD = HeldFrom({"ti": 1}, "/sys/fs/cgroup/ale/w1", 1.5e9, 12.5, 300.0, "dead")
+HELD = HeldFrom({"ti": 1}, "/sys/fs/cgroup/ale/w1", 1.5e9, 12.5, "dead")
 RECORDS: list[Line] = [
     Launch(10, 99, "dag.task try 1"),
     Launch(10, 99, "dag.task try 1", handover_timeout=300.0, info={"ti": 1}),
@@ -57,16 +57,14 @@ def test_the_header_reads_back_as_written_and_a_field_of_the_wrong_kind_as_missi
 def test_data_json_cannot_hold_is_written_empty_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, "async_local_executor.ops.journal")
     launch = Launch(10, 99, "k", handover_timeout=300.0, info={"ti": object()})
-    held = Launch(
-        10, 99, "k", handover_timeout=300.0, held=HeldFrom({"ti": {1, 2}}, None, 1.0, 2.0, 300.0, "d")
-    )
+    held = Launch(10, 99, "k", handover_timeout=300.0, held=HeldFrom({"ti": {1, 2}}, None, 1.0, 2.0, "d"))
     handover = HandoverLine(10, 99, info={"ti": b"bytes"}, cgroup=None, at=1.0, boot=2.0, timeout=300.0)
 
     read = [decode(json.loads(encode_line(each)))[0] for each in (launch, held, handover)]
 
     assert read == [
         Launch(10, 99, "k", handover_timeout=300.0, info={}),
-        Launch(10, 99, "k", handover_timeout=300.0, held=HeldFrom({}, None, 1.0, 2.0, 300.0, "d")),
+        Launch(10, 99, "k", handover_timeout=300.0, held=HeldFrom({}, None, 1.0, 2.0, "d")),
         HandoverLine(10, 99, info={}, cgroup=None, at=1.0, boot=2.0, timeout=300.0),
     ]
     assert [r.getMessage().split(" (")[0] for r in caplog.records] == [
@@ -87,7 +85,7 @@ def test_a_held_line_needs_only_what_the_handover_uses() -> None:
     # Where it was held and when inform a reader; the timeout on the launch line wins over the held one's.
     line = {"+": 10, "start_ticks": 99, "key": "k", "handover_timeout": 60, "held": {"info": {}, "cgroup": None,
             "timeout": "x", "from": "abc"}}  # fmt: skip
-    assert decode(line) == (Launch(10, 99, "k", 60.0, held=HeldFrom({}, None, None, None, 60.0, "abc")), True)
+    assert decode(line) == (Launch(10, 99, "k", 60.0, held=HeldFrom({}, None, None, None, "abc")), True)
 
 
 def test_a_number_beyond_any_float_is_no_number_of_seconds() -> None:

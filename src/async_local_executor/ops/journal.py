@@ -179,7 +179,7 @@ class LaunchJournal:
         as a handover: that one was the dead instance's, and only :meth:`handed_over` makes another. The
         descendants seen of it are journalled again.
         """
-        source = HeldFrom(held.info, held.cgroup, held.at, held.boot, held.timeout, held.instance)
+        source = HeldFrom(held.info, held.cgroup, held.at, held.boot, held.instance)
         launch = Launch(held.pid, held.start, held.key, held.timeout, held=source)
         self._open_launch(held.pid, held.start, encode_line(launch))
         if held.descendants:  # what the dead journal had seen of it, for this one's reclaim in turn

@@ -184,17 +184,17 @@ class HeldFrom:
     cgroup: str | None
     at: float | None
     boot: float | None
-    timeout: float
     instance: str
     """The dead instance."""
 
-    def encode(self) -> dict[str, object]:
+    def encode(self, timeout: float) -> dict[str, object]:
+        """Its line's ``held``, with the launch's ``timeout``, which the line says there too."""
         return {
             "info": dict(self.info),
             "cgroup": self.cgroup,
             "at": self.at,
             "boot": self.boot,
-            "timeout": self.timeout,
+            "timeout": timeout,
             "from": self.instance,
         }
 
@@ -219,7 +219,7 @@ class Launch:
         if self.info is not None and self.held is None:
             entry["info"] = dict(self.info)
         if self.held is not None:
-            entry["held"] = self.held.encode()
+            entry["held"] = self.held.encode(self.handover_timeout)
         return entry
 
     def without_data(self) -> Launch:
@@ -469,10 +469,10 @@ def _with_handover(launch: Launch, entry: Mapping[str, object]) -> Launch:
         cgroup=_cgroup(raw["cgroup"]),
         at=_optional_seconds(raw.get("at")),
         boot=_optional_seconds(raw.get("boot")),
-        timeout=_seconds(raw["timeout"]) if timeout is None else timeout,
         instance=source,
     )
-    return dataclasses.replace(launch, handover_timeout=held.timeout, held=held)
+    timeout = _seconds(raw["timeout"]) if timeout is None else timeout
+    return dataclasses.replace(launch, handover_timeout=timeout, held=held)
 
 
 def _enabled(launch: Launch) -> Handover | None:
