@@ -30,7 +30,7 @@ from async_local_executor.core.state import LaunchFailure, SupervisorState
 from async_local_executor.core.supervisor import Supervisor
 from async_local_executor.ops.status import StatusWriter, read_all, status_path, tree_rss
 from tests.core.helpers import GUARD, Recorder, py
-from tests.states import quiet
+from tests.states import meta, quiet
 
 pytestmark = pytest.mark.asyncio
 
@@ -174,9 +174,7 @@ async def test_supervisor_state_and_status_file_show_running_waiting_and_failure
     supervisor = Supervisor(SubprocessLauncher(output=recorder.output), recorder, limit=1)
     gone = subprocess.Popen(py("pass"))  # noqa: ASYNC220 - set-up before the loop work begins
     gone.wait()  # a pid no scheduler holds
-    writer = StatusWriter(
-        status_path(tmp_path, "abc"), {"instance": "abc", "pid": gone.pid, "parallelism": 1}
-    )
+    writer = StatusWriter(status_path(tmp_path, "abc"), meta("abc", pid=gone.pid, parallelism=1))
     async with anyio.create_task_group() as tg:
         await tg.start(supervisor.serve)
         supervisor.submit(LaunchRequest("bad", ["/nonexistent/python3"], label="bad try 1"))
@@ -243,9 +241,7 @@ async def test_a_killed_scheduler_not_yet_reaped_is_not_running(tmp_path: Path) 
                 lambda: os.waitid(os.P_PID, zombie.pid, os.WEXITED | os.WNOWAIT), abandon_on_cancel=True
             )
         assert psutil.Process(zombie.pid).status() == psutil.STATUS_ZOMBIE
-        writer = StatusWriter(
-            status_path(tmp_path, "z"), {"instance": "z", "pid": zombie.pid, "parallelism": 1}
-        )
+        writer = StatusWriter(status_path(tmp_path, "z"), meta("z", pid=zombie.pid, parallelism=1))
         writer.write(Report(time.monotonic(), 0.0, 0.0, Health(Verdict.HEALTHY), quiet()))
         [found] = read_all(tmp_path)
         assert found.gone

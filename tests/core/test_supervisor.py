@@ -27,7 +27,7 @@ import uvloop
 
 from async_local_executor.core.admission import MB
 from async_local_executor.core.errors import LaunchError
-from async_local_executor.core.launchers.base import LauncherReport, LaunchRequest
+from async_local_executor.core.launchers.base import LauncherReport, LaunchRequest, PreloadSummary
 from async_local_executor.core.outcome import Cleanup, OutcomeKind, Times
 from async_local_executor.core.reaping import ABANDONED_REAP
 from async_local_executor.core.stopping import TerminationPolicy
@@ -391,9 +391,12 @@ async def test_times_are_read_from_the_injected_clock() -> None:
     assert (failure.at, failure.label) == (accepted + 8.0, "missing")
 
 
+PRELOAD: PreloadSummary = {"mode": "explicit", "modules": ["json"]}
+
+
 async def test_the_state_reports_the_launcher_and_each_workload() -> None:
     async with faked(limit=1) as (supervisor, launcher, _, clock):
-        launcher.report_as = LauncherReport("fake: degraded", "its helper died", {"modules": ["json"]})
+        launcher.report_as = LauncherReport("fake: degraded", "its helper died", PRELOAD)
         supervisor.submit(request("running", label="running one", group="reports"))
         supervisor.submit(request("waiting"))
         await launcher.until(lambda: "running" in launcher.children)
@@ -410,7 +413,7 @@ async def test_the_state_reports_the_launcher_and_each_workload() -> None:
     assert (state.launcher_state, state.launcher_problem, state.preload) == (
         "fake: degraded",
         "its helper died",
-        {"modules": ["json"]},
+        PRELOAD,
     )
 
 

@@ -23,7 +23,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from async_local_executor.ops.status_read import ADOPTION_ADOPTED, adoption_of, read_all
+from async_local_executor.ops.status_format import ADOPTION_ADOPTED
+from async_local_executor.ops.status_read import adoption_of, read_all
 from harness.demo import EXECUTOR
 from harness.teams import TeamsSandbox
 from tests.core.helpers import alive

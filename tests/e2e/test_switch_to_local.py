@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from async_local_executor.ops import custody_dir, status_read
+from async_local_executor.ops import custody_dir, status_format
 from async_local_executor.ops.journal_file import INSTANCE_ENV
 from async_local_executor.ops.journal_file import SUFFIX as JOURNAL_SUFFIX
 from harness.environment import SANDBOX_MARKER_ENV
@@ -97,7 +97,7 @@ def state_dir_leftovers(sandbox: AirflowSandbox) -> list[str]:
     report) describes no workload and no executor process."""
     state = sandbox.home / "async_local_executor"
     found = [p.name for p in state.glob(f"*{JOURNAL_SUFFIX}*")]
-    found += [p.name for p in state.glob(f"{status_read.PREFIX}*{status_read.SUFFIX}")]
+    found += [p.name for p in state.glob(f"{status_format.PREFIX}*{status_format.SUFFIX}")]
     custody = custody_dir.path(state)
     if custody.is_dir():
         found += [f"{custody_dir.DIRECTORY}/{p.name}" for p in custody.iterdir()]

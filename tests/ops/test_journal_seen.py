@@ -45,7 +45,7 @@ from async_local_executor.core.admission import MB
 from async_local_executor.core.health import Health, Report, Verdict
 from async_local_executor.core.state import RunningWorkload, SupervisorState
 from async_local_executor.ops.journal import LaunchJournal
-from async_local_executor.ops.status import StatusWriter
+from async_local_executor.ops.status import Meta, StatusWriter
 journal = LaunchJournal.open(Path(sys.argv[1]), owner="test owner")
 workload = subprocess.Popen(
     [sys.executable, "-c", {WORKLOAD!r}],
@@ -59,7 +59,8 @@ state = SupervisorState(
     available_memory=None, launcher_problem=None, recent_failures=(), launched_total=1,
     last_launched_at=None, memory_waits_total=0, outcomes_total={{}},
 )
-writer = StatusWriter(Path(sys.argv[2]) / "status.json", {{"instance": journal.instance}}, on_seen=journal.seen)
+meta = Meta(journal.instance, "host", None, "AsyncLocalExecutor", 1, "subprocess", None)
+writer = StatusWriter(Path(sys.argv[2]) / "status.json", meta, on_seen=journal.seen)
 writer.write(Report(time.monotonic(), 0.0, 0.0, Health(Verdict.HEALTHY), state))
 workload.kill()
 workload.wait()

@@ -22,16 +22,18 @@ from async_local_executor.ops import cli, overview
 from async_local_executor.ops.status import StatusWriter, status_path
 from async_local_executor.ops.status_read import STALE_AFTER, Found, read_all
 from tests.core.helpers import py
-from tests.states import quiet
+from tests.states import meta, quiet
 
 HOST = "scheduler-host"
 
 
-def write(directory: Path, instance: str, health: Health, *, pid: int | None = None, **meta: object) -> None:
+def write(
+    directory: Path, instance: str, health: Health, *, pid: int | None = None, **fields: object
+) -> None:
     state = quiet(running=(RunningWorkload("etl.load[3] try 2", os.getpid(), time.time() - 5, "default"),))
     writer = StatusWriter(
         status_path(directory, instance),
-        {"instance": instance, "pid": pid or os.getpid(), "parallelism": 4, "hostname": HOST, **meta},
+        meta(instance, **{"pid": pid or os.getpid(), "hostname": HOST, **fields}),
     )
     writer.write(Report(time.monotonic(), 0.0, 0.0, health, state))
 
@@ -154,30 +156,6 @@ def test_an_unhealthy_executor_makes_the_host_unhealthy(tmp_path: Path) -> None:
     }
 
 
-def test_a_file_of_an_older_version_gives_no_reason_away(tmp_path: Path) -> None:
-    # Before the reasons were listed, the file held one joined reason, which may name a task; its
-    # writer (a running process other than this one) is told alive by its pid alone.
-    writer = subprocess.Popen(py("import sys; sys.stdin.read()"), stdin=subprocess.PIPE)
-    data = {
-        "instance": "v0",
-        "pid": writer.pid,
-        "written_at": time.time(),
-        "health": {"status": "unhealthy", "reason": "3 launch failures (last: etl.secret try 1: boom)"},
-        "running": [],
-    }
-    status_path(tmp_path, "v0").write_text(json.dumps(data))
-    try:
-        found = read_all(tmp_path)
-    finally:
-        writer.communicate(b"")
-    [instance] = overview.health(found, HOST, time.time())["instances"]
-    assert instance["reasons"] == ["the reasons are in the authenticated status"]
-    assert instance["reason_codes"] == ["reasons_withheld"]
-    [executor] = overview.status(found, HOST, time.time(), tmp_path)["executors"]
-    assert executor["reasons"] == ["3 launch failures (last: etl.secret try 1: boom)"]
-    assert executor["hostname"] == HOST  # no hostname recorded: it is in this host's state directory
-
-
 def test_a_launcher_problem_naming_a_module_and_a_pid_goes_public_as_a_code_and_fixed_words(
     tmp_path: Path,
 ) -> None:
@@ -240,7 +218,7 @@ def test_a_handed_over_workload_is_marked_held_until_claimed_then_adopted(tmp_pa
     )
     writer = StatusWriter(
         status_path(tmp_path, "a"),
-        {"instance": "a", "pid": os.getpid(), "parallelism": 4},
+        meta("a"),
         claimed=lambda pid: pid == claimed,
     )
     writer.write(Report(time.monotonic(), 0.0, 0.0, Health(Verdict.HEALTHY), state))
@@ -265,7 +243,7 @@ def test_a_writer_not_told_which_are_claimed_marks_every_handed_over_workload_ad
     state = quiet(
         running=(RunningWorkload("etl.load[3] try 2", os.getpid(), time.time() - 5, "default", adopted=True),)
     )
-    writer = StatusWriter(status_path(tmp_path, "a"), {"instance": "a", "pid": os.getpid(), "parallelism": 4})
+    writer = StatusWriter(status_path(tmp_path, "a"), meta("a"))
     writer.write(Report(time.monotonic(), 0.0, 0.0, Health(Verdict.HEALTHY), state))
     [found] = read_all(tmp_path)
     assert found.data["running"][0]["adoption"] == "adopted"

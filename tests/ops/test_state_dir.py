@@ -22,7 +22,7 @@ from async_local_executor.ops.state_dir import UnsafeStateDir
 from async_local_executor.ops.status import StatusWriter, status_path
 from tests.core.helpers import alive
 from tests.processes import SLEEP
-from tests.states import quiet
+from tests.states import meta, quiet
 
 NOBODY = 65534
 
@@ -117,7 +117,7 @@ def test_a_directory_of_ours_readable_by_others_that_cannot_be_tightened_is_acce
 
 def write_status(directory: Path, instance: str) -> None:
     state = quiet()
-    writer = StatusWriter(status_path(directory, instance), {"instance": instance})
+    writer = StatusWriter(status_path(directory, instance), meta(instance))
     writer.write(Report(time.monotonic(), 0.0, 0.0, Health(Verdict.HEALTHY), state))
 
 

@@ -26,6 +26,7 @@ from async_local_executor.ops.status import START_TICKS_KEY, StatusWriter, read_
 from tests.core.clock_step import step_wall_clock
 from tests.core.helpers import GUARD
 from tests.processes import SLEEP, read_line
+from tests.states import meta
 from tests.states import quiet_report as report
 
 # Above the kernel's largest pid (pid_max is at most 2**22): a pid of another namespace, not of ours.
@@ -43,8 +44,8 @@ time.sleep(600)
 """
 
 
-def write(directory: Path, instance: str, **meta: Any) -> Path:
-    writer = StatusWriter(status_path(directory, instance), {"instance": instance, **meta})
+def write(directory: Path, instance: str, **fields: Any) -> Path:
+    writer = StatusWriter(status_path(directory, instance), meta(instance, **fields))
     writer.write(report())
     return writer.path
 
@@ -114,8 +115,11 @@ def test_a_live_executor_in_another_pid_namespace_keeps_its_file_until_it_dies(t
 
 
 def without_start(directory: Path, instance: str, pid: int) -> Path:
+    """A status file whose writer could not read its own start time."""
     path = status_path(directory, instance)
-    path.write_text(json.dumps({"instance": instance, "pid": pid, "written_at": time.time()}))
+    path.write_text(
+        json.dumps({"instance": instance, "pid": pid, START_TICKS_KEY: None, "written_at": time.time()})
+    )
     return path
 
 
@@ -124,13 +128,13 @@ def without_start(directory: Path, instance: str, pid: int) -> Path:
     [
         ("none", "stranger", True),
         ("none", "foreign", False),
-        ("none", "mine", False),  # this process writes the start time: the file is a predecessor's
+        ("none", "mine", False),  # this process reads its own start: the file is a predecessor's
         ("locked", "stranger", True),
         ("locked", "foreign", False),  # cannot tell from another namespace's: taken for dead
         ("unlocked", "stranger", False),
     ],
 )
-def test_a_file_without_a_start_time_is_alive_only_while_its_pid_runs_and_its_journal_is_held(
+def test_a_file_whose_writer_had_no_start_time_is_alive_only_while_its_pid_runs_and_its_journal_is_held(
     tmp_path: Path, stranger: psutil.Process, journal: str, pid: str, alive: bool
 ) -> None:
     pids = {"stranger": stranger.pid, "foreign": FOREIGN_PID, "mine": os.getpid()}
@@ -152,6 +156,7 @@ def test_a_file_without_a_start_time_is_alive_only_while_its_pid_runs_and_its_jo
     "content",
     ["[]", "3", '"x"', "null", "{}", '{"pid": "7", "written_at": 1}', '{"pid": 7, "written_at": "x"}',
      '{"pid": 7, "written_at": 1e999}', '{"pid": 7, "written_at": NaN}', '{"written_at": 1}',
+     '{"pid": 7, "written_at": 1}',
      '{"pid": 7, "written_at": 1, "pid_start_ticks": "x"}', "[" * 100_000, "\x00\xff"],
 )  # fmt: skip
 # A file with the pid and time of a writer but another field of the wrong kind is read without that

@@ -10,7 +10,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -18,54 +17,15 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from async_local_executor.core.health import Report, Thresholds, assess
-from async_local_executor.core.state import FinishedWorkload, LaunchFailure, RunningWorkload
 from async_local_executor.ops import cli, overview
-from async_local_executor.ops.status import StatusWriter, status_path
 from async_local_executor.ops.status_read import read_all
-from tests.states import quiet
+from tests.states import write_full
 
 HOST = "scheduler-host"
 NAN, INF = float("nan"), float("inf")
 DEEP: Any = 1
 for _ in range(50):
     DEEP = [DEEP]
-
-
-def write_full(directory: Path) -> Path:
-    """A status file with every field filled in: a running workload, finished ones, failures, a preload."""
-    now = time.time()
-    state = quiet(
-        running=(RunningWorkload("etl.load[3] try 2", os.getpid(), now - 5, "default"),),
-        waiting=1,
-        oldest_waiting_since=now - 3,
-        recent_failures=(LaunchFailure(now - 2, "etl.bad try 1", "boom"),),
-        recent_finished=(FinishedWorkload(now - 1, "etl.done try 1", "ok", 0, "", 1.5),),
-        launcher_state="fork server running",
-        preload={
-            "mode": "auto",
-            "preloaded": [{"module": "pandas", "distribution": "pandas", "version": "2", "kib": 2048}],
-            "refused": [{"module": "torch", "reason": "too big", "retried": False}],
-            "pending": ["numpy"],
-            "generation": 1,
-        },
-        outcomes_total={"ok": 1, "launch_failed": 1},
-    )
-    health = assess(state, 0.0, Thresholds(), now)
-    writer = StatusWriter(
-        status_path(directory, "a"),
-        {
-            "instance": "a",
-            "hostname": HOST,
-            "team": None,
-            "executor": "AsyncLocalExecutor",
-            "parallelism": 4,
-            "launcher": "forkserver",
-            "containment": {"mode": "off", "detail": "not contained"},
-        },
-    )
-    writer.write(Report(time.monotonic(), 0.0, 0.0, health, state))
-    return writer.path
 
 
 def replace(data: dict[str, Any], where: tuple[str | int, ...], value: object) -> None:
@@ -117,7 +77,7 @@ CASES: list[tuple[tuple[str | int, ...], object, str]] = [
     (("memory", "guard_holding"), "no", "memory.guard_holding: not true or false"),
     (("preload",), [1], "preload: not an object"),
     (("preload", "preloaded"), [1, {"kib": 3}], "preload.preloaded[0]: not an object"),
-    (("preload", "preloaded", 0, "kib"), NAN, "preload.preloaded[0].kib: not a count"),
+    (("preload", "preloaded", 0, "kib"), NAN, "preload.preloaded[0].kib: not an integer"),
     (("preload", "refused", 0), {"reason": "x"}, "preload.refused[0]: no module"),
     (("preload", "pending"), "numpy", "preload.pending: not a list"),
     (("history",), [[1, 2], "x", [NAN, 1, 1]], "history[0]: not 3 numbers"),
@@ -148,7 +108,7 @@ def test_a_malformed_field_is_left_out_and_named_never_raised(
     problem: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    path = write_full(tmp_path)
+    path = write_full(tmp_path, HOST)
     data = json.loads(path.read_text())
     if value is MISSING:
         remove(data, where)
@@ -177,7 +137,7 @@ def test_a_malformed_field_is_left_out_and_named_never_raised(
 
 
 def test_an_intact_file_has_no_problems_and_keeps_every_field(tmp_path: Path) -> None:
-    path = write_full(tmp_path)
+    path = write_full(tmp_path, HOST)
     [found] = read_all(tmp_path)
     assert found.problems == ()
     assert found.data == json.loads(path.read_text())
@@ -186,7 +146,7 @@ def test_an_intact_file_has_no_problems_and_keeps_every_field(tmp_path: Path) ->
 
 
 def test_an_unusable_health_field_makes_the_verdict_unknown(tmp_path: Path) -> None:
-    path = write_full(tmp_path)
+    path = write_full(tmp_path, HOST)
     data = json.loads(path.read_text())
     data["health"] = {"status": ["healthy"]}
     path.write_text(json.dumps(data))

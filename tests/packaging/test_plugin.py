@@ -8,7 +8,6 @@ has it.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from async_local_executor.ops.status import StatusWriter, status_path
 from async_local_executor.plugin import PREFIX, AsyncLocalExecutorPlugin
 from async_local_executor.plugin import app as plugin_app
 from async_local_executor.plugin.app import STATIC, create_app
-from tests.states import quiet
+from tests.states import meta, quiet
 
 
 def test_the_package_registers_the_plugin_through_its_entry_point() -> None:
@@ -62,7 +61,7 @@ def test_loading_the_plugin_builds_no_app() -> None:
 
 @pytest.mark.asyncio
 async def test_the_app_serves_health_the_page_and_its_assets(tmp_path: Path) -> None:
-    StatusWriter(status_path(tmp_path, "a"), {"instance": "a", "pid": os.getpid(), "parallelism": 2}).write(
+    StatusWriter(status_path(tmp_path, "a"), meta("a", parallelism=2)).write(
         Report(time.monotonic(), 0.0, 0.0, Health(Verdict.HEALTHY), quiet())
     )
     transport = httpx.ASGITransport(app=create_app(tmp_path))
@@ -85,7 +84,7 @@ async def test_the_app_answers_a_malformed_status_file_without_an_error(
 ) -> None:
     # Airflow's auth manager lives in a running api-server (tests/e2e/test_health_api.py): anyone may see.
     monkeypatch.setattr(plugin_app, "_viewer", lambda: lambda: None)
-    writer = StatusWriter(status_path(tmp_path, "a"), {"instance": "a", "pid": os.getpid(), "parallelism": 2})
+    writer = StatusWriter(status_path(tmp_path, "a"), meta("a", parallelism=2))
     writer.write(Report(time.monotonic(), 0.0, 0.0, Health(Verdict.HEALTHY), quiet()))
     data = json.loads(writer.path.read_text())
     data.update(recent_finished=[1, {"key": "t try 1"}], loop_lag_ms=float("nan"), waiting="3")

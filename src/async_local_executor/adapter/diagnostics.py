@@ -7,8 +7,7 @@ so it is safe from any thread, the api-server's included.
 from __future__ import annotations
 
 import logging
-import os
-from typing import Any, cast
+from typing import cast
 
 from airflow.utils.net import get_hostname
 
@@ -17,6 +16,7 @@ from async_local_executor.core.clock import Clock
 from async_local_executor.core.health import Health, Report, Thresholds, Verdict, stale
 from async_local_executor.core.runtime import Runtime
 from async_local_executor.ops.instance_cgroups import status_of
+from async_local_executor.ops.status import Meta
 
 log = logging.getLogger(__name__)
 
@@ -76,16 +76,15 @@ def status_meta(
     parallelism: int,
     launcher: str,
     containment: Containment | None,
-) -> dict[str, Any]:
+) -> Meta:
     """Who writes the status file, beside what each report says."""
-    return {
-        "instance": instance,
+    return Meta(
+        instance=instance,
         # The dashboard compares it with its own: it cannot judge another host's scheduler.
-        "hostname": get_hostname(),  # type: ignore[no-untyped-call]
-        "pid": os.getpid(),
-        "team": team,
-        "executor": executor,
-        "parallelism": parallelism,
-        "launcher": launcher,
-        "containment": None if containment is None else status_of(containment),
-    }
+        hostname=get_hostname(),  # type: ignore[no-untyped-call]
+        team=team,
+        executor=executor,
+        parallelism=parallelism,
+        launcher=launcher,
+        containment=None if containment is None else status_of(containment),
+    )

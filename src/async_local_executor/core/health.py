@@ -17,10 +17,10 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
 
 import anyio
 import anyio.to_thread
+from typing_extensions import Required, TypedDict
 
 from async_local_executor.core.admission import MB
 from async_local_executor.core.clock import SYSTEM, Clock
@@ -58,6 +58,16 @@ PUBLIC_REASONS: Mapping[str, str] = MappingProxyType(
 )
 
 
+class HealthFields(TypedDict):
+    """A verdict as the status file holds it (:class:`~async_local_executor.ops.status_format.StatusFile`)."""
+
+    status: Required[str]
+    reason: str | None
+    reasons: list[str]
+    public_reasons: list[str]
+    public_codes: list[str]
+
+
 @dataclass(frozen=True)
 class Health:
     """:param codes: the code of each reason (:data:`PUBLIC_REASONS`), for whoever may ask unauthenticated;
@@ -85,7 +95,7 @@ class Health:
         """The reasons in fixed words: nothing from a task, a module, a path or an exception."""
         return tuple(PUBLIC_REASONS[code] for code in self.public_codes)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> HealthFields:
         return {
             "status": self.verdict.value,
             "reason": self.reason,

@@ -5,12 +5,11 @@ from __future__ import annotations
 import collections
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from async_local_executor.core.admission import Admission
 from async_local_executor.core.cgroups.group import WorkloadCgroup
 from async_local_executor.core.descriptors import Table
-from async_local_executor.core.launchers.base import LauncherReport
+from async_local_executor.core.launchers.base import LauncherReport, PreloadSummary
 from async_local_executor.core.outcome import Outcome, OutcomeKind
 
 # Launch failures kept for the health check and the status report.
@@ -67,7 +66,7 @@ class SupervisorState:
     recent_finished: tuple[FinishedWorkload, ...] = ()  # the latest last
     launcher_state: str | None = None  # the launch path in words (which fork server, say)
     launcher_pid: int | None = None  # the fork server's helper, while one runs
-    preload: Mapping[str, Any] | None = None  # what the fork server preloads and refused (learned)
+    preload: PreloadSummary | None = None  # what the fork server preloads and refused (learned)
     # The descriptor table when a launch found it full, while launches are held back for it; else None.
     descriptors_full: Table | None = None
     descriptor_waits_total: int = 0  # launches that found the descriptor table full and waited

@@ -71,7 +71,7 @@ def _check(found: list[Found]) -> int:
 
 
 # After a running workload's key: what its adoption is (see ops/status.py), if it was handed over.
-_ADOPTION_MARK = {ADOPTION_HELD: " (held for adoption)", ADOPTION_ADOPTED: " (adopted)"}
+_ADOPTION_MARK = {None: "", ADOPTION_HELD: " (held for adoption)", ADOPTION_ADOPTED: " (adopted)"}
 COLUMNS = ("key", "pid", "queue", "age (s)", "memory (MB)", "peak (MB)", "CPU (s)")
 
 
@@ -113,7 +113,7 @@ def render(found: list[Found], directory: Path) -> Group | Text:
             table.add_column(column, justify="right" if column != "key" else "left")
         for w in running:
             table.add_row(
-                str(w.get("key")) + _ADOPTION_MARK.get(adoption_of(w) or "", ""),
+                str(w.get("key")) + _ADOPTION_MARK[adoption_of(w)],
                 str(w.get("pid")),
                 str(w.get("queue") or "-"),
                 _number(w.get("age_s"), "{:.0f}"),

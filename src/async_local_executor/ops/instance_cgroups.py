@@ -31,6 +31,7 @@ from async_local_executor.core.proc_identity import runs_as, start_ticks
 from async_local_executor.ops import custody_dir
 from async_local_executor.ops.journal_file import SUFFIX as JOURNAL_SUFFIX
 from async_local_executor.ops.journal_file import holder_alive
+from async_local_executor.ops.status_format import ContainmentFields
 
 log = logging.getLogger(__name__)
 
@@ -215,6 +216,6 @@ def _check(containment: Containment, limits: Limits) -> None:
         )
 
 
-def status_of(containment: Containment) -> dict[str, str]:
+def status_of(containment: Containment) -> ContainmentFields:
     """What the status file says about containment."""
     return {"mode": containment.mode.value, "detail": containment.describe()}

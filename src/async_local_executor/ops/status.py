@@ -1,6 +1,7 @@
 """The status file each executor keeps current (read back by :mod:`~async_local_executor.ops.status_read`).
 
-One JSON file per executor instance, ``status.<instance>.json`` in the state directory, 0600, replaced
+One JSON file per executor instance, ``status.<instance>.json`` in the state directory, of the format
+:class:`~async_local_executor.ops.status_format.StatusFile` defines, 0600, replaced
 atomically (write a fresh temporary file, then rename) so a reader never sees half of one. It is written in a
 worker thread of the event loop, never on the scheduler's thread, and it is where the per-workload
 memory and CPU are read (a contained workload's from its cgroup, an adopted one's too, from the cgroup its
@@ -16,13 +17,14 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import json
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Literal
 
 import psutil
 
@@ -35,16 +37,19 @@ from async_local_executor.core.files import replace_atomically
 from async_local_executor.core.health import Report
 from async_local_executor.core.proc_identity import start_ticks
 from async_local_executor.core.state import RunningWorkload
-from async_local_executor.ops.status_read import (
+from async_local_executor.ops.status_format import (
     ADOPTION_ADOPTED,
     ADOPTION_HELD,
     PREFIX,
-    STALE_AFTER,
     START_TICKS_KEY,
     SUFFIX,
-    Found,
-    read_all,
+    Adoption,
+    ContainmentFields,
+    DescriptorFields,
+    RunningRow,
+    StatusFile,
 )
+from async_local_executor.ops.status_read import STALE_AFTER, Found, read_all
 
 __all__ = [
     "ADOPTION_ADOPTED",
@@ -54,6 +59,7 @@ __all__ = [
     "START_TICKS_KEY",
     "SUFFIX",
     "Found",
+    "Meta",
     "StatusWriter",
     "document",
     "read_all",
@@ -140,18 +146,15 @@ def _mb(amount: int | None) -> float | None:
     return None if amount is None else round(amount / MB, 1)
 
 
-def _usage(cgroup: WorkloadCgroup) -> dict[str, Any]:
+def _usage(cgroup: WorkloadCgroup) -> _Numbers:
     try:
         usage = cgroup.usage()
     except OSError:  # a cgroup removed under the read: no numbers, and the status file is still written
         usage = Usage(None, None, None)
     cpu = usage.cpu_seconds
-    return {
-        "memory_mb": _mb(usage.memory_current),
-        "peak_mb": _mb(usage.memory_peak),
-        "cpu_s": None if cpu is None else round(cpu, 1),
-        "memory_from": "cgroup",
-    }
+    return _Numbers(
+        _mb(usage.memory_current), _mb(usage.memory_peak), None if cpu is None else round(cpu, 1), "cgroup"
+    )
 
 
 # Where a running workload's memory and CPU are read: its cgroup, or None for the /proc fallback.
@@ -168,28 +171,64 @@ def cgroup_of(workload: RunningWorkload) -> WorkloadCgroup | None:
     return None
 
 
-def _numbers(cgroup: WorkloadCgroup | None, pid: int, rss: Mapping[int, int | None]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Numbers:
+    memory_mb: float | None
+    peak_mb: float | None
+    cpu_s: float | None
+    memory_from: Literal["cgroup", "proc"]
+
+
+def _numbers(cgroup: WorkloadCgroup | None, pid: int, rss: Mapping[int, int | None]) -> _Numbers:
     if cgroup is not None:
         return _usage(cgroup)
-    return {"memory_mb": _mb(rss[pid]), "peak_mb": None, "cpu_s": None, "memory_from": "proc"}
+    return _Numbers(_mb(rss[pid]), None, None, "proc")
 
 
-def _adoption(workload: RunningWorkload, claimed: Callable[[int], bool] | None) -> dict[str, Any]:
-    if not workload.adopted:
-        return {}
-    held = claimed is not None and not claimed(workload.pid)
-    return {"adoption": ADOPTION_HELD if held else ADOPTION_ADOPTED}
+def _row(
+    workload: RunningWorkload, now: float, numbers: _Numbers, claimed: Callable[[int], bool] | None
+) -> RunningRow:
+    adoption: Adoption | None = None
+    if workload.adopted:
+        held = claimed is not None and not claimed(workload.pid)
+        adoption = ADOPTION_HELD if held else ADOPTION_ADOPTED
+    return {
+        "key": workload.label,
+        "pid": workload.pid,
+        "queue": workload.group,
+        "age_s": round(now - workload.launched, 1),
+        "adoption": adoption,
+        "memory_mb": numbers.memory_mb,
+        "peak_mb": numbers.peak_mb,
+        "cpu_s": numbers.cpu_s,
+        "memory_from": numbers.memory_from,
+    }
+
+
+@dataclass(frozen=True)
+class Meta:
+    """Who writes the status file, beside what each report says (see :class:`StatusFile`)."""
+
+    instance: str
+    hostname: str
+    team: str | None
+    executor: str
+    parallelism: int
+    launcher: str
+    containment: ContainmentFields | None
+    pid: int = field(default_factory=os.getpid)
+    pid_start_ticks: int | None = None  # None: read from /proc for ``pid``
 
 
 def document(
     report: Report,
-    meta: Mapping[str, Any],
+    meta: Meta,
     now: float | None = None,
     on_seen: Callable[[Descendants], None] | None = None,
     history: Sequence[Sequence[float]] = (),
     claimed: Callable[[int], bool] | None = None,
     cgroups: CgroupOf = cgroup_of,
-) -> dict[str, Any]:
+) -> StatusFile:
     """What the status file holds, from one health report plus who wrote it.
 
     :param on_seen: given the descendants the walk found under each workload it walked, if any
@@ -209,25 +248,25 @@ def document(
     rss = trees.rss
     if on_seen is not None and trees.descendants:
         on_seen(trees.descendants)
-    running = [
-        {
-            "key": workload.label,
-            "pid": workload.pid,
-            "queue": workload.group,
-            "age_s": round(now - workload.launched, 1),
-            **_adoption(workload, claimed),
-            **_numbers(accounted[workload], workload.pid, rss),
-        }
-        for workload in sorted(state.running, key=lambda w: w.launched)
-    ]
     oldest = state.oldest_waiting_since
     return {
-        **meta,
+        "pid": meta.pid,
+        START_TICKS_KEY: meta.pid_start_ticks,
         "written_at": now,
+        "instance": meta.instance,
+        "hostname": meta.hostname,
+        "team": meta.team,
+        "executor": meta.executor,
+        "parallelism": meta.parallelism,
+        "launcher": meta.launcher,
+        "containment": meta.containment,
         "health": report.health.as_dict(),
         "loop_lag_ms": round(report.lag * 1000, 1),
         "peak_loop_lag_ms": round(report.peak_lag * 1000, 1),
-        "running": running,
+        "running": [
+            _row(workload, now, _numbers(accounted[workload], workload.pid, rss), claimed)
+            for workload in sorted(state.running, key=lambda w: w.launched)
+        ],
         "waiting": state.waiting,
         "oldest_wait_s": None if oldest is None else round(now - oldest, 1),
         "memory": {
@@ -239,7 +278,7 @@ def document(
         "launcher_problem": state.launcher_problem,
         "launcher_state": state.launcher_state,
         "launcher_pid": state.launcher_pid,
-        "preload": None if state.preload is None else dict(state.preload),
+        "preload": state.preload,
         "recent_finished": [
             {
                 "at": f.at,
@@ -264,7 +303,7 @@ def document(
     }
 
 
-def _descriptors(full: Table | None) -> dict[str, Any]:
+def _descriptors(full: Table | None) -> DescriptorFields:
     """The scheduler's descriptor table now (read in the writer's thread, off the loop), and whether
     launches are held back for it."""
     table = descriptors.table()
@@ -278,9 +317,9 @@ def _descriptors(full: Table | None) -> dict[str, Any]:
 class StatusWriter:
     """Writes one instance's status file; :meth:`write` runs in a worker thread.
 
-    ``meta`` gets the writer's pid and its process's start time unless it names them: a reader tells
-    by both whether the writer still runs (see :mod:`~async_local_executor.ops.status_read`). The start
-    is in clock ticks since boot.
+    ``meta`` says who writes; its pid's start (in clock ticks since boot) is read here unless it names
+    one: a reader tells by both whether the writer still runs (see
+    :mod:`~async_local_executor.ops.status_read`).
     ``on_seen``, if given, is called from :meth:`write` (in its thread) with the descendants each
     workload's tree showed (see :func:`document`): the launch journal records them, so that a later
     executor can find them even once they left the workload's tree. Each write adds a ``[time,
@@ -293,7 +332,7 @@ class StatusWriter:
     def __init__(
         self,
         path: Path,
-        meta: Mapping[str, Any],
+        meta: Meta,
         on_seen: Callable[[Descendants], None] | None = None,
         claimed: Callable[[int], bool] | None = None,
     ) -> None:
@@ -303,9 +342,9 @@ class StatusWriter:
         # An adopted workload's cgroup, found once from where its process is: it never moves, and a
         # lookup per workload per write would reread the mount table every time.
         self._adopted_cgroups: dict[int, WorkloadCgroup] = {}
-        self._meta = {"pid": os.getpid(), **meta}
-        if self._meta.get(START_TICKS_KEY) is None:
-            self._meta[START_TICKS_KEY] = start_ticks(int(self._meta["pid"]))
+        if meta.pid_start_ticks is None:
+            meta = dataclasses.replace(meta, pid_start_ticks=start_ticks(meta.pid))
+        self._meta = meta
         # Only write() touches it, and the probe never runs two writes at once.
         self._history: collections.deque[tuple[float, int, int]] = collections.deque()
 

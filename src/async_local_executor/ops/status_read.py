@@ -7,14 +7,14 @@ one whose journal was reclaimed), by its pid *and* that process's start time, wh
 a container restarted with its filesystem kept often gives the new scheduler the crashed one's pid. The
 start is the kernel's, in clock ticks since boot (``pid_start_ticks``), which no wall-clock step moves.
 
-A file written before the start time was recorded counts as alive only while its pid runs and, if its
-journal is there, the journal is locked; and never when its pid is the reader's own (this process
-records the start time in every file it writes). Nothing here knows Airflow.
+A file whose writer could not read its own start (``null``) counts as alive only while its pid runs
+and, if its journal is there, the journal is locked; and never when its pid is the reader's own. Nothing
+here knows Airflow.
 
-Every field is checked before anyone uses it (:func:`parse`): a file without a valid pid and time written
-is skipped, with a warning; any other field of the wrong kind (a string where a number goes, NaN, a list
-of something else than objects, an object without its keys) is left out, and :attr:`Found.problems`
-says what was. Whatever a file holds, reading it never raises, and what is read can be shown as JSON.
+Every field is checked against the format (:mod:`~async_local_executor.ops.status_format`) before anyone
+uses it (:func:`parse`): a file without a valid pid, start and time written is skipped, with a warning;
+any other field of the wrong kind (a string where a number goes, NaN, a list of something else than
+objects, an object without its needed keys) is left out, and :attr:`Found.problems` says what was. Whatever a file holds, reading it never raises, and what is read can be shown as JSON.
 """
 
 from __future__ import annotations
@@ -24,28 +24,32 @@ import logging
 import math
 import os
 import time
+import types
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, Union
 
 import psutil
+import typing_extensions
 
 from async_local_executor.core.proc_identity import runs_as
 from async_local_executor.ops.journal_file import SUFFIX as JOURNAL_SUFFIX
 from async_local_executor.ops.journal_file import holder_alive
 from async_local_executor.ops.state_dir import StateDir
+from async_local_executor.ops.status_format import (
+    ADOPTION_ADOPTED,
+    ADOPTION_HELD,
+    PREFIX,
+    START_TICKS_KEY,
+    SUFFIX,
+    Adoption,
+    Rule,
+    StatusFile,
+)
 
 log = logging.getLogger("async_local_executor.ops.status")
 
-PREFIX = "status."
-SUFFIX = ".json"
-# The writer's process start, in clock ticks since boot, which a clock step does not move.
-START_TICKS_KEY = "pid_start_ticks"
-# A running workload's ``adoption``: handed over by a stopped predecessor and held, its task instance not
-# claimed yet; then claimed.
-ADOPTION_HELD = "held"
-ADOPTION_ADOPTED = "adopted"
 # A report older than this comes from an executor whose loop (or whole scheduler) has stopped.
 STALE_AFTER = 15.0
 
@@ -54,9 +58,9 @@ STALE_AFTER = 15.0
 _warned: set[tuple[Path, bool]] = set()
 
 
-def adoption_of(row: Mapping[str, Any]) -> str | None:
+def adoption_of(row: Mapping[str, Any]) -> Adoption | None:
     """What a running workload's row says of its adoption: :data:`ADOPTION_HELD`, :data:`ADOPTION_ADOPTED`,
-    or None for a workload launched by its own executor (or an ``adoption`` this version does not know)."""
+    or None for a workload launched by its own executor."""
     adoption = row.get("adoption")
     return adoption if adoption in (ADOPTION_HELD, ADOPTION_ADOPTED) else None
 
@@ -145,7 +149,7 @@ def writer_alive(path: Path, data: dict[str, Any], *, folder: StateDir | None = 
     if start is not None:
         return held if held is not None else runs_as(pid, start)
     if pid == os.getpid():
-        return False  # a predecessor's file: every file this process writes has the start time
+        return False  # a predecessor's file: this process reads its own start
     return held is not False and _running(pid)
 
 
@@ -178,8 +182,9 @@ def parse(raw: bytes) -> tuple[dict[str, Any], tuple[str, ...]]:
     return kept, reading.problems()
 
 
-# What each field must be. A check returns the value as kept, or raises _Bad saying what is wrong with
-# it; a record or a list leaves out what is wrong inside it and notes it on the _Reading.
+# What each field must be, from status_format's definition. A check returns the value as kept, or raises
+# _Bad saying what is wrong with it; a record or a list leaves out what is wrong inside it and notes it on
+# the _Reading.
 class _Bad(ValueError):
     pass
 
@@ -219,13 +224,19 @@ def _finite(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-NUMBER = _scalar(_finite, "not a finite number")
-INTEGER = _scalar(lambda v: type(v) is int, "not an integer")
-COUNT = _scalar(lambda v: type(v) is int and v >= 0, "not a count")
-PID = _scalar(lambda v: type(v) is int and v > 0, "not a pid")
-TEXT = _scalar(lambda v: isinstance(v, str), "not a string")
-FLAG = _scalar(lambda v: isinstance(v, bool), "not true or false")
-SAMPLE = _scalar(lambda v: isinstance(v, list) and len(v) == 3 and all(map(_finite, v)), "not 3 numbers")
+_PLAIN: dict[object, Check] = {
+    float: _scalar(_finite, "not a finite number"),
+    int: _scalar(lambda v: type(v) is int, "not an integer"),
+    str: _scalar(lambda v: isinstance(v, str), "not a string"),
+    bool: _scalar(lambda v: isinstance(v, bool), "not true or false"),
+}
+_RULES: dict[Rule, Check] = {
+    Rule.PID: _scalar(lambda v: type(v) is int and v > 0, "not a pid"),
+    Rule.COUNT: _scalar(lambda v: type(v) is int and v >= 0, "not a count"),
+    Rule.SAMPLE: _scalar(
+        lambda v: isinstance(v, list) and len(v) == 3 and all(map(_finite, v)), "not 3 numbers"
+    ),
+}
 
 
 def _maybe(check: Check) -> Check:
@@ -250,26 +261,35 @@ def _list(item: Check) -> Check:
     return check
 
 
-def _counts(value: Any, reading: _Reading, where: str) -> dict[str, int]:
-    if not isinstance(value, dict):
-        raise _Bad("not an object")
-    kept = {}
-    for name, count in value.items():
-        if type(count) is int and count >= 0:
-            kept[name] = count
-        else:
-            reading.note(f"{where}.{name}", "not a count")
-    return kept
+def _mapping(item: Check) -> Check:
+    def check(value: Any, reading: _Reading, where: str) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise _Bad("not an object")
+        kept = {}
+        for name, each in value.items():
+            try:
+                kept[name] = item(each, reading, f"{where}.{name}")
+            except _Bad as exc:
+                reading.note(f"{where}.{name}", str(exc))
+        return kept
+
+    return check
+
+
+def _one_of(allowed: tuple[object, ...]) -> Check:
+    return _scalar(
+        lambda v: isinstance(v, str) and v in allowed, f"not one of {', '.join(map(str, allowed))}"
+    )
 
 
 def _plain(value: Any, depth: int = 0) -> Any:
-    """A field this version does not know, kept if it is JSON that can be written back (no NaN)."""
+    """A field the format does not define, kept if it is JSON that can be written back (no NaN)."""
     if depth > 8:
         raise _Bad("nested too deep")
     if value is None or isinstance(value, (str, bool)):
         return value
     if isinstance(value, (int, float)):
-        return NUMBER(value, _Reading(), "")
+        return _PLAIN[float](value, _Reading(), "")
     if isinstance(value, list):
         return [_plain(each, depth + 1) for each in value]
     if isinstance(value, dict):
@@ -277,19 +297,16 @@ def _plain(value: Any, depth: int = 0) -> Any:
     raise _Bad("not JSON")
 
 
-def _record(
-    fields: Mapping[str, Check], required: Collection[str] = (), essential: Collection[str] = ()
-) -> Check:
+def _record(fields: Mapping[str, Check], needed: Collection[str]) -> Check:
     """An object: its known fields checked, others kept if plain JSON.
 
-    :param required: without one, the whole object is wrong
-    :param essential: one that is wrong makes the whole object wrong (otherwise it is left out)
+    :param needed: one missing or wrong makes the whole object wrong (any other wrong one is left out)
     """
 
     def check(value: Any, reading: _Reading, where: str) -> dict[str, Any]:
         if not isinstance(value, dict):
             raise _Bad("not an object")
-        for name in required:
+        for name in needed:
             if name not in value:
                 raise _Bad(f"no {name}")
         kept = {}
@@ -299,7 +316,7 @@ def _record(
             try:
                 kept[name] = _plain(each) if known is None else known(each, reading, inner)
             except _Bad as exc:
-                if name in required or name in essential:
+                if name in needed:
                     raise _Bad(f"{name} {exc}") from None
                 reading.note(inner, str(exc))
         return kept
@@ -307,91 +324,40 @@ def _record(
     return check
 
 
-_RUNNING = _record(
-    {
-        "key": TEXT,
-        "pid": PID,
-        "queue": _maybe(TEXT),
-        "age_s": _maybe(NUMBER),
-        "memory_mb": _maybe(NUMBER),
-        "peak_mb": _maybe(NUMBER),
-        "cpu_s": _maybe(NUMBER),
-        "memory_from": _maybe(TEXT),
-        "adoption": _maybe(TEXT),
-    },
-    required=("key", "pid"),
-)
-_FINISHED = _record(
-    {
-        "at": NUMBER,
-        "key": TEXT,
-        "outcome": TEXT,
-        "returncode": _maybe(INTEGER),
-        "reason": _maybe(TEXT),
-        "ran_s": _maybe(NUMBER),
-    },
-    required=("at", "key", "outcome"),
-)
-_FAILURE = _record({"at": NUMBER, "key": TEXT, "reason": _maybe(TEXT)}, required=("at", "key"))
-_HEALTH = _record(
-    {
-        "status": TEXT,
-        "reason": _maybe(TEXT),
-        "reasons": _list(TEXT),
-        "public_reasons": _list(TEXT),
-        "public_codes": _list(TEXT),
-    },
-    required=("status",),
-)
-_PRELOAD = _record(
-    {
-        "mode": TEXT,
-        "modules": _list(TEXT),
-        "preloaded": _list(
-            _record(
-                {"module": TEXT, "distribution": _maybe(TEXT), "version": _maybe(TEXT), "kib": _maybe(COUNT)},
-                required=("module",),
-            )
-        ),
-        "refused": _list(
-            _record({"module": TEXT, "reason": _maybe(TEXT), "retried": FLAG}, required=("module",))
-        ),
-        "pending": _list(TEXT),
-        "generation": COUNT,
-    }
-)
-_STATUS = _record(
-    {
-        "pid": PID,
-        "written_at": NUMBER,
-        START_TICKS_KEY: _maybe(COUNT),
-        "instance": TEXT,
-        "hostname": TEXT,
-        "team": _maybe(TEXT),
-        "executor": TEXT,
-        "parallelism": COUNT,
-        "launcher": TEXT,
-        "containment": _maybe(_record({"mode": TEXT, "detail": TEXT})),
-        "health": _HEALTH,
-        "loop_lag_ms": _maybe(NUMBER),
-        "peak_loop_lag_ms": _maybe(NUMBER),
-        "running": _list(_RUNNING),
-        "waiting": COUNT,
-        "oldest_wait_s": _maybe(NUMBER),
-        "memory": _record({"guard_holding": FLAG, "floor_mb": NUMBER, "available_mb": _maybe(NUMBER)}),
-        "launcher_problem": _maybe(TEXT),
-        "launcher_state": _maybe(TEXT),
-        "launcher_pid": _maybe(PID),
-        "preload": _maybe(_PRELOAD),
-        "recent_finished": _list(_FINISHED),
-        "history": _list(SAMPLE),
-        "recent_launch_failures": _list(_FAILURE),
-        "totals": _counts,
-    },
-    # Without them, neither its writer nor its age can be told.
-    required=("pid", "written_at"),
-    essential=(START_TICKS_KEY,),
-)
+# Special forms, compared by identity with what get_origin returns.
+_REQUIRED: object = typing_extensions.Required
+_NOT_REQUIRED: object = typing_extensions.NotRequired
+
+
+def _check_of(hint: Any) -> Check:
+    """The check of a value of type ``hint``, as status_format writes types."""
+    origin, args = typing_extensions.get_origin(hint), typing_extensions.get_args(hint)
+    if origin is _REQUIRED or origin is _NOT_REQUIRED:
+        return _check_of(args[0])
+    if origin is Annotated:
+        rules = [r for r in hint.__metadata__ if isinstance(r, Rule)]
+        if not rules:
+            return _check_of(args[0])
+        [rule] = rules
+        nullable = type(None) in typing_extensions.get_args(args[0])
+        return _maybe(_RULES[rule]) if nullable else _RULES[rule]
+    if origin is Union or isinstance(hint, types.UnionType):
+        [other] = [a for a in args if a is not type(None)]
+        return _maybe(_check_of(other))
+    if origin is Literal:
+        return _one_of(args)
+    if origin is list:
+        return _list(_check_of(args[0]))
+    if origin is dict:
+        return _mapping(_check_of(args[1]))
+    if typing_extensions.is_typeddict(hint):
+        hints = typing_extensions.get_type_hints(hint, include_extras=True)
+        needed = [name for name, each in hints.items() if typing_extensions.get_origin(each) is _REQUIRED]
+        return _record({name: _check_of(each) for name, each in hints.items()}, needed)
+    return _PLAIN[hint]
+
+
+_STATUS = _check_of(StatusFile)
 
 
 def _warn(path: Path, why: str, *, readable: bool = False) -> None:

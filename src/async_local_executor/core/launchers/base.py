@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 import anyio
 import anyio.abc
-from typing_extensions import Self
+from typing_extensions import Required, Self, TypedDict
 
 from async_local_executor.core.cgroups.group import WorkloadCgroup
 from async_local_executor.core.cgroups.limits import Limits
@@ -122,6 +122,33 @@ class Child(Protocol):
         ...
 
 
+class PreloadedModule(TypedDict):
+    module: Required[str]
+    distribution: str | None
+    version: str | None
+    kib: int | None
+
+
+class RefusedModule(TypedDict):
+    module: Required[str]
+    reason: str
+    retried: bool  # refused for a reason that may pass: tried again later
+
+
+class PreloadSummary(TypedDict, total=False):
+    """What a launch path preloads beyond its target's own imports, as the status file holds it.
+
+    ``mode`` is ``explicit`` (``modules``, as configured) or ``auto`` (the rest: learned from tasks).
+    """
+
+    mode: Required[str]
+    modules: list[str]
+    preloaded: list[PreloadedModule]
+    refused: list[RefusedModule]
+    pending: list[str]
+    generation: int
+
+
 @dataclass(frozen=True)
 class LauncherReport:
     """A launch path's account of itself, for the status report and the health check.
@@ -135,7 +162,7 @@ class LauncherReport:
 
     description: str
     problem: str | None = None
-    preload: Mapping[str, Any] | None = None
+    preload: PreloadSummary | None = None
     pid: int | None = None
 
 

@@ -35,6 +35,7 @@ from async_local_executor.core.launchers.base import (
     LauncherReport,
     LaunchRequest,
     OutputSink,
+    PreloadSummary,
 )
 from async_local_executor.core.launchers.forkserver import LOGGER
 from async_local_executor.core.launchers.forkserver.channel import MessageTooLarge
@@ -185,7 +186,7 @@ class ForkServerLauncher:
         return self.problem or "fork server starting"
 
     @property
-    def preload(self) -> dict[str, object] | None:  # beyond the target's own imports, for the status
+    def preload(self) -> PreloadSummary | None:  # beyond the target's own imports, for the status
         return describe(self._learning, self._spec.preload)
 
     def report(self) -> LauncherReport:

@@ -22,8 +22,8 @@ import sys
 import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
+from async_local_executor.core.launchers.base import PreloadSummary
 from async_local_executor.core.launchers.forkserver.helper.preload import PERMANENT_REFUSALS
 from async_local_executor.core.launchers.forkserver.learning import observe, source
 from async_local_executor.core.launchers.forkserver.protocol import PreloadReport
@@ -213,7 +213,7 @@ class Learned:
         tries = self._retries.get(module, (0.0, 0))[1] + 1
         self._retries[module] = (now + min(RETRY_FIRST * 2 ** (tries - 1), RETRY_MAX), tries)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> PreloadSummary:
         """For the status file and the status command."""
         return {
             "mode": "auto",

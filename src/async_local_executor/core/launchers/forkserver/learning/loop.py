@@ -17,6 +17,7 @@ import anyio
 import anyio.to_thread
 
 from async_local_executor.core.clock import SYSTEM, Clock
+from async_local_executor.core.launchers.base import PreloadSummary
 from async_local_executor.core.launchers.forkserver import LOGGER
 from async_local_executor.core.launchers.forkserver.learning.learned import Learned
 from async_local_executor.core.launchers.forkserver.protocol import PreloadReport
@@ -133,7 +134,7 @@ class Learning:
             pause = RETRY_AFTER_REFUSAL if not took and len(self.learned.refused) > refused else self.interval
 
 
-def describe(learning: Learning | None, explicit: Sequence[str]) -> dict[str, object] | None:
+def describe(learning: Learning | None, explicit: Sequence[str]) -> PreloadSummary | None:
     """What a launcher's helpers preload beyond their target's own imports, for the status report."""
     if learning is not None:
         return learning.learned.as_dict()
