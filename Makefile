@@ -18,7 +18,7 @@ BENCH_VARIANTS ?= stock,ours
 BENCH_ARGS ?=
 
 .PHONY: install install-airflow2 install-airflow210 install-browser test test-airflow3 test-airflow2 test-airflow210 \
-	test-airflow2-both test-e2e \
+	test-airflow2-both test-airflow3-rest test-e2e test-smoke \
 	test-core test-unit lint demo docs screenshots lock lock-airflow2 lock-airflow210 \
 	clean bench bench-full bench-smoke bench-airflow2
 
@@ -60,18 +60,19 @@ $(CHROMIUM):
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
 
-# Everything: the suite on Airflow 3.3 (the tests that start no Airflow deployment, then the end-to-end
-# tests), then the Airflow 2 tests on 2.11 and on 2.10. TEST_JOBS=2 runs the Airflow 2 suites beside the
-# Airflow 3.3 one and XDIST=2 splits its end-to-end tests over two pytest-xdist workers: about 21 minutes
-# instead of 32 on 2 cores, but the cores are then saturated and the benchmark smoke test's stock
-# LocalExecutor runs lose tasks (README, "Tests", has the timings), so it is not the default.
-TEST_JOBS ?= 1
-XDIST ?= 0
+# Everything: first the benchmark suite's smoke run alone (it runs both executors two at a time, and the
+# stock LocalExecutor's tasks time out on a starved api-server when other suites share the cores); then
+# two lanes side by side: the rest of the suite on Airflow 3.3 (the tests that start no Airflow
+# deployment, then the end-to-end tests over XDIST pytest-xdist workers), and the Airflow 2 tests on 2.11
+# then on 2.10. TEST_JOBS=1 XDIST=0 runs everything one after the other. README, "Tests", has the timings.
+TEST_JOBS ?= 2
+XDIST ?= 2
 
 # Every virtualenv first: a build leaves src/*.egg-info on the other virtualenvs' sys.path for a moment
 # (see make_venv), where an Airflow the other lane starts would find the package twice.
-test: install install-airflow2 install-airflow210
-	$(MAKE) --no-print-directory --jobs=$(TEST_JOBS) --output-sync=target test-airflow3 test-airflow2-both
+test: install install-browser install-airflow2 install-airflow210
+	$(MAKE) --no-print-directory test-smoke
+	$(MAKE) --no-print-directory --jobs=$(TEST_JOBS) --output-sync=target test-airflow3-rest test-airflow2-both
 
 test-airflow2-both:
 	$(MAKE) --no-print-directory test-airflow2
@@ -79,12 +80,22 @@ test-airflow2-both:
 
 # The suite on Airflow 3.3: the tests that start no Airflow deployment, then those that do.
 test-airflow3: test-unit
+	$(MAKE) --no-print-directory test-smoke
 	$(MAKE) --no-print-directory test-e2e
 
-# The tests that start a real Airflow 3.3 deployment (marked e2e). A module's tests stay on one worker
-# (--dist=loadscope), so a module-scoped deployment starts once.
+test-airflow3-rest: test-unit
+	$(MAKE) --no-print-directory test-e2e
+
+# The tests that start a real Airflow 3.3 deployment (marked e2e), but the benchmark smoke run. A module's
+# tests stay on one worker (--dist=loadscope), so a module-scoped deployment starts once.
 test-e2e: install install-browser
-	$(BIN)/python -m pytest -m e2e --numprocesses=$(XDIST) --dist=loadscope --durations=25 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m e2e --ignore=tests/bench/test_smoke.py --numprocesses=$(XDIST) --dist=loadscope \
+		--durations=25 $(PYTEST_ARGS)
+
+# The benchmark suite's smoke profile, end to end (tests/bench/test_smoke.py): both executors, every
+# scenario, two runs at a time.
+test-smoke: install
+	$(BIN)/python -m pytest tests/bench/test_smoke.py $(PYTEST_ARGS)
 
 # The executor page's screenshots in docs/images, from the browser test on a real Airflow.
 screenshots: install install-browser
