@@ -151,7 +151,10 @@ def test_nothing_outlives_a_killed_scheduler_and_a_restart_finishes(make: Make) 
     while survivors := [pid for pid in chained if alive(pid)]:
         assert time.monotonic() < deadline, [" ".join(cmdline(pid)) for pid in survivors]
         time.sleep(0.1)
-    assert all(alive(pid) for pid in escaped)
+    # The shell survives: only the restarted scheduler's reclaim ends it. (Of what escaped, a process may end
+    # by itself meanwhile, as one did in one run of the Airflow 3 twin.)
+    escaped = [pid for pid in escaped if alive(pid)]
+    assert any("sleep 600" in described[pid] for pid in escaped), described
 
     sandbox.restart("scheduler")
     poll("the run to finish", lambda: sandbox.run_state("sleepers2", run_id) in ("success", "failed"))

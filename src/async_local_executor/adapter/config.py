@@ -39,7 +39,7 @@ class EventLoop(enum.Enum):
 
 class LauncherKind(enum.Enum):
     FORKSERVER = "forkserver"  # fork a preloaded helper: milliseconds per launch
-    SUBPROCESS = "subprocess"  # a fresh interpreter per workload: about 2 s of CPU per launch
+    SUBPROCESS = "subprocess"  # a fresh interpreter per workload, which imports Airflow anew at each launch
 
 
 class PreloadMode(enum.Enum):
