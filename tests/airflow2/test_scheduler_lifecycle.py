@@ -12,10 +12,7 @@
 from __future__ import annotations
 
 import contextlib
-import os
-import re
 import signal
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -23,6 +20,7 @@ import psutil
 import pytest
 
 from harness.airflow2 import Airflow2Sandbox
+from tests import killed_scheduler, stopped_scheduler
 from tests.core.helpers import alive
 from tests.e2e.helpers import cmdline, poll
 
@@ -30,8 +28,6 @@ pytestmark = pytest.mark.e2e
 
 DAGS = Path(__file__).with_name("dags")
 EXECUTOR = "async_local_executor.executor.AsyncLocalExecutor"
-ORPHAN_DEADLINE = 10.0
-EXIT_GUARD = 120.0
 
 Make = Callable[..., Airflow2Sandbox]
 
@@ -81,27 +77,8 @@ def test_sigterm_stops_the_scheduler_within_its_bound_leaving_nothing(make: Make
         AIRFLOW__ASYNC_LOCAL_EXECUTOR__TERMINATION_GRACE_PERIOD="2",
     )
     sandbox.wait_for_dag("stubborn2", timeout=120)
-    run_id = sandbox.trigger("stubborn2")
-    poll(
-        "the task running",
-        lambda: [r.state for r in sandbox.task_instances("stubborn2", run_id)] == ["running"],
-    )
-    launched = _launched(sandbox)
-    # The fork server, the workload process (`tasks run --local`) and the task process it forked.
-    assert len(launched) >= 3, [" ".join(cmdline(pid)) for pid in launched]
-    log = sandbox.process_logs["scheduler"]
-    before = log.stat().st_size
-
-    status = sandbox.signal_and_wait("scheduler", signal.SIGTERM, timeout=EXIT_GUARD)
-
-    assert status == 0
-    poll("launched processes to be gone", lambda: not [pid for pid in launched if alive(pid)], guard=30)
-    shutdown = log.read_bytes()[before:].decode(errors="replace")
-    assert "shutting down: waiting up to 2s for 1 running workloads" in shutdown
-    assert "after SIGTERM; sending SIGKILL" in shutdown
-    assert re.search(
-        r"workload stubborn2\.ignore_sigterm try 1 failed: executor shut down: terminated", shutdown
-    )
+    stopped_scheduler.running(sandbox, "stubborn2")
+    stopped_scheduler.stop_is_bounded(sandbox, signal.SIGTERM, "stubborn2", _launched(sandbox), 2)
 
 
 # Also on 2.10: a crash's idle-in-transaction row locks kept 2.10.5's restarted scheduler from queueing.
@@ -115,19 +92,9 @@ def test_nothing_outlives_a_killed_scheduler_and_a_restart_finishes(make: Make) 
     )
     sandbox.wait_for_dag("sleepers2", timeout=120)
     run_id = sandbox.trigger("sleepers2")
-    poll(
-        "two sleeping tasks and the shell's sleep running",
-        lambda: (
-            sum(r.state == "running" for r in sandbox.task_instances("sleepers2", run_id)) == 3
-            and any("sleep 600" in " ".join(cmdline(pid)) for pid in _launched(sandbox))
-        ),
-    )
+    killed_scheduler.running_with_the_shell(sandbox, "sleepers2", run_id, 3, lambda: _launched(sandbox))
     launched = _launched(sandbox)
-    session = os.getsid(sandbox.pids["scheduler"])
-    escaped = [pid for pid in launched if _session(pid) != session]
-    chained = [pid for pid in launched if pid not in escaped]
-    assert escaped, [" ".join(cmdline(pid)) for pid in launched]
-    described = {pid: " ".join(cmdline(pid)) for pid in launched}
+    chained, escaped = killed_scheduler.by_session(sandbox.pids["scheduler"], launched)
 
     # Airflow's own helpers of the scheduler. Its DAG file processor manager, forked after the executor
     # started, dies with it: the executor tied it to the scheduler (SIGTERM at its death). Left running,
@@ -147,22 +114,9 @@ def test_nothing_outlives_a_killed_scheduler_and_a_restart_finishes(make: Make) 
             with contextlib.suppress(psutil.NoSuchProcess):
                 helper.kill()
     poll("the DAG file processor manager to end with the scheduler", lambda: not alive(manager.pid), guard=30)
-    deadline = time.monotonic() + ORPHAN_DEADLINE
-    while survivors := [pid for pid in chained if alive(pid)]:
-        assert time.monotonic() < deadline, [" ".join(cmdline(pid)) for pid in survivors]
-        time.sleep(0.1)
-    # The shell survives: only the restarted scheduler's reclaim ends it. (Of what escaped, a process may end
-    # by itself meanwhile, as one did in one run of the Airflow 3 twin.)
-    escaped = [pid for pid in escaped if alive(pid)]
-    assert any("sleep 600" in described[pid] for pid in escaped), described
-
-    sandbox.restart("scheduler")
-    poll("the run to finish", lambda: sandbox.run_state("sleepers2", run_id) in ("success", "failed"))
-    assert sandbox.run_state("sleepers2", run_id) == "success", sandbox.task_instances("sleepers2", run_id)
-    log = sandbox.process_logs["scheduler"].read_text(errors="replace")
-    assert [described[pid] for pid in escaped if alive(pid)] == [], (described, log[-5000:])
-    for pid in escaped:
-        assert f"killed pid {pid} (" in log
+    killed_scheduler.chain_ends(chained)
+    escaped = killed_scheduler.shell_survives(escaped)
+    killed_scheduler.restart_finishes_and_reclaims(sandbox, "sleepers2", run_id, escaped)
 
 
 # Also on 2.10: its scheduler handles tasks stuck in queued (the revoke, the requeue count) otherwise.
@@ -183,10 +137,3 @@ def test_a_task_queued_too_long_is_revoked_then_runs(make: Make, tmp_path: Path)
     (tmp_path / "gate").touch()
     assert sandbox.wait_for_run("gated2", run_id, timeout=180) == "success"
     assert len(list(tmp_path.glob("started.*"))) == 2
-
-
-def _session(pid: int) -> int | None:
-    try:
-        return os.getsid(pid)
-    except OSError:
-        return None

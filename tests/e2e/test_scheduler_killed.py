@@ -7,19 +7,18 @@ not keep the dead scheduler's database connection (a transaction the kill cut sh
 locks, and the next scheduler would never queue a task) nor, once the next scheduler starts, run on.
 
 Nothing is mocked: a real Airflow on PostgreSQL, the default fork-server launcher, real task processes.
+The steps it shares with its Airflow 2 twin are tests/killed_scheduler.py's.
 """
 
 from __future__ import annotations
-
-import os
-import time
 
 import psutil
 import pytest
 
 from harness.sandbox import AirflowSandbox
+from tests import killed_scheduler
 from tests.core.helpers import alive
-from tests.e2e.helpers import QUICK_ORPHANS, cmdline, poll
+from tests.e2e.helpers import QUICK_ORPHANS, cmdline
 
 # handover_timeout = 0: tasks die with their scheduler (the default's crash is tests/e2e/test_handover.py's).
 pytestmark = [
@@ -30,9 +29,6 @@ pytestmark = [
     ),
 ]
 
-# The issue this guards against: upstream #23520, a task that outlives a killed scheduler and runs
-# beside its own retry after the restart.
-ORPHAN_DEADLINE = 10.0
 DATABASE_PORT = 5432  # the sandbox's PostgreSQL
 
 
@@ -40,52 +36,26 @@ def test_no_task_process_outlives_a_killed_scheduler_and_a_restart_finishes(sand
     sandbox.wait_for_dag("sleepers", timeout=120)
     run_id = sandbox.trigger("sleepers")
     scheduler = psutil.Process(sandbox.pids["scheduler"])
-    poll(
-        "three sleeping tasks and the shell's sleep running",
-        lambda: (
-            sum(r.state == "running" for r in sandbox.task_instances("sleepers", run_id)) == 4
-            and any("sleep 600" in " ".join(cmdline(p.pid)) for p in scheduler.children(recursive=True))
-        ),
+    killed_scheduler.running_with_the_shell(
+        sandbox, "sleepers", run_id, 4, lambda: [p.pid for p in scheduler.children(recursive=True)]
     )
     # The fork server, and per task its supervisor and the task process; the log server is Airflow's.
     children = scheduler.children(recursive=True)
     launched = [p.pid for p in children if "serve-logs" not in " ".join(cmdline(p.pid))]
     [log_server] = [p for p in children if "serve-logs" in " ".join(cmdline(p.pid))]
-    # What the parent-death chain covers stays in the scheduler's session; the BashOperator's shell
-    # and its sleep left it.
-    session = os.getsid(scheduler.pid)
-    # A process that ended since the listing has no session and is neither.
-    sessions = {pid: _session(pid) for pid in launched}
-    escaped = [pid for pid, sid in sessions.items() if sid is not None and sid != session]
-    chained = [pid for pid, sid in sessions.items() if sid == session]
+    chained, escaped = killed_scheduler.by_session(scheduler.pid, launched)
     assert len(chained) >= 1 + 4 * 2, [" ".join(cmdline(pid)) for pid in chained]
-    assert escaped, [" ".join(cmdline(pid)) for pid in launched]
 
     sandbox.kill("scheduler")
-    deadline = time.monotonic() + ORPHAN_DEADLINE
-    while survivors := [pid for pid in chained if alive(pid)]:
-        assert time.monotonic() < deadline, f"still alive {ORPHAN_DEADLINE:.0f}s after kill -9: {survivors}"
-        time.sleep(0.1)
-    # Nothing of the dead scheduler can reach the shell: only its successor's reclaim ends it. (Of what
-    # escaped, a process may end by itself meanwhile: one did in one run, the shell alive.)
-    escaped = [pid for pid in escaped if alive(pid)]
-    assert any("sleep 600" in " ".join(cmdline(pid)) for pid in escaped), {
-        pid: cmdline(pid) for pid in escaped
-    }
+    killed_scheduler.chain_ends(chained)
+    escaped = killed_scheduler.shell_survives(escaped)
     # The log server runs on; of the database connections it was forked with, none is still open at
     # the database's end: the scheduler closed them at its executor's start and used its own after.
     assert log_server.is_running()
     held = [c for c in log_server.net_connections("tcp") if c.raddr and c.raddr.port == DATABASE_PORT]
     assert [c for c in held if c.status == psutil.CONN_ESTABLISHED] == [], held
 
-    sandbox.restart("scheduler")
-    poll("the run to finish", lambda: sandbox.run_state("sleepers", run_id) in ("success", "failed"))
-    rows = sandbox.task_instances("sleepers", run_id)
-    assert sandbox.run_state("sleepers", run_id) == "success", rows
-    assert [pid for pid in escaped if alive(pid)] == []
-    log = sandbox.process_logs["scheduler"].read_text(errors="replace")
-    for pid in escaped:
-        assert f"killed pid {pid} (" in log
+    log = killed_scheduler.restart_finishes_and_reclaims(sandbox, "sleepers", run_id, escaped)
     # The restarted scheduler's executor stopped the dead one's log server.
     assert f"stopped airflow serve-logs (pid {log_server.pid})" in log
     assert not alive(log_server.pid)
@@ -94,10 +64,3 @@ def test_no_task_process_outlives_a_killed_scheduler_and_a_restart_finishes(sand
     assert len(logs) >= 4
     for path in logs:
         assert path.read_text().count("::group::Pre Execute") <= 1, path
-
-
-def _session(pid: int) -> int | None:
-    try:
-        return os.getsid(pid)
-    except OSError:
-        return None

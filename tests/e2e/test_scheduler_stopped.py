@@ -2,23 +2,22 @@
 
 The executor waits shutdown_timeout, sends SIGTERM, then SIGKILL after termination_grace_period, gives
 the workload its final event, joins its loop thread, and the scheduler exits 0 with nothing left
-running. The stock executor's end() waits for running tasks without a bound.
+running. The stock executor's end() waits for running tasks without a bound. The checks it shares with
+its Airflow 2 twin are tests/stopped_scheduler.py's; the status command's view is this one's.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import signal
 import subprocess
-import time
 from typing import Any
 
 import psutil
 import pytest
 
 from harness.sandbox import AirflowSandbox
-from tests.core.helpers import alive
+from tests import stopped_scheduler
 from tests.e2e.helpers import cmdline, poll
 
 SHUTDOWN_TIMEOUT = 2
@@ -34,8 +33,6 @@ pytestmark = [
         }
     ),
 ]
-# Only a hang trips it: the shutdown itself takes SHUTDOWN_TIMEOUT + GRACE, the rest is the scheduler's.
-EXIT_GUARD = 120.0
 
 
 def _descendants(pid: int) -> list[int]:
@@ -50,46 +47,14 @@ def test_sigterm_and_sigint_stop_the_scheduler_within_its_bound_leaving_nothing(
     sandbox: AirflowSandbox,
 ) -> None:
     sandbox.wait_for_dag("stubborn", timeout=120)
-    _stop_with(sandbox, signal.SIGTERM)
-    sandbox.restart("scheduler")
-    _stop_with(sandbox, signal.SIGINT)
-
-
-def _stop_with(sandbox: AirflowSandbox, sig: signal.Signals) -> None:
-    run_id = sandbox.trigger("stubborn")
-    poll(
-        "the task running",
-        lambda: [r.state for r in sandbox.task_instances("stubborn", run_id)] == ["running"],
-    )
-    # The fork server, the workload process and the task process that ignores SIGTERM.
+    stopped_scheduler.running(sandbox, "stubborn")
     launched = _descendants(sandbox.pids["scheduler"])
-    assert len(launched) >= 3, [" ".join(cmdline(pid)) for pid in launched]
-    if sig is signal.SIGTERM:
-        _status_shows_the_running_task(sandbox)
-    log = sandbox.process_logs["scheduler"]
-    before = log.stat().st_size
-
-    started = time.monotonic()
-    status = sandbox.signal_and_wait("scheduler", sig, timeout=EXIT_GUARD)
-    took = time.monotonic() - started
-
-    assert status == 0, f"{sig.name}: scheduler exited with {status}"
-    assert took < EXIT_GUARD
-    # What the dying scheduler did not reap is reparented and reaped by init; none may still run.
-    poll("launched processes to be gone", lambda: not [pid for pid in launched if alive(pid)])
-    shutdown = log.read_bytes()[before:].decode(errors="replace")
-    assert f"Exiting gracefully upon receiving signal {int(sig)}" in shutdown
-    # The first round's task was reset by the restarted scheduler and runs again here: count them.
-    waiting = re.search(
-        rf"shutting down: waiting up to {SHUTDOWN_TIMEOUT}s for (\d+) running workloads", shutdown
-    )
-    assert waiting, shutdown
-    # Each one's final event, with why; the task ignores SIGTERM, so only the escalation ended it.
-    ended = re.findall(
-        r"workload stubborn\.ignore_sigterm try \d+ failed: executor shut down: terminated", shutdown
-    )
-    assert len(ended) == int(waiting.group(1)) >= 1, shutdown
-    assert "after SIGTERM; sending SIGKILL" in shutdown
+    _status_shows_the_running_task(sandbox)
+    stopped_scheduler.stop_is_bounded(sandbox, signal.SIGTERM, "stubborn", launched, SHUTDOWN_TIMEOUT)
+    sandbox.restart("scheduler")
+    stopped_scheduler.running(sandbox, "stubborn")
+    launched = _descendants(sandbox.pids["scheduler"])
+    stopped_scheduler.stop_is_bounded(sandbox, signal.SIGINT, "stubborn", launched, SHUTDOWN_TIMEOUT)
 
 
 def _status_shows_the_running_task(sandbox: AirflowSandbox) -> None:
