@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import logging
@@ -14,6 +15,7 @@ from contextlib import contextmanager
 import anyio
 import psutil
 
+from async_local_executor.core.launchers.base import Child, LaunchRequest, Takeover
 from async_local_executor.core.outcome import Outcome
 
 # Guards against a hang; never what a test waits for.
@@ -216,3 +218,10 @@ class Said(logging.Handler):
 def say(**fields: object) -> None:
     """One JSON line on stdout: a driver process's report to the test that runs it."""
     print(json.dumps(fields), flush=True)
+
+
+def taking_over(
+    request: LaunchRequest, take: Callable[[], Child], launched: float, cgroup_dir: str | None = None
+) -> LaunchRequest:
+    """``request`` for a running process another executor launched: the launch path takes it with ``take``."""
+    return dataclasses.replace(request, takeover=Takeover(take, launched, cgroup_dir))

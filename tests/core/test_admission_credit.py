@@ -26,10 +26,10 @@ import pytest
 
 from async_local_executor.core.admission import Admission
 from async_local_executor.core.launchers.adopted import AdoptedChild
-from async_local_executor.core.launchers.base import Child, Launcher, LaunchRequest, Wrapper
+from async_local_executor.core.launchers.base import Child, Launcher, LaunchRequest, TakesOver, Wrapper
 from async_local_executor.core.launchers.subprocess import SubprocessLauncher
 from async_local_executor.core.proc_identity import start_ticks
-from tests.core.helpers import Recorder, py
+from tests.core.helpers import Recorder, py, taking_over
 from tests.core.supervising import serving
 
 pytestmark = pytest.mark.asyncio
@@ -81,12 +81,13 @@ async def test_three_adopted_into_one_slot_all_run_and_a_new_launch_waits_until_
     launcher = Admitted(SubprocessLauncher(output=recorder.output))
     gate = tmp_path / "gate"
     gate.touch()
-    async with serving(recorder, launcher, limit=1) as supervisor:
+    # Adopted processes are taken before Admitted sees them: it records the launches admission let through.
+    async with serving(recorder, TakesOver(launcher), limit=1) as supervisor:
         for index, proc in enumerate(predecessors):
             start = start_ticks(proc.pid)
             assert start is not None
             take = functools.partial(AdoptedChild.take, proc.pid, start, lambda: 0)
-            supervisor.adopt(LaunchRequest(f"adopted-{index}", ("adopted",)), take, 1.0, None)
+            supervisor.adopt(taking_over(LaunchRequest(f"adopted-{index}", ("adopted",)), take, 1.0))
         supervisor.submit(LaunchRequest("new", py("print('new ran', flush=True)")))
         await recorder.until(lambda: len(recorder.pids) == 3 or recorder.outcomes)
         # Every adopted one is supervised: none failed for want of a slot.

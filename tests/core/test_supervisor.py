@@ -27,13 +27,13 @@ import uvloop
 
 from async_local_executor.core.admission import MB
 from async_local_executor.core.errors import LaunchError
-from async_local_executor.core.launchers.base import LauncherReport, LaunchRequest, PreloadSummary
+from async_local_executor.core.launchers.base import LauncherReport, LaunchRequest, PreloadSummary, TakesOver
 from async_local_executor.core.outcome import Cleanup, OutcomeKind, Times
 from async_local_executor.core.reaping import ABANDONED_REAP
 from async_local_executor.core.stopping import TerminationPolicy
 from async_local_executor.core.supervisor import LetGo, Supervisor
 from tests.core.fakes import FakeLauncher
-from tests.core.helpers import GUARD, FakeClock, Recorder, py, until_dead
+from tests.core.helpers import GUARD, FakeClock, Recorder, py, taking_over, until_dead
 from tests.core.supervising import in_flight, request, serving
 
 pytestmark = pytest.mark.asyncio
@@ -48,7 +48,12 @@ async def faked(
     recorder = Recorder()
     clock = FakeClock()
     supervisor = Supervisor(
-        launcher, recorder, limit=limit, policy=TerminationPolicy(grace=grace), clock=clock, **admission
+        TakesOver(launcher),
+        recorder,
+        limit=limit,
+        policy=TerminationPolicy(grace=grace),
+        clock=clock,
+        **admission,
     )
     async with anyio.create_task_group() as tg:
         await tg.start(supervisor.serve)
@@ -834,7 +839,7 @@ async def test_a_workload_being_stopped_for_its_timeout_when_release_begins_is_h
 async def test_a_workload_still_launching_when_release_begins_is_handed_over_once_it_runs() -> None:
     launcher = FakeLauncher()
     recorder = Recorder()
-    supervisor = Supervisor(launcher, recorder, limit=None, clock=FakeClock())
+    supervisor = Supervisor(TakesOver(launcher), recorder, limit=None, clock=FakeClock())
     go = launcher.hold("slow-start")
     async with anyio.create_task_group() as tg:
         await tg.start(supervisor.serve)
@@ -857,7 +862,7 @@ async def test_an_adopted_workload_holds_a_slot_times_out_and_reports_its_end_on
     adopted_launcher = FakeLauncher()  # stands for the processes a predecessor launched
     async with faked(limit=1) as (supervisor, launcher, recorder, clock):
         predecessor = await adopted_launcher.launch(request("adopted"))
-        supervisor.adopt(request("adopted", timeout=5), lambda: predecessor, launched=12.5, cgroup_dir=None)
+        supervisor.adopt(taking_over(request("adopted", timeout=5), lambda: predecessor, 12.5, None))
         supervisor.submit(request("new"))
         await recorder.until(lambda: recorder.pids)
         await anyio.wait_all_tasks_blocked()
@@ -883,7 +888,7 @@ async def test_an_adopted_process_that_is_gone_ends_as_a_failed_launch() -> None
         raise LaunchError("process 42 no longer runs as the workload that was handed over")
 
     async with faked() as (supervisor, _, recorder, _clock):
-        supervisor.adopt(request("vanished"), gone, launched=1.0, cgroup_dir=None)
+        supervisor.adopt(taking_over(request("vanished"), gone, 1.0, None))
         await recorder.until(lambda: recorder.outcomes)
     outcome = recorder.outcome("vanished")
     assert outcome.kind is OutcomeKind.LAUNCH_FAILED
@@ -894,11 +899,11 @@ async def test_an_adopted_workload_is_handed_over_again_with_its_cgroup_at_the_n
     adopted_launcher = FakeLauncher()
     launcher = FakeLauncher()
     recorder = Recorder()
-    supervisor = Supervisor(launcher, recorder, limit=None, clock=FakeClock())
+    supervisor = Supervisor(TakesOver(launcher), recorder, limit=None, clock=FakeClock())
     async with anyio.create_task_group() as tg:
         await tg.start(supervisor.serve)
         child = await adopted_launcher.launch(request("again"))
-        supervisor.adopt(request("again"), lambda: child, launched=3.0, cgroup_dir="/cg/1-t2-ab/w1")
+        supervisor.adopt(taking_over(request("again"), lambda: child, 3.0, "/cg/1-t2-ab/w1"))
         await recorder.until(lambda: recorder.pids)
         with anyio.fail_after(GUARD):
             handovers = await supervisor.release(grace=0)
@@ -915,8 +920,8 @@ async def test_adopted_workloads_beyond_the_limit_run_at_once_and_new_launches_w
     async with faked(limit=1) as (supervisor, launcher, recorder, _clock):
         first = await adopted_launcher.launch(request("first"))
         second = await adopted_launcher.launch(request("second"))
-        supervisor.adopt(request("first"), lambda: first, launched=1.0, cgroup_dir=None)
-        supervisor.adopt(request("second"), lambda: second, launched=2.0, cgroup_dir=None)
+        supervisor.adopt(taking_over(request("first"), lambda: first, 1.0, None))
+        supervisor.adopt(taking_over(request("second"), lambda: second, 2.0, None))
         supervisor.submit(request("new"))
         await recorder.until(lambda: len(recorder.pids) == 2)
         assert sorted(w.pid for w in supervisor.state().running) == sorted([first.pid, second.pid])
@@ -937,7 +942,7 @@ async def test_an_adopted_workload_stopped_before_its_supervision_began_has_its_
     adopted_launcher = FakeLauncher()
     async with faked() as (supervisor, _, recorder, _clock):
         child = await adopted_launcher.launch(request("revoked"))
-        supervisor.adopt(request("revoked"), lambda: child, launched=1.0, cgroup_dir=None)
+        supervisor.adopt(taking_over(request("revoked"), lambda: child, 1.0, None))
         assert supervisor.stop("revoked", "revoked by the scheduler") == 1
         await recorder.until(lambda: recorder.outcomes)
     assert child.signals == [signal.SIGTERM]
@@ -952,11 +957,11 @@ async def test_an_adopted_workload_stopped_before_its_supervision_began_has_its_
 async def test_an_adopted_workload_not_yet_taken_when_release_begins_is_handed_over_again() -> None:
     adopted_launcher = FakeLauncher()
     recorder = Recorder()
-    supervisor = Supervisor(FakeLauncher(), recorder, limit=1, clock=FakeClock())
+    supervisor = Supervisor(TakesOver(FakeLauncher()), recorder, limit=1, clock=FakeClock())
     async with anyio.create_task_group() as tg:
         await tg.start(supervisor.serve)
         child = await adopted_launcher.launch(request("again"))
-        supervisor.adopt(request("again"), lambda: child, launched=3.0, cgroup_dir=None)
+        supervisor.adopt(taking_over(request("again"), lambda: child, 3.0, None))
         with anyio.fail_after(GUARD):
             handovers = await supervisor.release(grace=0)
     assert [(h.key, h.pid) for h in handovers] == [("again", child.pid)]
@@ -969,7 +974,7 @@ async def test_an_adopted_workload_offered_after_a_shutdown_began_is_stopped_not
     adopted_launcher = FakeLauncher()
     recorder = Recorder()
     launcher = FakeLauncher()
-    supervisor = Supervisor(launcher, recorder, limit=None, clock=FakeClock())
+    supervisor = Supervisor(TakesOver(launcher), recorder, limit=None, clock=FakeClock())
     async with anyio.create_task_group() as tg:
         await tg.start(supervisor.serve)
         supervisor.submit(request("running"))
@@ -977,7 +982,7 @@ async def test_an_adopted_workload_offered_after_a_shutdown_began_is_stopped_not
         tg.start_soon(supervisor.shutdown, GUARD)
         await anyio.wait_all_tasks_blocked()
         child = await adopted_launcher.launch(request("late"))
-        supervisor.adopt(request("late"), lambda: child, launched=3.0, cgroup_dir=None)
+        supervisor.adopt(taking_over(request("late"), lambda: child, 3.0, None))
         await recorder.until(lambda: recorder.outcomes)
         launcher.children["running"].exit(0)
     assert child.signals == [signal.SIGTERM]

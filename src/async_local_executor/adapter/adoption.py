@@ -37,6 +37,7 @@ from typing import Any
 from airflow.models.taskinstancekey import TaskInstanceKey
 
 from async_local_executor.adapter.submissions import Ticket
+from async_local_executor.core.cgroups.containment import workload_cgroup_of
 from async_local_executor.core.custody import await_custody
 from async_local_executor.core.errors import LaunchError
 from async_local_executor.core.launchers.adopted import AdoptedChild
@@ -297,13 +298,17 @@ def kill_unheld(one: recovery.Held) -> None:
     group (its custody's watchdog with it) and its cgroup's members, as for a workload this executor
     stops, and the descendants seen of it elsewhere; each only while it is still that process. The
     emptied cgroup is left for the next reclaim."""
-    cgroup = Path(one.cgroup) if one.cgroup else None
     try:
-        child = AdoptedChild.take(one.pid, one.start, lambda: None, cgroup)
+        child = AdoptedChild.take(one.pid, one.start, lambda: None)
     except LaunchError:
         pass  # gone, or its pid is another process's now
     else:
+        # Found while it is still that process (the pidfd holds it): its cgroup is its own.
+        cgroup = workload_cgroup_of(one.pid) if one.cgroup else None
         child.signal(signal.SIGKILL)
+        if cgroup is not None:
+            with contextlib.suppress(OSError):
+                cgroup.signal(signal.SIGKILL)
         child.release()
     for pid, start in one.descendants:
         if runs_as(pid, start):

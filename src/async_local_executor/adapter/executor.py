@@ -63,7 +63,7 @@ from async_local_executor.core.clock import SYSTEM, Clock
 from async_local_executor.core.errors import RuntimeNotRunning
 from async_local_executor.core.health import Health, Report
 from async_local_executor.core.launchers.adopted import AdoptedChild
-from async_local_executor.core.launchers.base import LaunchRequest
+from async_local_executor.core.launchers.base import LaunchRequest, Takeover
 from async_local_executor.core.outcome import Outcome, OutcomeKind
 from async_local_executor.core.prefetch import PrefetchBudget
 from async_local_executor.core.proc_identity import start_ticks
@@ -380,11 +380,15 @@ class AsyncLocalExecutor(BaseExecutor):
                 self._custody_timeouts[key] = one.timeout
             self._holding.hold(Adoption(key, one.pid, label, held_at=self.clock.monotonic()))
             read = functools.partial(adoption.read_exit_once, custody, one.pid, one.start)
-            cgroup = Path(one.cgroup) if one.cgroup else None
-            take = adoption.taken_now(functools.partial(AdoptedChild.take, one.pid, one.start, read, cgroup))
-            timeout = record.timeout_left(boot_clock())
-            request = LaunchRequest(key=ticket, argv=("adopted",), label=label, timeout=timeout)
-            runtime.adopt(request, take, record.launched, one.cgroup)
+            take = adoption.taken_now(functools.partial(AdoptedChild.take, one.pid, one.start, read))
+            request = LaunchRequest(
+                key=ticket,
+                argv=("adopted",),
+                label=label,
+                timeout=record.timeout_left(boot_clock()),
+                takeover=Takeover(take, record.launched, one.cgroup),
+            )
+            runtime.adopt(request)
             held.append(one)
         crashed = sum(one.crashed for one in held)
         if held:

@@ -30,7 +30,7 @@ import anyio.to_thread
 
 from async_local_executor.core.errors import RuntimeNotRunning
 from async_local_executor.core.health import Probe, Report
-from async_local_executor.core.launchers.base import Child, LaunchRequest
+from async_local_executor.core.launchers.base import LaunchRequest
 from async_local_executor.core.lifeline import prctl
 from async_local_executor.core.supervisor import LetGo, Supervisor, every
 
@@ -165,11 +165,9 @@ class Runtime:
 
         self._post(submit_all)
 
-    def adopt(
-        self, request: LaunchRequest, take: Callable[[], Child], launched: float, cgroup_dir: str | None
-    ) -> None:
+    def adopt(self, request: LaunchRequest) -> None:
         """Hand the loop a running process to supervise (see :meth:`Supervisor.adopt`); returns at once."""
-        self._post(lambda supervisor, _: supervisor.adopt(request, take, launched, cgroup_dir))
+        self._post(lambda supervisor, _: supervisor.adopt(request))
 
     def stop(self, key: Hashable, reason: str) -> None:
         """Ask the loop to stop the workload(s) with ``key``; returns at once."""

@@ -28,7 +28,7 @@ from async_local_executor.core import descriptors
 from async_local_executor.core.admission import Admission, host_available_memory
 from async_local_executor.core.clock import SYSTEM, Clock
 from async_local_executor.core.errors import DescriptorsFull, LaunchError, Released
-from async_local_executor.core.launchers.base import Child, Launcher, LaunchRequest, adopted_by
+from async_local_executor.core.launchers.base import Child, Launcher, LaunchRequest
 from async_local_executor.core.lifecycle import Phase, Step
 from async_local_executor.core.outcome import (
     ExitStatus,
@@ -151,7 +151,7 @@ class Supervisor:
                         launched,
                         workload.request.group,
                         child.cgroup,
-                        adopted=workload.take is not None,
+                        adopted=workload.adopted,
                     )
                 )
             elif not workload.lifecycle.finished:
@@ -187,7 +187,7 @@ class Supervisor:
         stopped, or, during a release, taken and handed over again.
         """
         assert self._tg is not None
-        if not self._accepting and workload.take is None:
+        if not self._accepting and not workload.adopted:
             workload.stop_reason = "executor is shutting down"
             self._end(workload, None, Step.DROP)
             return
@@ -239,7 +239,7 @@ class Supervisor:
                 handovers.append(handover)
             elif (
                 workload.lifecycle.phase is not Phase.LAUNCHING or workload.held_back is not None
-            ) and workload.take is None:
+            ) and not workload.adopted:
                 self._stop(workload, "executor shut down")  # held back for descriptors: ends unlaunched
         # Those launching, and adopted ones not yet taken, are released by _launch once it has their process.
         with self._clock.move_on_after(grace):
@@ -273,45 +273,41 @@ class Supervisor:
             workload.escalation.cancel()
         child.release()
         cgroup = child.cgroup
+        takeover = workload.request.takeover
         return LetGo(
             workload.request.key,
             child.pid,
             workload.label,
-            str(cgroup.path) if cgroup is not None else workload.cgroup_dir,
+            str(cgroup.path) if cgroup is not None else takeover.cgroup_dir if takeover is not None else None,
             workload.launched,
         )
 
-    def adopt(
-        self, request: LaunchRequest, take: Callable[[], Child], launched: float, cgroup_dir: str | None
-    ) -> None:
-        """Supervise a running process another executor launched: ``take`` returns it as a child.
+    def adopt(self, request: LaunchRequest) -> None:
+        """Supervise a running process another executor launched: ``request.takeover`` says which.
 
-        It holds a slot and a group slot like any workload, but never waits for them: it runs already.
-        (A successor started with a lower limit than its predecessor's takes them on credit and lets its
-        own launches wait until enough adopted ones have ended.) Its run-time limit is
+        It goes through the launch path as any workload, which takes its process instead of starting
+        one. It holds a slot and a group slot like any workload, but never waits for them: it runs
+        already. (A successor started with a lower limit than its predecessor's takes them on credit and
+        lets its own launches wait until enough adopted ones have ended.) Its run-time limit is
         ``request.timeout`` from now, a stop or a release reaches its process as any running one's, and
-        its end is reported once, as any other's.
-        If ``take`` raises :class:`LaunchError` (the process is gone, or its pid is another's now),
-        the workload ends at once as a failed launch.
-
-        :param launched: wall clock of its original launch, for the status report
-        :param cgroup_dir: its cgroup2 directory, when it was contained (handed on if it is released again)
+        its end is reported once, as any other's. If its process cannot be taken
+        (:class:`LaunchError`: it is gone, or its pid is another's now), the workload ends at once as a
+        failed launch.
         """
+        if request.takeover is None:
+            raise ValueError("adopt() takes a request with a takeover")
         if self._tg is None:
             raise RuntimeError("supervisor is not serving")
-        workload = Workload(
-            request, accepted=self._clock.time(), take=take, first_launched=launched, cgroup_dir=cgroup_dir
-        )
-        self._accept(workload, "adopted workload")
+        self._accept(Workload(request, accepted=self._clock.time()), "adopted workload")
 
     async def _supervise(self, serial: int, workload: Workload) -> None:
         try:
             with workload.scope:
                 # An adopted one runs already: neither a slot nor memory is a reason to wait.
-                async with self._admission.slot(workload.request, running=workload.take is not None):
+                async with self._admission.slot(workload.request, running=workload.adopted):
                     if workload.lifecycle.finished:  # dropped before this task first ran
                         return
-                    if workload.take is None:
+                    if not workload.adopted:
                         await self._admission.wait_for_memory(workload.request)
                     workload.lifecycle.advance(Step.ADMIT)
                     child = await self._launch(workload)
@@ -350,30 +346,19 @@ class Supervisor:
         """Start the process and arm its stop or its timeout; None if it could not be started."""
         request = workload.request
         try:
-            if workload.take is None:
-                child = await self._start(workload)
-                if child is None:
-                    return None
-            else:
-                taken = workload.take()
-                try:
-                    # Through the launch paths' wrappers too: the crowd counts it and gives it back a CPU
-                    # share a predecessor's crash left lowered.
-                    child = await adopted_by(self._launcher, taken, workload.cgroup_dir)
-                except Exception:
-                    # Its process runs and is ours now: supervised as it is rather than left to nobody.
-                    log.exception("taking over workload %s through its launch path failed", workload.label)
-                    child = taken
+            child = await self._start(workload)
+            if child is None:
+                return None
         except LaunchError as exc:
             self._end(workload, exc, Step.LAUNCH_FAILED)
             return None
         workload.child = child
         descriptors.running_changed(+1)
         workload.launched = now = self._clock.time()
-        if workload.take is None:
+        if request.takeover is None:
             self._tally.launched(now)
         else:
-            workload.launched = workload.first_launched or now
+            workload.launched = request.takeover.launched
         workload.lifecycle.advance(Step.LAUNCHED)
         self._listener.started(request.key, child.pid)
         if workload.stop_reason is not None:  # stopped while it was launching
@@ -403,7 +388,8 @@ class Supervisor:
         try:
             while True:
                 try:
-                    if (short := self._admission.short_of_descriptors()) is not None:
+                    # An adopted one runs already: the descriptors it holds are held.
+                    if not workload.adopted and (short := self._admission.short_of_descriptors()) is not None:
                         raise short
                     child = await self._launcher.launch(workload.request)
                 except DescriptorsFull as full:
@@ -448,7 +434,7 @@ class Supervisor:
             return
         workload.stop_reason = reason
         phase = workload.lifecycle.phase
-        if phase is Phase.QUEUED and workload.take is None:
+        if phase is Phase.QUEUED and not workload.adopted:
             workload.scope.cancel()
             self._end(workload, None, Step.DROP)
         elif phase is Phase.RUNNING:

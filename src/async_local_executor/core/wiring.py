@@ -19,7 +19,7 @@ from async_local_executor.core.clock import SYSTEM, Clock
 from async_local_executor.core.descriptors import GiveBackLimit
 from async_local_executor.core.health import Probe, Report, Thresholds
 from async_local_executor.core.launchers import crowd
-from async_local_executor.core.launchers.base import Launcher, OutputSink
+from async_local_executor.core.launchers.base import Launcher, OutputSink, TakesOver
 from async_local_executor.core.launchers.contained import ContainedLauncher
 from async_local_executor.core.launchers.forkserver.launcher import ForkServerLauncher
 from async_local_executor.core.launchers.forkserver.learning.learned import Learned
@@ -166,6 +166,8 @@ def wire(
                 clock=clock,
                 learning=learning,
             )
+        # Innermost: a handed-over workload's process is taken here, and every wrapper takes it in.
+        launcher = TakesOver(launcher)
         if plan.workload_nofile is not None:
             launcher = GiveBackLimit(launcher, plan.workload_nofile)
         if containment is not None:

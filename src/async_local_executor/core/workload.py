@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import anyio
@@ -30,12 +29,12 @@ class Workload:
     exit_awaited: bool = False  # its process is being awaited (or was): it must not be awaited twice
     # While its launch is held back for want of descriptors: cancelled by a stop, which ends the wait.
     held_back: anyio.CancelScope | None = None
-    # An adopted workload: how its running process is taken instead of launched, when that process was
-    # first launched (wall clock), and its cgroup2 directory if it was contained.
-    take: Callable[[], Child] | None = None
-    first_launched: float | None = None
-    cgroup_dir: str | None = None
 
     @property
     def label(self) -> str:
         return self.request.label or str(self.request.key)
+
+    @property
+    def adopted(self) -> bool:
+        """It runs already, launched by another executor (its request's ``takeover``)."""
+        return self.request.takeover is not None

@@ -6,6 +6,7 @@ everything in it whatever the test did.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import threading
@@ -14,13 +15,16 @@ from pathlib import Path
 import pytest
 
 from async_local_executor.core.cgroups import Containment, Limits, WorkloadCgroup, cgroup_of, group
-from async_local_executor.core.launchers.base import LaunchRequest
+from async_local_executor.core.launchers.adopted import AdoptedChild
+from async_local_executor.core.launchers.base import LaunchRequest, TakesOver
 from async_local_executor.core.launchers.contained import ContainedLauncher
 from async_local_executor.core.launchers.forkserver.launcher import ForkServerLauncher
+from async_local_executor.core.launchers.subprocess import SubprocessLauncher
 from async_local_executor.core.outcome import OutcomeKind
+from async_local_executor.core.proc_identity import start_ticks
 from tests.core.cgroups import helpers as cgroup_helpers
 from tests.core.cgroups.helpers import MiB, Scratch, gone
-from tests.core.helpers import Recorder, until_dead
+from tests.core.helpers import Recorder, taking_over, until_dead
 from tests.core.helpers import payload_py as py
 from tests.core.supervising import TARGET, make_launcher, serving
 
@@ -249,3 +253,42 @@ async def test_without_cgroup_kill_no_kill_waits_on_the_loop(
     [escaped] = [int(pid) for pid in _said(recorder, "escaped")]
     assert cgroup_helpers.wait_gone(escaped)
     assert loop_thread not in froze_on
+
+
+# Another instance's workload, in the cgroup that instance made for it: it leaves a process behind that
+# nothing but its cgroup ties to it, says so, and exits once its stdin says go.
+PREDECESSORS = ESCAPER + "sys.stdin.readline()\n"
+
+
+async def test_a_taken_over_workload_is_settled_in_its_own_cgroup_like_one_of_ours(box: Scratch) -> None:
+    # The handover's successor: the cgroup wrapper re-attaches the cgroup its predecessor made, so its
+    # stop reaches every member, and at its end its leftovers are killed and the cgroup removed.
+    predecessor = box.open()
+    cgroup = predecessor.create("w1")
+    assert cgroup is not None
+    proc = box.start(PREDECESSORS, cgroup)
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    proc.stdin.write("\n")
+    proc.stdin.flush()
+    escaped = int(proc.stdout.readline().split()[1])
+    start = start_ticks(proc.pid)
+    assert start is not None
+    recorder = Recorder()
+    launcher = ContainedLauncher(TakesOver(SubprocessLauncher(output=recorder.output)), box.open())
+    take = functools.partial(AdoptedChild.take, proc.pid, start, lambda: 0)
+    async with serving(recorder, launcher) as supervisor:
+        supervisor.adopt(taking_over(LaunchRequest("w", ("adopted",)), take, 1.0, str(cgroup.path)))
+        await recorder.until(lambda: recorder.pids)
+        [running] = supervisor.state().running
+        assert running.cgroup is not None
+        assert running.cgroup.path == cgroup.path
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        await recorder.until(lambda: recorder.outcomes)
+    outcome = recorder.outcome("w")
+    assert outcome.ok, outcome
+    assert outcome.cleanup is not None
+    assert (outcome.cleanup.leftovers, outcome.cleanup.killed) == (1, 1)
+    assert gone(escaped)
+    assert not cgroup.path.exists()

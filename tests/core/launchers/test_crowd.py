@@ -9,6 +9,7 @@ capabilities (setpriv), with the RLIMIT_NICE a systemd unit would give it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -26,7 +27,14 @@ from async_local_executor.core.cgroups import Containment, WorkloadCgroup, cgrou
 from async_local_executor.core.cgroups.discovery import directory_of, mount_root, v1_mounts
 from async_local_executor.core.launchers import crowd
 from async_local_executor.core.launchers.adopted import AdoptedChild
-from async_local_executor.core.launchers.base import Child, Launcher, LaunchRequest, Wrapper, adopted_by
+from async_local_executor.core.launchers.base import (
+    Child,
+    Launcher,
+    LaunchRequest,
+    Takeover,
+    TakesOver,
+    Wrapper,
+)
 from async_local_executor.core.launchers.contained import ContainedLauncher
 from async_local_executor.core.launchers.crowd import Choice, CrowdLauncher, How
 from async_local_executor.core.launchers.subprocess import SubprocessLauncher
@@ -356,7 +364,7 @@ async def test_a_crowded_contained_workload_handed_over_gets_its_cgroup_cpu_weig
 
 
 # ------------------------------------------------------------------------------------------------
-# Adopted workloads and the crowd's CPU share (core/launchers/crowd.py, through ``base.adopted_by``).
+# Adopted workloads and the crowd's CPU share (core/launchers/crowd.py, a request's ``takeover``).
 #
 # An adopted workload competes for the CPU as any that runs: it counts in the crowd a start is measured
 # against. One that arrives still lowered (left by a crash, which cannot undo anything) gets its share
@@ -443,17 +451,23 @@ IDLE, OTHER = [os.SCHED_IDLE] * 2, [os.SCHED_OTHER] * 2
 
 
 async def take(launcher: Launcher, running: Running, cgroup_dir: Path | None = None) -> Child:
-    """Taken over as a successor's supervisor takes an adopted workload: through its launch path."""
+    """Taken over as a successor's supervisor takes an adopted workload: through its launch path, whose
+    innermost wrapper (:class:`TakesOver`) takes the process."""
     start = start_ticks(running.proc.pid)
     assert start is not None
-    child = AdoptedChild.take(running.proc.pid, start, lambda: 0, cgroup_dir)
+    take = functools.partial(AdoptedChild.take, running.proc.pid, start, lambda: 0)
+    takeover = Takeover(take, 0.0, None if cgroup_dir is None else str(cgroup_dir))
     with anyio.fail_after(GUARD):
-        return await adopted_by(launcher, child, None if cgroup_dir is None else str(cgroup_dir))
+        return await launcher.launch(LaunchRequest("adopted", ("adopted",), takeover=takeover))
+
+
+def plain() -> Launcher:
+    return TakesOver(SubprocessLauncher(output=Recorder().output))
 
 
 @asynccontextmanager
 async def crowd_of(threshold: int, inner: Launcher | None = None) -> AsyncIterator[CrowdLauncher]:
-    launcher = CrowdLauncher(inner or SubprocessLauncher(output=Recorder().output), CLASS, crowd=threshold)
+    launcher = CrowdLauncher(inner or plain(), CLASS, crowd=threshold)
     async with launcher:
         yield launcher
 
@@ -501,7 +515,7 @@ async def test_adopted_workloads_count_in_the_crowd_a_start_is_measured_against(
     recorder = Recorder()
     adopted = [predecessor.start(), predecessor.start()]
     statuses: list[int] = []
-    async with crowd_of(2, make_launcher(kind, recorder)) as launcher:
+    async with crowd_of(2, TakesOver(make_launcher(kind, recorder))) as launcher:
         children = [await take(launcher, running) for running in adopted]
         started = await launcher.launch(LaunchRequest(key="x", argv=py(CROWDED)))
 
@@ -537,9 +551,7 @@ async def test_one_whose_cgroup_arrives_weighed_down_gets_its_cpu_weight_back_wh
     assert cgroup is not None
     running = predecessor.start(cgroup=cgroup)
     assert {_cpu_share(pid)[1] for pid in running.pids} == {"2" if v1 else "1"}
-    async with crowd_of(
-        2, ContainedLauncher(SubprocessLauncher(output=Recorder().output), containment)
-    ) as launcher:
+    async with crowd_of(2, ContainedLauncher(plain(), containment)) as launcher:
         child = await take(launcher, running, cgroup.path)
         for pid in running.pids:
             where, weight = _cpu_share(pid)
@@ -554,7 +566,7 @@ async def test_with_the_crowd_off_one_that_arrives_in_sched_idle_still_gets_its_
     # workload_cpu_priority = normal (or a nice value) after a predecessor ran with auto: the wiring still
     # puts a crowd that lowers nothing in the launch path, for this (core/wiring.py).
     running = predecessor.start(lowered=True)
-    launcher = CrowdLauncher(SubprocessLauncher(output=Recorder().output), Choice(How.NONE, "off"), crowd=0)
+    launcher = CrowdLauncher(plain(), Choice(How.NONE, "off"), crowd=0)
     async with launcher:
         child = await take(launcher, running)
         assert running.classes() == OTHER

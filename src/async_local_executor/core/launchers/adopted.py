@@ -9,12 +9,10 @@ the exit is :class:`~async_local_executor.core.errors.ChildLost` and the caller 
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import signal
 from collections.abc import Callable
-from pathlib import Path
 
 import anyio
 
@@ -27,31 +25,26 @@ from async_local_executor.core.proc_identity import runs_as
 class AdoptedChild:
     """A handed-over workload process, watched through a pidfd; the :class:`Child` contract otherwise.
 
+    Its signals reach its process groups; its cgroup, when it was contained, is the cgroup wrapper's
+    (``core/launchers/contained.py`` re-attaches it, as for a process of ours).
+
     :param read_status: the exit status the workload recorded for itself, or None when it recorded none
-    :param cgroup_dir: its cgroup2 directory, when it was contained: signals reach every process in it,
-        and what is left there once it exits is killed and the directory removed
     """
 
     releasable = True
-    cgroup: None = None  # its cgroup is its launcher's object, which we do not have; see cgroup_dir
+    cgroup: None = None  # the cgroup wrapper's, around this child
 
-    def __init__(
-        self, pid: int, pidfd: int, read_status: Callable[[], int | None], cgroup_dir: Path | None
-    ) -> None:
+    def __init__(self, pid: int, pidfd: int, read_status: Callable[[], int | None]) -> None:
         self._pid = pid
         self._pidfd: int | None = pidfd
         self._read_status = read_status
-        self._cgroup_dir = cgroup_dir
         self._signaller = GroupSignaller(pid)
         self._released = False
         self._waiting: anyio.CancelScope | None = None
-        self._cleanup: Cleanup | None = None
         self._signalled: int | None = None  # the last signal we sent it, for an exit it could not record
 
     @classmethod
-    def take(
-        cls, pid: int, start: int, read_status: Callable[[], int | None], cgroup_dir: Path | None = None
-    ) -> AdoptedChild:
+    def take(cls, pid: int, start: int, read_status: Callable[[], int | None]) -> AdoptedChild:
         """Watch the process that started at ``start`` under ``pid``.
 
         :raises LaunchError: it no longer runs as recorded (gone, or its pid reused), or this kernel has
@@ -69,7 +62,7 @@ class AdoptedChild:
         if not runs_as(pid, start):
             os.close(pidfd)
             raise LaunchError(f"process {pid} no longer runs as the workload that was handed over")
-        return cls(pid, pidfd, read_status, cgroup_dir)
+        return cls(pid, pidfd, read_status)
 
     @property
     def pid(self) -> int:
@@ -77,16 +70,13 @@ class AdoptedChild:
 
     @property
     def cleanup(self) -> Cleanup | None:
-        return self._cleanup
+        return None  # what its cgroup used and held: the cgroup wrapper's, when it was contained
 
     def signal(self, sig: int) -> None:
         if self._released:
             return
         self._signalled = sig
         self._signaller.send(sig)
-        for member in self._members():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(member, sig)
 
     def release(self) -> None:
         """Stop watching it, untouched; a pending :meth:`wait` raises :class:`Released`."""
@@ -106,8 +96,10 @@ class AdoptedChild:
             self._close()
             raise Released(f"process {self._pid} was handed over")
         self._close()
-        killed = self._kill_leftovers()
-        self._cleanup = Cleanup(leftovers=killed, killed=killed) if self._cgroup_dir is not None else None
+        # What it left in its process groups is killed, as for a workload we launched (its cgroup's, by
+        # the cgroup wrapper). The leader is gone and reaped by whoever is its parent now: only its
+        # remembered groups are signalled, each checked as still ours.
+        self._signaller.send(signal.SIGKILL)
         status = self._read_status()
         if status is None and self._signalled is not None:
             # Ended by our signal before it could record anything (a stop's SIGKILL, say): that signal is
@@ -121,26 +113,3 @@ class AdoptedChild:
         fd, self._pidfd = self._pidfd, None
         if fd is not None:
             os.close(fd)
-
-    def _members(self) -> list[int]:
-        if self._cgroup_dir is None:
-            return []
-        try:
-            text = (self._cgroup_dir / "cgroup.procs").read_text()
-        except OSError:
-            return []
-        return [int(line) for line in text.split() if line.isdigit()]
-
-    def _kill_leftovers(self) -> int:
-        """What it left in its group or cgroup is killed, as for a workload we launched; the cgroup goes."""
-        # The leader is gone and reaped by whoever is its parent now: only its remembered groups and the
-        # cgroup's members are signalled, each of them checked as still ours.
-        self._signaller.send(signal.SIGKILL)
-        members = self._members()
-        for member in members:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(member, signal.SIGKILL)
-        if self._cgroup_dir is not None:
-            with contextlib.suppress(OSError):  # still emptying: left for the next reclaim
-                self._cgroup_dir.rmdir()
-        return len(members)

@@ -25,6 +25,24 @@ HELPER_KEY = "fork-server"
 
 
 @dataclass(frozen=True)
+class Takeover:
+    """A running process another executor launched and handed over, supervised from now on as if it had
+    been launched here: the innermost launcher takes it (:class:`TakesOver`) instead of starting one, and
+    each wrapper takes it in as its own (the cgroup wrapper re-attaches its cgroup, the crowd counts it
+    and gives back a CPU share a predecessor's crash left lowered).
+
+    :param take: the process as a child; raises :class:`~async_local_executor.core.errors.LaunchError`
+        when it no longer runs as recorded (gone, or its pid another's)
+    :param launched: wall clock of its first launch, for the status report
+    :param cgroup_dir: its cgroup2 directory, when it was contained
+    """
+
+    take: Callable[[], Child]
+    launched: float
+    cgroup_dir: str | None = None
+
+
+@dataclass(frozen=True)
 class LaunchRequest:
     """What to start for one workload.
 
@@ -46,6 +64,8 @@ class LaunchRequest:
         anything of the workload (a contained launcher moves it into its cgroup here); if it raises,
         the process is killed and the launch fails with the error. A program started by the plain
         launcher runs from its ``exec`` on: it must read its stdin before it starts anything
+    :param takeover: the workload runs already, launched by another executor: the launch path takes its
+        process instead of starting one (see :class:`Takeover`)
     """
 
     key: Hashable
@@ -59,6 +79,7 @@ class LaunchRequest:
     limits: Limits = field(default_factory=Limits)
     low_cpu: bool = False
     before_start: Callable[[int], Awaitable[None]] | None = field(default=None, compare=False, repr=False)
+    takeover: Takeover | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.argv:
@@ -204,26 +225,15 @@ class Wrapper:
     def report(self) -> LauncherReport:
         return self._inner.report()
 
-    async def adopted(self, child: Child, cgroup_dir: str | None) -> Child:
-        """``child``, a running process another executor launched, as this launcher's own from now on.
 
-        By default it is the inner launcher's: a wrapper that accounts for what runs (the crowd's count
-        and CPU share) takes it in here.
-        """
-        return await adopted_by(self._inner, child, cgroup_dir)
+class TakesOver(Wrapper):
+    """The innermost of a launch path's wrappers: a request with a :class:`Takeover` is taken, every
+    other is launched by the launcher it wraps."""
 
-
-async def adopted_by(launcher: Launcher, child: Child, cgroup_dir: str | None) -> Child:
-    """``child``, a process another executor launched and this one takes over, as ``launcher`` would
-    supervise it had it launched it: every wrapper of the launch path takes it in (see
-    :meth:`Wrapper.adopted`). The supervisor passes each child it adopts through this before it
-    supervises it.
-
-    :param cgroup_dir: its cgroup2 directory, when it was contained
-    """
-    if isinstance(launcher, Wrapper):
-        return await launcher.adopted(child, cgroup_dir)
-    return child
+    async def launch(self, request: LaunchRequest) -> Child:
+        if request.takeover is not None:
+            return request.takeover.take()
+        return await self._inner.launch(request)
 
 
 async def prepare(request: LaunchRequest, pid: int) -> None:

@@ -6,7 +6,7 @@ a double fork, another uid). Stopping a workload signals the whole cgroup; when 
 exited, what it left behind is killed (unless ``kill_leftovers`` is off) and the cgroup removed, and what
 the cgroup used and whether the kernel OOM-killed anything in it goes into the outcome. A workload
 released alive keeps its cgroup, untouched: it belongs to whoever adopts the workload (its path is
-``child.cgroup.path``).
+``child.cgroup.path``), and this wrapper re-attaches it for an adopter (a request's ``takeover``).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from async_local_executor.core.cgroups import (
     WorkloadCgroup,
     names,
 )
+from async_local_executor.core.cgroups.containment import workload_cgroup_of
 from async_local_executor.core.errors import LaunchError, is_full, launch_error
 from async_local_executor.core.launchers.base import Child, Launcher, LaunchRequest, Wrapper
 from async_local_executor.core.outcome import Cleanup
@@ -63,6 +64,8 @@ class ContainedLauncher(Wrapper):
         self._names = itertools.count(1)
 
     async def launch(self, request: LaunchRequest) -> Child:
+        if request.takeover is not None:
+            return await self._take_over(request)
         limits = self._limits.merged(request.limits)
         name = names.workload(next(self._names))
         try:
@@ -102,6 +105,21 @@ class ContainedLauncher(Wrapper):
         except BaseException:
             cgroup.remove()
             raise
+        return ContainedChild(child, cgroup, kill_leftovers=self._kill_leftovers)
+
+    async def _take_over(self, request: LaunchRequest) -> Child:
+        """A process another executor launched, in the cgroup that executor made for it (if it made one):
+        from now on signalled, settled and removed like one of ours."""
+        child = await self._inner.launch(request)
+        if request.takeover is None or request.takeover.cgroup_dir is None:
+            return child
+        try:
+            cgroup = await anyio.to_thread.run_sync(workload_cgroup_of, child.pid)
+        except OSError as exc:
+            log.warning("cannot find the cgroup of adopted workload process %d: %s", child.pid, exc)
+            cgroup = None
+        if cgroup is None:  # gone meanwhile, or moved out: its process group is what signals reach
+            return child
         return ContainedChild(child, cgroup, kill_leftovers=self._kill_leftovers)
 
 

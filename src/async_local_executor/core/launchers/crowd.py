@@ -127,6 +127,8 @@ class CrowdLauncher(Wrapper):
         return self._how is not How.NONE and self._running >= self.threshold
 
     async def launch(self, request: LaunchRequest) -> Child:
+        if request.takeover is not None:
+            return await self._take_over(request, request.takeover.cgroup_dir)
         crowded = self._crowded()
         if crowded:
             request = self._lowering(request)
@@ -145,8 +147,9 @@ class CrowdLauncher(Wrapper):
                 await self._lower(serial, _Lowered(child.pid, cgroup, weighed=weighed, idle=not weighed))
         return self._watched(child, serial)
 
-    async def adopted(self, child: Child, cgroup_dir: str | None) -> Child:
-        child = await super().adopted(child, cgroup_dir)
+    async def _take_over(self, request: LaunchRequest, cgroup_dir: str | None) -> Child:
+        """A process another executor launched, counted from now; its share given back unless crowded."""
+        child = await self._inner.launch(request)
         crowded = self._crowded()
         self._running += 1
         serial = self._serials = self._serials + 1
@@ -157,8 +160,7 @@ class CrowdLauncher(Wrapper):
             if kept is not None:
                 await self._lower(serial, kept)
         except BaseException:
-            # Not watched then (the supervisor takes the child as it is): uncounted, or every start after
-            # it would be judged in a crowd one too large.
+            # Not watched then: uncounted, or every start after it would be judged in a crowd one too large.
             self._running -= 1
             raise
         return self._watched(child, serial)
