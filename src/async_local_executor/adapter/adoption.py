@@ -37,7 +37,7 @@ from typing import Any
 from airflow.models.taskinstancekey import TaskInstanceKey
 
 from async_local_executor.adapter.submissions import Ticket
-from async_local_executor.core.cgroups.containment import workload_cgroup_of
+from async_local_executor.core.cgroups import Limits, WorkloadCgroup
 from async_local_executor.core.custody import await_custody
 from async_local_executor.core.errors import LaunchError
 from async_local_executor.core.launchers.adopted import AdoptedChild
@@ -303,12 +303,12 @@ def kill_unheld(one: recovery.Held) -> None:
     except LaunchError:
         pass  # gone, or its pid is another process's now
     else:
-        # Found while it is still that process (the pidfd holds it): its cgroup is its own.
-        cgroup = workload_cgroup_of(one.pid) if one.cgroup else None
         child.signal(signal.SIGKILL)
-        if cgroup is not None:
+        if one.cgroup:  # the recorded one: its pid may be another process's by now
             with contextlib.suppress(OSError):
-                cgroup.signal(signal.SIGKILL)
+                WorkloadCgroup(Path(one.cgroup).name, Path(one.cgroup), {}, Limits(), "").signal(
+                    signal.SIGKILL
+                )
         child.release()
     for pid, start in one.descendants:
         if runs_as(pid, start):

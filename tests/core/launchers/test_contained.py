@@ -261,8 +261,8 @@ PREDECESSORS = ESCAPER + "sys.stdin.readline()\n"
 
 
 async def test_a_taken_over_workload_is_settled_in_its_own_cgroup_like_one_of_ours(box: Scratch) -> None:
-    # The handover's successor: the cgroup wrapper re-attaches the cgroup its predecessor made, so its
-    # stop reaches every member, and at its end its leftovers are killed and the cgroup removed.
+    # The handover's successor: the cgroup wrapper re-attaches the cgroup its predecessor made, so at its
+    # end its leftovers are killed and the cgroup removed.
     predecessor = box.open()
     cgroup = predecessor.create("w1")
     assert cgroup is not None
@@ -292,3 +292,35 @@ async def test_a_taken_over_workload_is_settled_in_its_own_cgroup_like_one_of_ou
     assert (outcome.cleanup.leftovers, outcome.cleanup.killed) == (1, 1)
     assert gone(escaped)
     assert not cgroup.path.exists()
+
+
+async def test_a_taken_over_workload_stopped_in_its_cgroup_ends_terminated_by_the_signal(
+    box: Scratch,
+) -> None:
+    # It ignores SIGTERM and records no exit status: only the escalation's SIGKILL, sent to its cgroup,
+    # ends it, and that signal is its end (not a lost process).
+    predecessor = box.open()
+    cgroup = predecessor.create("w1")
+    assert cgroup is not None
+    proc = box.start(
+        "import signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(600)\n",
+        cgroup,
+    )
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    proc.stdin.write("\n")
+    proc.stdin.flush()
+    assert proc.stdout.readline().strip() == "ready"
+    start = start_ticks(proc.pid)
+    assert start is not None
+    recorder = Recorder()
+    launcher = ContainedLauncher(TakesOver(SubprocessLauncher(output=recorder.output)), box.open())
+    take = functools.partial(AdoptedChild.take, proc.pid, start, lambda: None)
+    async with serving(recorder, launcher, grace=0.5) as supervisor:
+        supervisor.adopt(taking_over(LaunchRequest("w", ("adopted",)), take, 1.0, str(cgroup.path)))
+        await recorder.until(lambda: recorder.pids)
+        assert supervisor.stop("w", "revoked") == 1
+        await recorder.until(lambda: recorder.outcomes)
+    outcome = recorder.outcome("w")
+    assert outcome.kind is OutcomeKind.TERMINATED, outcome
+    assert outcome.returncode == -signal.SIGKILL

@@ -236,6 +236,15 @@ class TakesOver(Wrapper):
         return await self._inner.launch(request)
 
 
+def refuse_takeover(request: LaunchRequest) -> None:
+    """For a launcher that starts processes: a handed-over one reached it, past where it is taken.
+
+    :raises LaunchError: always, when ``request`` has a takeover (its launch path lacks :class:`TakesOver`)
+    """
+    if request.takeover is not None:
+        raise LaunchError("a handed-over process reached a launcher that starts processes: no TakesOver")
+
+
 async def prepare(request: LaunchRequest, pid: int) -> None:
     """Run ``request``'s :attr:`~LaunchRequest.before_start` for process ``pid``, if it has one.
 

@@ -16,6 +16,7 @@ import dataclasses
 import itertools
 import logging
 import signal
+from pathlib import Path
 
 import anyio
 import anyio.to_thread
@@ -29,6 +30,7 @@ from async_local_executor.core.cgroups import (
 )
 from async_local_executor.core.cgroups.containment import workload_cgroup_of
 from async_local_executor.core.errors import LaunchError, is_full, launch_error
+from async_local_executor.core.launchers.adopted import AdoptedChild
 from async_local_executor.core.launchers.base import Child, Launcher, LaunchRequest, Wrapper
 from async_local_executor.core.outcome import Cleanup
 
@@ -109,18 +111,33 @@ class ContainedLauncher(Wrapper):
 
     async def _take_over(self, request: LaunchRequest) -> Child:
         """A process another executor launched, in the cgroup that executor made for it (if it made one):
-        from now on signalled, settled and removed like one of ours."""
+        from now on signalled, settled and removed like one of ours. Its process runs and is ours from
+        the take on: whatever fails here, it is supervised, if need be without its cgroup."""
         child = await self._inner.launch(request)
         if request.takeover is None or request.takeover.cgroup_dir is None:
             return child
+        recorded = Path(request.takeover.cgroup_dir)
         try:
-            cgroup = await anyio.to_thread.run_sync(workload_cgroup_of, child.pid)
-        except OSError as exc:
-            log.warning("cannot find the cgroup of adopted workload process %d: %s", child.pid, exc)
-            cgroup = None
-        if cgroup is None:  # gone meanwhile, or moved out: its process group is what signals reach
+            with anyio.CancelScope(shield=True):
+                cgroup = await anyio.to_thread.run_sync(_recorded_cgroup, recorded, child.pid)
+        except Exception:
+            log.exception("cannot re-attach the cgroup of adopted workload process %d", child.pid)
+            return child
+        if cgroup is None:  # removed meanwhile: its process groups are what signals reach
             return child
         return ContainedChild(child, cgroup, kill_leftovers=self._kill_leftovers)
+
+
+def _recorded_cgroup(recorded: Path, pid: int) -> WorkloadCgroup | None:
+    """Worker thread: the cgroup a handed-over workload was recorded in, with its cgroup v1 directories
+    when ``pid`` is still in it. Always the recorded one: the pid may have exited and been reused
+    since the take, by a process of another workload's cgroup."""
+    if not recorded.is_dir():
+        return None
+    found = workload_cgroup_of(pid)
+    if found is not None and found.path == recorded:
+        return found
+    return WorkloadCgroup(recorded.name, recorded, {}, Limits(), "")
 
 
 class ContainedChild:
@@ -129,6 +146,8 @@ class ContainedChild:
 
     def __init__(self, child: Child, cgroup: WorkloadCgroup, *, kill_leftovers: bool) -> None:
         self._child = child
+        # One we did not fork learns from our signal how it ended, when it could not record its exit.
+        self._child_signalled_too = isinstance(child, AdoptedChild)
         self._cgroup = cgroup
         self._kill_leftovers = kill_leftovers
         self._killed = False
@@ -170,6 +189,9 @@ class ContainedChild:
                 self.cgroup.signal(sig)
         except OSError:
             self._child.signal(sig)  # the cgroup refused: its process group still gets it
+            return
+        if self._child_signalled_too:
+            self._child.signal(sig)
 
     def release(self) -> None:
         if not self._child.releasable:

@@ -159,8 +159,13 @@ class CrowdLauncher(Wrapper):
                 kept = await anyio.to_thread.run_sync(_taken_over, child.pid, cgroup_dir, crowded)
             if kept is not None:
                 await self._lower(serial, kept)
+        except Exception:
+            # Its process runs and is ours: supervised as it is, not watched and so uncounted (or every
+            # start after it would be judged in a crowd one too large).
+            log.exception("taking over workload process %d into the crowd failed", child.pid)
+            self._running -= 1
+            return child
         except BaseException:
-            # Not watched then: uncounted, or every start after it would be judged in a crowd one too large.
             self._running -= 1
             raise
         return self._watched(child, serial)

@@ -33,6 +33,7 @@ from async_local_executor.core.launchers.base import (
     OutputSink,
     open_process,
     prepare,
+    refuse_takeover,
 )
 from async_local_executor.core.launchers.output import LineSplitter, discard, drain_after_exit, drain_stream
 from async_local_executor.core.launchers.pidfd_child import PidfdChild, pidfds_work
@@ -105,6 +106,7 @@ class SubprocessLauncher:
         return LauncherReport("subprocess: every workload starts a fresh interpreter")
 
     async def launch(self, request: LaunchRequest) -> SubprocessChild | TransportChild:
+        refuse_takeover(request)
         if self._pidfds is None:
             self._pidfds = pidfds_work()
         if not self._pidfds:

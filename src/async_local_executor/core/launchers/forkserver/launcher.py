@@ -36,6 +36,7 @@ from async_local_executor.core.launchers.base import (
     LaunchRequest,
     OutputSink,
     PreloadSummary,
+    refuse_takeover,
 )
 from async_local_executor.core.launchers.forkserver import LOGGER
 from async_local_executor.core.launchers.forkserver.channel import MessageTooLarge
@@ -195,6 +196,7 @@ class ForkServerLauncher:
         return LauncherReport(self.state, self.problem, self.preload, pid)
 
     async def launch(self, request: LaunchRequest) -> Child:
+        refuse_takeover(request)
         if self._learning is not None:
             self._learning.saw(request.source)
         for _ in range(2):
