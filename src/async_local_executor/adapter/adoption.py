@@ -37,7 +37,7 @@ from typing import Any
 from airflow.models.taskinstancekey import TaskInstanceKey
 
 from async_local_executor.adapter.submissions import Ticket
-from async_local_executor.core.cgroups import Limits, WorkloadCgroup
+from async_local_executor.core.cgroups.containment import recorded_cgroup
 from async_local_executor.core.custody import await_custody
 from async_local_executor.core.errors import LaunchError
 from async_local_executor.core.launchers.adopted import AdoptedChild
@@ -304,11 +304,11 @@ def kill_unheld(one: recovery.Held) -> None:
         pass  # gone, or its pid is another process's now
     else:
         child.signal(signal.SIGKILL)
-        if one.cgroup:  # the recorded one: its pid may be another process's by now
+        if one.cgroup:
             with contextlib.suppress(OSError):
-                WorkloadCgroup(Path(one.cgroup).name, Path(one.cgroup), {}, Limits(), "").signal(
-                    signal.SIGKILL
-                )
+                cgroup = recorded_cgroup(Path(one.cgroup), one.pid)
+                if cgroup is not None:
+                    cgroup.signal(signal.SIGKILL)
         child.release()
     for pid, start in one.descendants:
         if runs_as(pid, start):

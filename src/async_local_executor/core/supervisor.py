@@ -272,14 +272,8 @@ class Supervisor:
         if workload.escalation is not None:
             workload.escalation.cancel()
         child.release()
-        cgroup = child.cgroup
-        takeover = workload.request.takeover
         return LetGo(
-            workload.request.key,
-            child.pid,
-            workload.label,
-            str(cgroup.path) if cgroup is not None else takeover.cgroup_dir if takeover is not None else None,
-            workload.launched,
+            workload.request.key, child.pid, workload.label, _cgroup_dir(workload, child), workload.launched
         )
 
     def adopt(self, request: LaunchRequest) -> None:
@@ -483,3 +477,12 @@ class Supervisor:
         outcome = dataclasses.replace(outcome, times=Times(workload.accepted, workload.launched, now))
         self._tally.finished(outcome, workload.label, now)
         self._listener.finished(outcome)
+
+
+def _cgroup_dir(workload: Workload, child: Child) -> str | None:
+    """Where a released workload's cgroup is: its child's, or, for an adopted one whose cgroup was not
+    re-attached (an uncontained adopter), the one recorded with it."""
+    if child.cgroup is not None:
+        return str(child.cgroup.path)
+    takeover = workload.request.takeover
+    return None if takeover is None else takeover.cgroup_dir

@@ -438,6 +438,23 @@ def workload_cgroup_of(pid: int, mountinfo: str = MOUNTINFO) -> WorkloadCgroup |
     return WorkloadCgroup(relative.name, directory, v1, Limits(), path)
 
 
+def recorded_cgroup(recorded: Path, pid: int, mountinfo: str = MOUNTINFO) -> WorkloadCgroup | None:
+    """The cgroup a handed-over workload was recorded in, for its adopter to signal, settle and remove;
+    with its cgroup v1 directories (:func:`workload_cgroup_of`) while ``pid`` is still in it.
+
+    Always the recorded directory, never one found through ``pid`` alone: the process may have exited
+    since it was recorded, and its pid been reused by a process of another workload's cgroup.
+
+    :returns: the cgroup; None when the directory is gone
+    """
+    if not recorded.is_dir():
+        return None
+    found = workload_cgroup_of(pid, mountinfo)
+    if found is not None and found.path == recorded:
+        return found
+    return WorkloadCgroup(recorded.name, recorded, {}, Limits(), "")
+
+
 def _spared(spare: Collection[str], directory: str, relative: str) -> bool:
     """Whether a workload cgroup, or one below it, is in ``spare`` (by its directory or its cgroup path)."""
     return any(

@@ -28,7 +28,7 @@ from async_local_executor.core.cgroups import (
     WorkloadCgroup,
     names,
 )
-from async_local_executor.core.cgroups.containment import workload_cgroup_of
+from async_local_executor.core.cgroups.containment import recorded_cgroup
 from async_local_executor.core.errors import LaunchError, is_full, launch_error
 from async_local_executor.core.launchers.adopted import AdoptedChild
 from async_local_executor.core.launchers.base import Child, Launcher, LaunchRequest, Wrapper
@@ -119,25 +119,13 @@ class ContainedLauncher(Wrapper):
         recorded = Path(request.takeover.cgroup_dir)
         try:
             with anyio.CancelScope(shield=True):
-                cgroup = await anyio.to_thread.run_sync(_recorded_cgroup, recorded, child.pid)
+                cgroup = await anyio.to_thread.run_sync(recorded_cgroup, recorded, child.pid)
         except Exception:
             log.exception("cannot re-attach the cgroup of adopted workload process %d", child.pid)
             return child
         if cgroup is None:  # removed meanwhile: its process groups are what signals reach
             return child
         return ContainedChild(child, cgroup, kill_leftovers=self._kill_leftovers)
-
-
-def _recorded_cgroup(recorded: Path, pid: int) -> WorkloadCgroup | None:
-    """Worker thread: the cgroup a handed-over workload was recorded in, with its cgroup v1 directories
-    when ``pid`` is still in it. Always the recorded one: the pid may have exited and been reused
-    since the take, by a process of another workload's cgroup."""
-    if not recorded.is_dir():
-        return None
-    found = workload_cgroup_of(pid)
-    if found is not None and found.path == recorded:
-        return found
-    return WorkloadCgroup(recorded.name, recorded, {}, Limits(), "")
 
 
 class ContainedChild:

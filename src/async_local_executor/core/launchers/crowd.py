@@ -35,7 +35,7 @@ from async_local_executor.core import cpu_priority
 from async_local_executor.core.cgroups import Limits, WorkloadCgroup
 from async_local_executor.core.cgroups.discovery import directory_of, mount_root, own_cgroups, v1_mounts
 from async_local_executor.core.cgroups.group import LOWEST_SHARES, LOWEST_WEIGHT
-from async_local_executor.core.launchers.base import Child, Launcher, LaunchRequest, Wrapper
+from async_local_executor.core.launchers.base import Child, Launcher, LaunchRequest, Takeover, Wrapper
 from async_local_executor.core.outcome import Cleanup
 
 log = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ class CrowdLauncher(Wrapper):
 
     async def launch(self, request: LaunchRequest) -> Child:
         if request.takeover is not None:
-            return await self._take_over(request, request.takeover.cgroup_dir)
+            return await self._take_over(request, request.takeover)
         crowded = self._crowded()
         if crowded:
             request = self._lowering(request)
@@ -147,7 +147,7 @@ class CrowdLauncher(Wrapper):
                 await self._lower(serial, _Lowered(child.pid, cgroup, weighed=weighed, idle=not weighed))
         return self._watched(child, serial)
 
-    async def _take_over(self, request: LaunchRequest, cgroup_dir: str | None) -> Child:
+    async def _take_over(self, request: LaunchRequest, takeover: Takeover) -> Child:
         """A process another executor launched, counted from now; its share given back unless crowded."""
         child = await self._inner.launch(request)
         crowded = self._crowded()
@@ -156,7 +156,7 @@ class CrowdLauncher(Wrapper):
         try:
             # Shielded: once counted, it must be watched, or the count would never come down again.
             with anyio.CancelScope(shield=True):
-                kept = await anyio.to_thread.run_sync(_taken_over, child.pid, cgroup_dir, crowded)
+                kept = await anyio.to_thread.run_sync(_taken_over, child.pid, takeover.cgroup_dir, crowded)
             if kept is not None:
                 await self._lower(serial, kept)
         except Exception:
