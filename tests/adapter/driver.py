@@ -15,6 +15,7 @@ from typing import Any
 from async_local_executor.adapter.executor import AsyncLocalExecutor
 from async_local_executor.adapter.workload import entry
 from async_local_executor.core.health import Report
+from async_local_executor.ops import custody_dir
 from tests.adapter.stub_workload import CUSTODY
 
 GUARD = 60.0
@@ -88,11 +89,12 @@ class CustodyExecutor(RecordingExecutor):
 
     def _child_argv(self) -> tuple[str, ...]:
         config = self._config
+        assert self._settings is not None
         flags = entry.argv_flags(
             os.getpid(),
             config.workload_cpu_priority,
             handover_timeout=config.handover_timeout if config.hands_over else 0.0,
-            custody_dir=self._custody if config.hands_over else "",
+            custody_dir=str(custody_dir.path(self._settings.state_dir)) if config.hands_over else "",
         )
         return (sys.executable, STUB, CUSTODY, *flags)
 

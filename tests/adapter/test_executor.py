@@ -34,6 +34,12 @@ from tests.adapter.driver import GUARD, RecordingExecutor, Scheduler, held_pid, 
 BURST_GUARD = 600.0
 
 
+def _learn_dir(ex: RecordingExecutor) -> str:
+    """Where the started ``ex``'s tasks record what they import ("": they record nothing)."""
+    assert ex._settings is not None
+    return ex._settings.plan.learn_dir
+
+
 @pytest.fixture
 def executor(start_executor: StartExecutor) -> RecordingExecutor:
     return start_executor(parallelism=4)
@@ -332,11 +338,11 @@ def test_two_teams_executors_learn_apart_in_one_state_directory(
     theirs.end()
     ours.end()
     if launcher != "forkserver":
-        assert ours._learn_dir == theirs._learn_dir == ""  # nothing to learn for
+        assert _learn_dir(ours) == _learn_dir(theirs) == ""  # nothing to learn for
         return
     # Each reads only the records its own tasks wrote, and keeps its own learned set.
-    assert ours._learn_dir == str(state / "imports" / "no-team")
-    assert theirs._learn_dir == str(state / "imports" / "team-team_a")
+    assert _learn_dir(ours) == str(state / "imports" / "no-team")
+    assert _learn_dir(theirs) == str(state / "imports" / "team-team_a")
     assert sorted(p.name for p in (state / "imports").iterdir()) == ["no-team", "team-team_a"]
 
 
@@ -558,13 +564,13 @@ def test_tasks_record_their_imports_only_when_preload_is_auto(
     queue(ex, workloads.task("ok"))
     scheduler = Scheduler(ex)
     scheduler.run_until(lambda: len(scheduler.events) == 1)
-    learning = bool(ex._learn_dir)  # what the real entry's argv carries (the stub's has no flags)
+    learning = bool(_learn_dir(ex))  # what the real entry's argv carries (the stub's has no flags)
     recorded_in = (state / "imports").is_dir()
     ex.end()
     assert {state for state, _ in scheduler.events.values()} == {TaskInstanceState.SUCCESS}
     # off: the workload's command line and the state directory are what they were before learning.
-    assert entry.argv_flags(1, "auto", ex._learn_dir)[4:] == (
-        ("--learn-imports", ex._learn_dir) if learning else ()
+    assert entry.argv_flags(1, "auto", _learn_dir(ex))[4:] == (
+        ("--learn-imports", _learn_dir(ex)) if learning else ()
     )
     assert learning is (mode == "auto" and ex._config.launcher.value == "forkserver")
     assert recorded_in is learning

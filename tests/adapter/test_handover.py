@@ -25,6 +25,7 @@ from airflow.executors.workloads import ExecuteTask
 from airflow.models.taskinstancekey import TaskInstanceKey
 from airflow.utils.state import TaskInstanceState
 
+from async_local_executor.adapter import adoption
 from async_local_executor.adapter.config import SECTION
 from async_local_executor.core.clock import SystemClock
 from async_local_executor.core.files import open_regular
@@ -122,7 +123,7 @@ def _finals(executor: CustodyExecutor, key: object) -> list[Any]:
 
 def _ended_unclaimed(executor: CustodyExecutor, key: TaskInstanceKey) -> bool:
     """Whether ``executor`` holds ``key``'s end, its task instance not offered yet."""
-    return any(held.key == key and held.ended is not None for held in executor._holding.waiting())
+    return any(held.key == key and held.ended is not None for held in executor._handovers.holding.waiting())
 
 
 def _succeeds(scheduler: Scheduler, key: object, gate: Path) -> None:
@@ -308,8 +309,8 @@ def test_each_team_holds_only_what_its_own_executor_handed_over(
     assert second_team._journal is not None
     assert second_plain._journal is not None
     assert second_team._journal.directory == second_plain._journal.directory == state
-    assert [held.key for held in second_team._holding.waiting()] == [teamed.key]
-    assert [held.key for held in second_plain._holding.waiting()] == [plain.key]
+    assert [held.key for held in second_team._handovers.holding.waiting()] == [teamed.key]
+    assert [held.key for held in second_plain._handovers.holding.waiting()] == [plain.key]
     assert second_team.try_adopt_task_instances([workloads.Revoked(teamed.key)]) == []  # type: ignore[list-item]
     assert second_plain.try_adopt_task_instances([workloads.Revoked(plain.key)]) == []  # type: ignore[list-item]
     plain_gate.unlink()
@@ -397,7 +398,7 @@ def test_a_task_handed_over_by_a_stop_then_a_crash_keeps_the_limit_counted_from_
     _crash(second)
 
     third = start()
-    assert [held.key for held in third._holding.waiting()] == [twice.key]
+    assert [held.key for held in third._handovers.holding.waiting()] == [twice.key]
     assert third.try_adopt_task_instances([workloads.Revoked(twice.key)]) == []  # type: ignore[list-item]
     third.until_reported(lambda: stub in third.adopted)
     scheduler = Scheduler(third)
@@ -419,12 +420,12 @@ def test_a_running_executor_holds_what_a_scheduler_stopped_after_its_start_hande
     _queue(first, offered, quiet)
     Scheduler(first).run_until(lambda: len(_stub_pids(tmp_path)) == 2)
     second = start()
-    assert second._holding.waiting() == []  # the first one's journal is locked: it lives
+    assert second._handovers.holding.waiting() == []  # the first one's journal is locked: it lives
     first.end()
 
     assert second.try_adopt_task_instances([workloads.Revoked(offered.key)]) == []  # type: ignore[list-item]
     # The other one is held too, without an offer: its countdown stops; its offer comes later.
-    assert [held.key for held in second._holding.waiting()] == [quiet.key]
+    assert [held.key for held in second._handovers.holding.waiting()] == [quiet.key]
     assert second.try_adopt_task_instances([workloads.Revoked(quiet.key)]) == []  # type: ignore[list-item]
     offered_gate.unlink()
     quiet_gate.unlink()
@@ -446,28 +447,28 @@ def test_a_running_executor_takes_only_a_journal_that_names_a_task_instance_offe
     first.end()
     unrelated = workloads.Revoked(workloads.task("unrelated").key)
     assert second.try_adopt_task_instances([unrelated]) == [unrelated]  # type: ignore[list-item]
-    assert second._holding.waiting() == []
+    assert second._handovers.holding.waiting() == []
     assert second.try_adopt_task_instances([workloads.Revoked(held.key)]) == []  # type: ignore[list-item]
     _succeeds(Scheduler(second), held.key, gate)
 
 
 def test_a_held_workload_never_offered_is_stopped_without_an_event(
-    start: StartCustody, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    start: StartCustody, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Airflow offers a dead scheduler's task instances within its orphan check's interval once the dead
     # job counts as stale; one never offered went to another scheduler, which reset it.
     held, gate = _held_task(tmp_path, "never_offered")
     _handed_over(start, gate, tasks=[held])
     stub = _stub_pid(gate)
+    monkeypatch.setattr(adoption, "hold_bound", lambda conf: 0.0)  # Airflow's bounds passed (300 s and more)
     second = start()
-    assert [h.key for h in second._holding.waiting()] == [held.key]
-    second._hold_bound = 0.0  # Airflow's bounds passed (300 s and more by default)
+    assert [h.key for h in second._handovers.holding.waiting()] == [held.key]
     scheduler = Scheduler(second)
     scheduler.run_until(lambda: not alive(stub))
     _quiet_for_a_report(second, scheduler)
     assert held.key not in scheduler.events
     assert [change for change in second.changes if change[0] == held.key] == []
-    assert second._holding.waiting() == []
+    assert second._handovers.holding.waiting() == []
     assert gate.exists()  # it did not end on its own: it was stopped
     assert "the scheduler never offered its task instance" in caplog.text
 
@@ -491,7 +492,7 @@ def test_a_handed_over_workload_of_a_try_this_executor_already_runs_is_stopped(
     second.try_adopt_task_instances([workloads.Revoked(task.key)])  # type: ignore[list-item]
     scheduler.run_until(lambda: not alive(theirs))
     assert alive(mine)
-    assert second._holding.waiting() == []
+    assert second._handovers.holding.waiting() == []
     assert "is a try this executor already runs: it is stopped" in caplog.text
     _succeeds(scheduler, task.key, gate)
 
@@ -504,16 +505,17 @@ def test_a_held_workload_named_again_by_a_journal_read_twice_runs_on(
     task, gate = _held_task(tmp_path, "again")
     _handed_over(start, gate, tasks=[task])
     seen: list[Any] = []
-    hold = CustodyExecutor._hold
+    hold = adoption.Handovers.hold
 
-    def recording(self: CustodyExecutor, records: Any) -> None:
+    def recording(self: adoption.Handovers, records: Any, runtime: Any) -> None:
         seen.extend(records)
-        hold(self, records)
+        hold(self, records, runtime)
 
-    monkeypatch.setattr(CustodyExecutor, "_hold", recording)
+    monkeypatch.setattr(adoption.Handovers, "hold", recording)
     second = start()
     [record] = seen
-    second._hold([record])  # the journal's second reading
+    assert second._runtime is not None
+    second._handovers.hold([record], second._runtime)  # the journal's second reading
     assert second.try_adopt_task_instances([workloads.Revoked(task.key)]) == []  # type: ignore[list-item]
     _succeeds(Scheduler(second), task.key, gate)  # it ran to its end, not killed
 

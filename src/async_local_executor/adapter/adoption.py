@@ -14,37 +14,45 @@ its end becomes Airflow's event only once its task instance was offered and clai
 which answers the same when asked twice): until then, an end is kept for that moment. A task instance
 offered that no held workload runs is refused, and Airflow resets it as before.
 
-The executor's own steps at either end live here too: whose workloads it holds (:func:`owner_key`), how
-long a hold waits for Airflow's offer (:func:`hold_bound`), taking a held workload's process at once
-(:func:`taken_now`) and reading its exit (:func:`read_exit_once`), stopping a duplicate it will not
-hold (:func:`kill_unheld`), and a stop's wait for custody (:func:`into_custody`).
+:class:`Handovers` is one executor's side of it, from its start to its stop: what it holds, the
+record each launch makes, the offers it answers, the holds it lets go, and what its stop journals. The
+steps it takes live here too: whose workloads it holds (:func:`owner_key`), how long a hold waits for
+Airflow's offer (:func:`hold_bound`), taking a held workload's process at once (:func:`taken_now`) and
+reading its exit (:func:`read_exit_once`), stopping a duplicate it will not hold (:func:`kill_unheld`),
+and a stop's wait for custody (:func:`into_custody`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import math
 import os
 import signal
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from airflow.models.taskinstancekey import TaskInstanceKey
+from airflow.utils.state import TaskInstanceState
 
-from async_local_executor.adapter.submissions import Ticket
+from async_local_executor.adapter.submissions import Submission, Ticket, describe
 from async_local_executor.core.cgroups.containment import recorded_cgroup
+from async_local_executor.core.clock import Clock
 from async_local_executor.core.custody import await_custody
 from async_local_executor.core.errors import LaunchError
 from async_local_executor.core.launchers.adopted import AdoptedChild
+from async_local_executor.core.launchers.base import LaunchRequest, Takeover
 from async_local_executor.core.outcome import Outcome
 from async_local_executor.core.proc_identity import runs_as, start_ticks
+from async_local_executor.core.runtime import Runtime
 from async_local_executor.core.supervisor import LetGo
 from async_local_executor.ops import custody_dir, recovery
+from async_local_executor.ops.journal import LaunchJournal
 
 log = logging.getLogger(__name__)
 
@@ -353,3 +361,257 @@ def hold_bound(conf: Any) -> float:
     interval = float(conf.getfloat("scheduler", "orphaned_tasks_check_interval", fallback=300.0))
     stale = float(conf.getfloat("scheduler", "scheduler_health_check_threshold", fallback=30.0))
     return interval + stale + _HOLD_MARGIN
+
+
+class Handovers:
+    """One executor's side of its task workloads' handovers, from its start to its stop.
+
+    At its start it holds what its predecessor handed over (:meth:`hold`); at each launch it makes the
+    workload's record (:meth:`launch_record`, the loop thread's only call here); when Airflow offers
+    task instances it holds what a scheduler stopped since handed over (:meth:`reclaim_for`); at each
+    sync it stops what was held too long unclaimed (:meth:`expire`); at its stop it journals what it
+    hands over (:meth:`record`). Everything else is the scheduler's thread.
+
+    :param submissions: the executor's, keyed by Airflow's key: a hold adds a held workload's, an
+        expiry removes it; read for the label and ids of what is recorded
+    :param ticket: a fresh ticket for a key (the executor's serials)
+    """
+
+    def __init__(
+        self,
+        clock: Clock,
+        submissions: MutableMapping[Any, Submission],
+        ticket: Callable[[TaskInstanceKey], Ticket],
+    ) -> None:
+        self.holding = Adoptions()
+        self._clock = clock
+        self._submissions = submissions
+        self._ticket = ticket
+        # Each task workload's record from its launch (or its hold) to its end: what a handover carries.
+        # Written on the loop thread at a launch, read and dropped on the scheduler's thread.
+        self._records: dict[TaskInstanceKey, TaskRecord] = {}
+        # The custody countdown of each held workload whose launch set another than this executor's.
+        self._custody_timeouts: dict[TaskInstanceKey, float] = {}
+        self._place: _Place | None = None
+
+    def open(
+        self,
+        *,
+        state_dir: Path,
+        journal: LaunchJournal,
+        owner_key: str,
+        hold_bound: float,
+        handover_timeout: float,
+    ) -> None:
+        """Where this executor's handovers are kept, once its journal is open (before anything launches)."""
+        self._place = _Place(
+            state_dir, custody_dir.path(state_dir), journal, owner_key, hold_bound, handover_timeout
+        )
+
+    def close(self) -> None:
+        self._place = None
+
+    # At a launch, and at an end.
+
+    def launch_record(self, ticket: object) -> dict[str, object] | None:
+        """What a launch records for a successor that adopts it after a crash; None: not a task.
+
+        Its record is made here, at its launch (the loop thread's, as the supervisor arms its limit),
+        once: a held workload's is the one its hold brought, and stays what its launch made it.
+        """
+        if not a_task(ticket):
+            return None
+        key = cast(TaskInstanceKey, cast(Ticket, ticket).key)
+        submission = self._submissions.get(key)
+        if submission is not None and submission.ticket != ticket:
+            submission = None  # revoked while it launched: not the key's current submission's record
+        record = self._records.get(key)
+        if record is None or submission is None:
+            record = TaskRecord.at_launch(
+                key,
+                submission.ti_id if submission else None,
+                submission.timeout if submission else None,
+                wall=self._clock.time(),
+                boot=boot_clock(),
+            )
+            if submission is not None:
+                self._records[key] = record
+        return record.to_json()
+
+    def submitted(self, key: object) -> None:
+        """Airflow handed ``key`` in again: an earlier, revoked submission's record is not this one's."""
+        if isinstance(key, TaskInstanceKey):
+            self._records.pop(key, None)
+
+    def ended(self, key: object) -> None:
+        """``key``'s end was given to Airflow, or its submission revoked."""
+        if isinstance(key, TaskInstanceKey):
+            self.holding.forget(key)
+            self._records.pop(key, None)
+            self._custody_timeouts.pop(key, None)
+
+    # Holding what was handed over, until Airflow offers it.
+
+    def hold(self, handed: Sequence[recovery.Held], runtime: Runtime) -> None:
+        """Supervise what a predecessor handed over, until Airflow offers its task instances.
+
+        Each counts against parallelism from now on (the scheduler's count of running task instances
+        already holds it), and its end waits for its task instance to be offered. Its limit is its
+        record's deadline, set at its launch: what time passed since, with or without a scheduler,
+        counted against it.
+        """
+        place = self._place
+        assert place is not None
+        held = []
+        for one in handed:
+            try:
+                record = TaskRecord.from_json(one.info)
+            except UnknownRecord as exc:
+                log.warning(
+                    "workload pid %d, handed over by %s, names no task instance this version reads (%s): "
+                    "it is stopped, and the scheduler resets its task instance",
+                    one.pid,
+                    one.owner,
+                    exc,
+                )
+                kill_unheld(one)
+                continue
+            key = record.key
+            if self.holding.holds_pid(key, one.pid):
+                continue  # this very workload, held already: a journal read again (its removal failed)
+            if key in self._submissions:
+                # Its custody names this process as its owner now, so its watchdog would never fire: a
+                # second copy of the try, unsupervised, until it ended on its own.
+                log.warning(
+                    "workload pid %d (%s), handed over by %s, is a try this executor already runs: it is "
+                    "stopped, and the try runs on in this executor's own workload",
+                    one.pid,
+                    describe(key),
+                    one.owner,
+                )
+                kill_unheld(one)
+                continue
+            label = describe(key)
+            ticket = self._ticket(key)
+            self._submissions[key] = Submission(
+                ticket,
+                None,
+                TaskInstanceState.SUCCESS,
+                TaskInstanceState.FAILED,
+                label,
+                accepted=self._clock.time(),
+                ti_id=record.ti_id,
+            )
+            self._records[key] = record
+            if one.timeout != place.handover_timeout:
+                self._custody_timeouts[key] = one.timeout
+            self.holding.hold(Adoption(key, one.pid, label, held_at=self._clock.monotonic()))
+            read = functools.partial(read_exit_once, place.custody, one.pid, one.start)
+            take = taken_now(functools.partial(AdoptedChild.take, one.pid, one.start, read))
+            runtime.adopt(
+                LaunchRequest(
+                    key=ticket,
+                    argv=("adopted",),
+                    label=label,
+                    timeout=record.timeout_left(boot_clock()),
+                    takeover=Takeover(take, record.launched, one.cgroup),
+                )
+            )
+            held.append(one)
+        crashed = sum(one.crashed for one in held)
+        if held:
+            log.info(
+                "holding %d running workload(s) for adoption when the scheduler offers their task instances: "
+                "%d handed over by a stopped scheduler, %d left running by a crashed one (%s)",
+                len(held),
+                len(held) - crashed,
+                crashed,
+                ", ".join(f"pid {one.pid}" for one in held[:10]) + (" ..." if len(held) > 10 else ""),
+            )
+
+    def reclaim_for(self, offered: set[TaskInstanceKey], runtime: Runtime) -> None:
+        """Hold what an executor of this deployment and team that stopped since this one started handed
+        over, from the journals that name a task instance of ``offered``.
+
+        Only now, and only those journals: Airflow offered these task instances to this scheduler, so
+        they are its to take; a journal taken otherwise may hold what Airflow offers another scheduler.
+        """
+        place = self._place
+        if place is None:
+            return
+
+        def wanted(info: Mapping[str, object]) -> bool:
+            try:
+                return TaskRecord.from_json(info).key in offered
+            except UnknownRecord:
+                return False
+
+        self.hold(
+            recovery.reclaim_since(place.state_dir, place.journal, owner_key=place.owner_key, wanted=wanted),
+            runtime,
+        )
+
+    def expire(self, runtime: Runtime | None) -> None:
+        """Stop and forget the held workloads whose task instances Airflow never offered.
+
+        It offers a dead scheduler's task instances within ``[scheduler] orphaned_tasks_check_interval``
+        once the dead job's heartbeat is ``scheduler_health_check_threshold`` old; one not offered by
+        then went to another scheduler, which reset it (or it ended). Held on, its process would run
+        beside its task instance's next try until its heartbeat is refused.
+        """
+        place = self._place
+        if place is None or not self.holding.any_waiting():
+            return
+        for held in self.holding.unclaimed_since(self._clock.monotonic() - place.hold_bound):
+            self.ended(held.key)
+            submission = self._submissions.pop(held.key, None)
+            if held.ended is not None or submission is None or runtime is None:
+                continue
+            log.warning(
+                "workload pid %d (%s) was held %.0fs for adoption and the scheduler never offered its task "
+                "instance (another scheduler took it, or reset it): it is stopped",
+                held.pid,
+                held.label,
+                place.hold_bound,
+            )
+            runtime.stop(submission.ticket, "never offered for adoption")
+
+    # At the stop.
+
+    def record(self, handovers: Sequence[LetGo]) -> int:
+        """Journal each handed-over workload and mark it handed over in its custody file; how many."""
+        place = self._place
+        if place is None:
+            return 0
+        me, my_start = os.getpid(), start_ticks(os.getpid()) or 0
+        recorded = 0
+        for released in handovers:
+            key = cast(Ticket, released.key).key
+            submission = self._submissions.get(key)
+            start = start_ticks(released.pid)
+            if not isinstance(key, TaskInstanceKey) or submission is None or start is None:
+                continue  # ended meanwhile: its task reported its own end, or the next scheduler resets it
+            record = self._records.get(key)
+            if record is None:  # every task launch makes one: a bug, and its limit is lost with it
+                log.warning(
+                    "workload %s has no launch record: handed over without its limit", submission.label
+                )
+                record = TaskRecord(key, submission.ti_id, released.launched, None)
+            # The workload's own countdown, which its launch set: what its custody holds it to.
+            timeout = self._custody_timeouts.get(key, place.handover_timeout)
+            place.journal.handed_over(released.pid, record.to_json(), released.cgroup, timeout)
+            custody_dir.name_owner(place.custody, released.pid, start, me, my_start)
+            recorded += 1
+        return recorded
+
+
+@dataclass(frozen=True)
+class _Place:
+    """Where an open executor's handovers are kept, and its settings for them."""
+
+    state_dir: Path
+    custody: Path
+    journal: LaunchJournal
+    owner_key: str
+    hold_bound: float
+    handover_timeout: float

@@ -5,9 +5,9 @@
 majors in taking a workload in and telling its task (:mod:`~async_local_executor.adapter.intake`),
 the prefetch (:mod:`~async_local_executor.adapter.slots`), the health verdict and SIGUSR2's dump
 (:mod:`~async_local_executor.adapter.diagnostics`), the pacing of cleared task instances' exits
-(:mod:`~async_local_executor.adapter.cleared_exits`) and the metrics. Starting builds the core with
-:mod:`~async_local_executor.core.wiring` from what :mod:`~async_local_executor.adapter.startup` reads,
-after :mod:`~async_local_executor.ops.recovery` has cleaned up after a crashed predecessor.
+(:mod:`~async_local_executor.adapter.cleared_exits`), the task workloads handed over to it and by it
+(:class:`~async_local_executor.adapter.adoption.Handovers`) and the metrics. Its start is
+:mod:`~async_local_executor.adapter.startup`'s: the options read and checked, then the core built.
 
 Rule: the scheduler's thread only appends to in-process structures and reads what the loop thread
 published; it never writes to a pipe a worker must drain, and never waits on a child. Every hook
@@ -17,14 +17,10 @@ Airflow 2 or 3 calls is a method here, each major's beside the other.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import itertools
 import logging
-import os
-import sys
-from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from airflow.configuration import conf as airflow_conf
@@ -33,18 +29,10 @@ from airflow.models.taskinstancekey import TaskInstanceKey
 from airflow.utils.state import TaskInstanceState
 
 from async_local_executor.adapter import adoption, intake, scheduler_helpers, startup, stop_signals
-from async_local_executor.adapter.adoption import (
-    Adoption,
-    Adoptions,
-    TaskRecord,
-    UnknownRecord,
-    boot_clock,
-    owner_key,
-)
 from async_local_executor.adapter.cleared_exits import TI_GONE, ClearedExitGate
-from async_local_executor.adapter.compat import AIRFLOW_V3, client_timeout, execution_api_url, executor_conf
-from async_local_executor.adapter.config import SECTION, SHUTDOWN_MARGIN, ContainmentKind, ExecutorConfig
-from async_local_executor.adapter.diagnostics import Diagnostics, status_meta
+from async_local_executor.adapter.compat import AIRFLOW_V3, executor_conf
+from async_local_executor.adapter.config import SECTION, SHUTDOWN_MARGIN, ExecutorConfig
+from async_local_executor.adapter.diagnostics import Diagnostics
 from async_local_executor.adapter.intake import Incoming
 from async_local_executor.adapter.metadata_db import (
     ExecutorScope,
@@ -57,21 +45,15 @@ from async_local_executor.adapter.slots import Prefetch
 from async_local_executor.adapter.submissions import Mailbox, Started, Submission, Ticket, describe
 from async_local_executor.adapter.validation import KNOWN_KEYS, Checked, shown
 from async_local_executor.adapter.workload import entry
-from async_local_executor.core import descriptors
 from async_local_executor.core.cgroups import Containment
 from async_local_executor.core.clock import SYSTEM, Clock
 from async_local_executor.core.errors import RuntimeNotRunning
 from async_local_executor.core.health import Health, Report
-from async_local_executor.core.launchers.adopted import AdoptedChild
-from async_local_executor.core.launchers.base import LaunchRequest, Takeover
+from async_local_executor.core.launchers.base import LaunchRequest
 from async_local_executor.core.outcome import Outcome, OutcomeKind
 from async_local_executor.core.prefetch import PrefetchBudget
-from async_local_executor.core.proc_identity import start_ticks
 from async_local_executor.core.runtime import Runtime
-from async_local_executor.core.supervisor import LetGo
-from async_local_executor.core.wiring import wire
-from async_local_executor.ops import custody_dir, journal, recovery, state_dir, status
-from async_local_executor.ops.instance_cgroups import open_containment
+from async_local_executor.ops import journal, status
 
 if TYPE_CHECKING:
     from airflow.cli.cli_config import GroupCommand
@@ -147,127 +129,76 @@ class AsyncLocalExecutor(BaseExecutor):
         self._submissions: dict[WorkloadKey, Submission] = {}
         self._serials = itertools.count()
         self._config = ExecutorConfig()
-        self._server = ""
+        self._settings: startup.Settings | None = None
         self._argv: tuple[str, ...] = ()
-        self._learn_dir = ""  # where task processes record what they import (preload = auto)
+        self._server = ""
         self._title_prefix = ""
+        self._task_log_folder = ""
         self._prefetch = Prefetch(
             PrefetchBudget(parallelism=self.parallelism, maximum=0, queued_timeout=0.0), self.clock
         )
         self._diagnostics = Diagnostics(self.clock)
-        self._task_log_folder = ""
         self._journal: journal.LaunchJournal | None = None
         self._status: status.StatusWriter | None = None
         self._containment: Containment | None = None
         self._metrics = Metrics()
         self._ignored_keys: set[str] = set()  # unknown executor_config keys already warned about
-        self._holding = Adoptions()  # workloads a predecessor handed over (see adapter/adoption)
-        # Each task workload's record from its launch (or its hold) to its end: what a handover carries.
-        # Written on the loop thread at a launch, read and dropped on the scheduler's thread.
-        self._records: dict[TaskInstanceKey, TaskRecord] = {}
-        # The custody countdown of each adopted workload whose launch set another than ours.
-        self._custody_timeouts: dict[TaskInstanceKey, float] = {}
-        self._owner_key = ""  # whose workloads this executor holds: its deployment and team
-        self._state_dir: Path | None = None
-        self._hold_bound = 0.0  # how long a held workload may wait to be offered (see _expire_holds)
-        self._custody = ""  # the custody directory, where handed-over workloads and their owners meet
+        # Workloads handed over to this executor and by it (see adapter/adoption).
+        self._handovers = adoption.Handovers(self.clock, self._submissions, self._new_ticket)
         self._cleared_exits = ClearedExitGate(
             restarting_task_instances, is_candidate=_may_be_cleared_exit, on_unreachable=self._requeue
         )
 
     def start(self) -> None:
         stop_signals.arm()
-        conf = executor_conf(self)
-        self._config = config = ExecutorConfig.from_conf(conf)
-        # Every option is checked here, before anything is reclaimed, opened or started.
-        directory = state_dir.resolve(config.state_dir)
-        plan = startup.plan(
-            config,
+        settings = startup.prepare(
+            executor_conf(self),
+            airflow_conf,
             parallelism=self.parallelism,
-            queued_timeout=startup.queued_timeout(conf),
+            team=self.team_name,
             fork_target=self._fork_target(),
-            learn_dir=startup.learn_dir(directory, self.team_name),
         )
-        # Before the fork server and the first launch: both inherit the limit (workloads get it back).
-        room = descriptors.make_room(self.parallelism or None)
-        if room.raised:
-            plan = dataclasses.replace(plan, workload_nofile=room.before)
-        if not room.enough:  # the table will fill: launches stop short of it, for the scheduler's own needs
-            plan = dataclasses.replace(plan, descriptor_reserve=descriptors.reserve(room.after))
-        self._task_log_folder = conf.get("logging", "base_log_folder", fallback="") or ""
-        self._server = execution_api_url(conf)
-        self._learn_dir = plan.learn_dir
-        self._custody = str(custody_dir.path(directory))
+        self._settings = settings
+        self._config = config = settings.config
         self._argv = self._child_argv()
-        team = f" [{self.team_name}]" if self.team_name else ""
-        self._title_prefix = f"airflow worker -- AsyncLocalExecutor{team}:"
-        # Before anything launches, so no try can run beside a survivor of its previous attempt.
-        owner = f"scheduler pid {os.getpid()}" + (f" team {self.team_name}" if self.team_name else "")
-        self._owner_key = owner_key(airflow_conf, self.team_name)
-        self._state_dir = directory
-        self._hold_bound = adoption.hold_bound(airflow_conf)
-        recovered = recovery.reclaim_then_open(
-            directory, owner=owner, owner_key=self._owner_key, companions=scheduler_helpers.companions()
-        )
-        self._journal = launches = recovered.journal
-        if plan.learn_dir:  # in the state directory, which the journal has just made sure is ours alone
-            os.makedirs(plan.learn_dir, mode=0o700, exist_ok=True)
-        self._containment = containment = open_containment(
-            launches.instance,
-            enabled=config.containment is ContainmentKind.AUTO,
-            root=config.cgroup_root,
-            limits=config.limits,
-            journals=launches.directory,
-            # What a stopped predecessor handed over runs on in its cgroups until it is adopted.
-            spare=frozenset(held.cgroup for held in recovered.held if held.cgroup),
-            reclaimed=recovered.reclaimed,
-        )
-        # [workers] is not a team's section: the deployment's own configuration holds it.
-        timeout = client_timeout(airflow_conf, os.environ)
-        if timeout is not None:
-            log.info("%s", timeout.describe())
-        client_env = timeout.env if timeout is not None else {}
-        self._status = writer = status.StatusWriter(
-            status.status_path(launches.directory, launches.instance),
-            status_meta(
-                launches.instance,
-                team=self.team_name,
-                executor=type(self).__name__,
-                parallelism=self.parallelism,
-                launcher=config.launcher.value,
-                containment=containment,
+        self._server, self._title_prefix = settings.server, settings.title_prefix
+        self._task_log_folder = settings.task_log_folder
+        if settings.timeout is not None:
+            log.info("%s", settings.timeout.describe())
+        built = startup.build(
+            settings,
+            startup.Callbacks(
+                self._mailbox,
+                self._output,
+                self._on_report,
+                self._handovers.launch_record,
+                self._handovers.holding.claimed_pid,
             ),
-            # Descendants the status walk sees (workloads without a cgroup) are journalled for a reclaim.
-            on_seen=launches.seen,
-            claimed=self._holding.claimed_pid,
+            team=self.team_name,
+            executor=type(self).__name__,
+            parallelism=self.parallelism,
+            clock=self.clock,
+        )
+        self._journal, self._containment, self._status = built.journal, built.containment, built.status
+        self._handovers.open(
+            state_dir=settings.state_dir,
+            journal=built.journal,
+            owner_key=settings.owner_key,
+            hold_bound=settings.hold_bound,
+            handover_timeout=config.handover_timeout,
         )
         self._metrics = Metrics(
             executor_class=type(self).__name__,
             team=self.team_name,
             qualify=self._get_metric_name if AIRFLOW_V3 else None,
         )
-        wired = wire(
-            plan,
-            listener=journal.RecordingListener(
-                self._mailbox,
-                launches,
-                describe,
-                # Recorded with each launch, so a crash hands over too: a successor finds what it ran.
-                handover_timeout=config.handover_timeout if config.hands_over else 0.0,
-                info=self._crash_info if config.hands_over else None,
-            ),
-            output=self._output,
-            env={**launches.child_env(os.environ), **client_env},
-            on_report=self._on_report,
-            write=writer.write,
-            clock=self.clock,
-            containment=containment,
-        )
+        wired = built.wired
         self._prefetch = Prefetch(wired.budget, self.clock)
         self._diagnostics.thresholds = wired.thresholds
         self._runtime = wired.runtime
         self._runtime.start()
-        self._hold(recovered.held)
+        self._handovers.hold(built.held, self._runtime)
+        room = settings.room
         self.log.info(
             "AsyncLocalExecutor started: parallelism=%d, prefetch=%d, queue limits=%s, memory floor=%g MB, "
             "launcher=%s, event loop=%s, %s",
@@ -288,159 +219,11 @@ class AsyncLocalExecutor(BaseExecutor):
 
     def _child_argv(self) -> tuple[str, ...]:
         """The command that runs one workload; it reads the workload (or Airflow 2 command) from stdin."""
-        path0 = sys.path[0] if sys.path else None
-        config = self._config
-        return intake.entry_argv(
-            os.getpid(),
-            config.workload_cpu_priority,
-            self._learn_dir,
-            path0,
-            handover_timeout=config.handover_timeout if config.hands_over else 0.0,
-            custody_dir=self._custody if config.hands_over else "",
-        )
+        assert self._settings is not None
+        return self._settings.argv
 
-    def _crash_info(self, ticket: object) -> dict[str, object] | None:
-        """What a launch records for a successor that adopts it after a crash; None: not a task.
-
-        Its record is made here, at its launch (the loop thread's, as the supervisor arms its limit),
-        once: an adopted workload's is the one its hold brought, and stays what its launch made it.
-        """
-        if not adoption.a_task(ticket):
-            return None
-        key = cast("TaskInstanceKey", cast("Ticket", ticket).key)
-        submission = self._submissions.get(key)
-        if submission is not None and submission.ticket != ticket:
-            submission = None  # revoked while it launched: not the key's current submission's record
-        record = self._records.get(key)
-        if record is None or submission is None:
-            record = TaskRecord.at_launch(
-                key,
-                submission.ti_id if submission else None,
-                submission.timeout if submission else None,
-                wall=self.clock.time(),
-                boot=boot_clock(),
-            )
-            if submission is not None:
-                self._records[key] = record
-        return record.to_json()
-
-    def _hold(self, records: Sequence[recovery.Held]) -> None:
-        """Supervise what a predecessor handed over, until Airflow offers its task instances.
-
-        Each counts against parallelism from now on (the scheduler's count of running task instances
-        already holds it), and its end waits for its task instance to be offered (adapter/adoption).
-        Its limit is its record's deadline, set at its launch: what time passed since, with or without
-        a scheduler, counted against it.
-        """
-        runtime = self._runtime
-        assert runtime is not None
-        custody = Path(self._custody)
-        held = []
-        for one in records:
-            try:
-                record = TaskRecord.from_json(one.info)
-            except UnknownRecord as exc:
-                log.warning(
-                    "workload pid %d, handed over by %s, names no task instance this version reads (%s): "
-                    "it is stopped, and the scheduler resets its task instance",
-                    one.pid,
-                    one.owner,
-                    exc,
-                )
-                adoption.kill_unheld(one)
-                continue
-            key = record.key
-            if self._holding.holds_pid(key, one.pid):
-                continue  # this very workload, held already: a journal read again (its removal failed)
-            if key in self._submissions:
-                # Its custody names this process as its owner now, so its watchdog would never fire: a
-                # second copy of the try, unsupervised, until it ended on its own.
-                log.warning(
-                    "workload pid %d (%s), handed over by %s, is a try this executor already runs: it is "
-                    "stopped, and the try runs on in this executor's own workload",
-                    one.pid,
-                    describe(key),
-                    one.owner,
-                )
-                adoption.kill_unheld(one)
-                continue
-            label = describe(key)
-            ticket = Ticket(key, next(self._serials))
-            self._submissions[key] = Submission(
-                ticket,
-                None,
-                TaskInstanceState.SUCCESS,
-                TaskInstanceState.FAILED,
-                label,
-                accepted=self.clock.time(),
-                ti_id=record.ti_id,
-            )
-            self._records[key] = record
-            if one.timeout != self._config.handover_timeout:
-                self._custody_timeouts[key] = one.timeout
-            self._holding.hold(Adoption(key, one.pid, label, held_at=self.clock.monotonic()))
-            read = functools.partial(adoption.read_exit_once, custody, one.pid, one.start)
-            take = adoption.taken_now(functools.partial(AdoptedChild.take, one.pid, one.start, read))
-            request = LaunchRequest(
-                key=ticket,
-                argv=("adopted",),
-                label=label,
-                timeout=record.timeout_left(boot_clock()),
-                takeover=Takeover(take, record.launched, one.cgroup),
-            )
-            runtime.adopt(request)
-            held.append(one)
-        crashed = sum(one.crashed for one in held)
-        if held:
-            log.info(
-                "holding %d running workload(s) for adoption when the scheduler offers their task instances: "
-                "%d handed over by a stopped scheduler, %d left running by a crashed one (%s)",
-                len(held),
-                len(held) - crashed,
-                crashed,
-                ", ".join(f"pid {one.pid}" for one in held[:10]) + (" ..." if len(held) > 10 else ""),
-            )
-
-    def _reclaim_since(self, offered: set[TaskInstanceKey]) -> None:
-        """Hold what an executor of this deployment and team that stopped since this one started handed
-        over, from the journals that name a task instance of ``offered``."""
-        if self._journal is None or self._state_dir is None or self._runtime is None:
-            return
-
-        def wanted(info: Mapping[str, object]) -> bool:
-            try:
-                return TaskRecord.from_json(info).key in offered
-            except UnknownRecord:
-                return False
-
-        self._hold(
-            recovery.reclaim_since(self._state_dir, self._journal, owner_key=self._owner_key, wanted=wanted)
-        )
-
-    def _expire_holds(self) -> None:
-        """Stop and forget the held workloads whose task instances Airflow never offered.
-
-        It offers a dead scheduler's task instances within ``[scheduler] orphaned_tasks_check_interval``
-        once the dead job's heartbeat is ``scheduler_health_check_threshold`` old; one not offered by
-        then went to another scheduler, which reset it (or it ended). Held on, its process would run
-        beside its task instance's next try until its heartbeat is refused.
-        """
-        runtime = self._runtime
-        for held in self._holding.unclaimed_since(self.clock.monotonic() - self._hold_bound):
-            self._holding.forget(held.key)
-            self._records.pop(held.key, None)
-            self._custody_timeouts.pop(held.key, None)
-            submission = self._submissions.pop(held.key, None)
-            if held.ended is not None or submission is None or runtime is None:
-                continue
-            log.warning(
-                "workload pid %d (%s) was held %.0fs for adoption and the scheduler never offered its task "
-                "instance (another scheduler took it, or reset it): it is stopped",
-                held.pid,
-                held.label,
-                self._hold_bound,
-            )
-            runtime.stop(submission.ticket, "never offered for adoption")
+    def _new_ticket(self, key: WorkloadKey) -> Ticket:
+        return Ticket(key, next(self._serials))
 
     def _fork_target(self) -> str:
         """What a fork-server child runs: ``module:function`` taking ``(argv, stdin_bytes)``."""
@@ -527,10 +310,8 @@ class AsyncLocalExecutor(BaseExecutor):
         checked = self._checked(incoming)
         if checked is None:
             return None
-        ticket = Ticket(incoming.key, next(self._serials))
-        self._records.pop(
-            incoming.key, None
-        )  # an earlier submission's, revoked: this one's launch makes its own
+        ticket = self._new_ticket(incoming.key)
+        self._handovers.submitted(incoming.key)
         self._submissions[incoming.key] = Submission(
             ticket,
             incoming.running,
@@ -639,8 +420,7 @@ class AsyncLocalExecutor(BaseExecutor):
             raise RuntimeNotRunning(
                 "the executor's event loop thread died; see the CRITICAL log line before this one"
             ) from runtime.failure
-        if self._holding.any_waiting():
-            self._expire_holds()
+        self._handovers.expire(runtime)
         events = self._mailbox.events
         ended = False
         while events:
@@ -667,14 +447,14 @@ class AsyncLocalExecutor(BaseExecutor):
                 log.info("revoked workload %s ended: %s", describe(ticket), event.reason or "exit 0")
             return ended
         if isinstance(event, Started):
-            if not self._holding.is_held(key):
+            if not self._handovers.holding.is_held(key):
                 self._metrics.launch_latency(event.at - submission.accepted)
             if submission.running is not None:
                 self.change_state(key, submission.running, remove_running=False)
             return ended
-        if self._holding.is_held(key):
+        if self._handovers.holding.is_held(key):
             # Airflow has not offered its task instance yet: the end waits for that (adapter/adoption).
-            self._holding.keep_end(cast("TaskInstanceKey", key), event)
+            self._handovers.holding.keep_end(cast("TaskInstanceKey", key), event)
             return ended
         self._deliver(key, submission, event, tail)
         return ended
@@ -684,11 +464,9 @@ class AsyncLocalExecutor(BaseExecutor):
     ) -> None:
         self._finish(key, submission, outcome, tail)
         del self._submissions[key]  # after its final event: until then, a failure here still gives one
-        if self._holding.was_claimed(key):
+        if self._handovers.holding.was_claimed(key):
             log.info("adopted workload %s ended: %s", submission.label, outcome.reason or "exit 0")
-        self._holding.forget(key)
-        self._records.pop(cast("TaskInstanceKey", key), None)
-        self._custody_timeouts.pop(cast("TaskInstanceKey", key), None)
+        self._handovers.ended(key)
         self._metrics.final_event(outcome)
 
     def _finish(
@@ -722,7 +500,7 @@ class AsyncLocalExecutor(BaseExecutor):
         reason = outcome.reason
         if outcome.kind is OutcomeKind.EXITED:
             reason = _EXIT_REASONS.get(outcome.returncode or 0, reason)
-            if outcome.returncode == entry.EXIT_CRASHED and self._holding.was_claimed(key):
+            if outcome.returncode == entry.EXIT_CRASHED and self._handovers.holding.was_claimed(key):
                 # It crashed after its handover: its own output reached no scheduler, and it wrote the
                 # traceback to its task's log instead (core/custody.py, Custody.tell).
                 reason = "workload process crashed after its handover (its traceback is in the task's log)"
@@ -842,7 +620,7 @@ class AsyncLocalExecutor(BaseExecutor):
             return
         submission = self._submissions.pop(key, None)
         self.running.discard(key)
-        self._records.pop(key, None)
+        self._handovers.ended(key)
         if submission is None or self._runtime is None:
             return
         self.log.info("revoking %s: stopping it if it started", submission.label)
@@ -861,17 +639,15 @@ class AsyncLocalExecutor(BaseExecutor):
         transaction failed), it gives the same answer, and no end twice.
         """
         stop_signals.hold()  # Airflow 2 installs its stop handlers after start(), before its first adoption
-        unknown = {ti.key for ti in tis if not self._holding.knows(ti.key)}
-        if self._config.hands_over and unknown:
+        unknown = {ti.key for ti in tis if not self._handovers.holding.knows(ti.key)}
+        if self._config.hands_over and unknown and self._runtime is not None:
             # A scheduler that stopped after this one started (its journal was locked at the start)
-            # may have handed them over: held now, they are adopted instead of run twice. Only now, and
-            # only journals that name one of them: Airflow offered them to this scheduler, so they are
-            # its to take; a journal taken otherwise may hold what Airflow offers another scheduler.
-            self._reclaim_since(unknown)
+            # may have handed them over: held now, they are adopted instead of run twice.
+            self._handovers.reclaim_for(unknown, self._runtime)
         refused: list[TaskInstance] = []
         adopted = 0
         for ti in tis:
-            if not self._holding.claim(ti.key):
+            if not self._handovers.holding.claim(ti.key):
                 refused.append(ti)
                 continue
             adopted += 1
@@ -879,7 +655,7 @@ class AsyncLocalExecutor(BaseExecutor):
             if submission is None:
                 continue  # its end was given at an earlier offer
             self.running.add(ti.key)
-            ended = self._holding.take_end(ti.key)
+            ended = self._handovers.holding.take_end(ti.key)
             if ended is not None:
                 self._deliver(ti.key, submission, ended, ())
         if tis:
@@ -904,7 +680,7 @@ class AsyncLocalExecutor(BaseExecutor):
         if runtime is None:
             return
         config = self._config
-        running = len(self.running) + len(self._holding.waiting())
+        running = len(self.running) + len(self._handovers.holding.waiting())
         if running:
             self.log.info(
                 "stopping: %d running workload(s) are handed over to the next scheduler on this host "
@@ -926,7 +702,7 @@ class AsyncLocalExecutor(BaseExecutor):
         self._runtime = None
         self._stopped = True
         self.sync()  # the final events of what was stopped rather than handed over
-        recorded = self._record(handovers)
+        recorded = self._handovers.record(handovers)
         if recorded:
             self.log.info(
                 "handed over %d running task workload(s); each kills itself (and what it started) if no "
@@ -935,33 +711,6 @@ class AsyncLocalExecutor(BaseExecutor):
                 config.handover_timeout,
             )
         self._close(runtime, handed_over=recorded)
-
-    def _record(self, handovers: Sequence[LetGo]) -> int:
-        """Journal each handed-over workload and mark it handed over in its custody file."""
-        launches = self._journal
-        if launches is None:
-            return 0
-        custody = Path(self._custody)
-        me, my_start = os.getpid(), start_ticks(os.getpid()) or 0
-        recorded = 0
-        for released in handovers:
-            key = cast("WorkloadKey", cast("Ticket", released.key).key)
-            submission = self._submissions.get(key)
-            start = start_ticks(released.pid)
-            if not isinstance(key, TaskInstanceKey) or submission is None or start is None:
-                continue  # ended meanwhile: its task reported its own end, or the next scheduler resets it
-            record = self._records.get(key)
-            if record is None:  # every task launch makes one: a bug, and its limit is lost with it
-                log.warning(
-                    "workload %s has no launch record: handed over without its limit", submission.label
-                )
-                record = TaskRecord(key, submission.ti_id, released.launched, None)
-            # The workload's own countdown, which its launch set: what its custody holds it to.
-            timeout = self._custody_timeouts.get(key, self._config.handover_timeout)
-            launches.handed_over(released.pid, record.to_json(), released.cgroup, timeout)
-            custody_dir.name_owner(custody, released.pid, start, me, my_start)
-            recorded += 1
-        return recorded
 
     def terminate(self) -> None:
         stop_signals.release()
