@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -118,7 +119,15 @@ def without_start(directory: Path, instance: str, pid: int) -> Path:
     """A status file whose writer could not read its own start time."""
     path = status_path(directory, instance)
     path.write_text(
-        json.dumps({"instance": instance, "pid": pid, START_TICKS_KEY: None, "written_at": time.time()})
+        json.dumps(
+            {
+                "instance": instance,
+                "pid": pid,
+                START_TICKS_KEY: None,
+                "written_at": time.time(),
+                "hostname": socket.gethostname(),
+            }
+        )
     )
     return path
 
@@ -157,7 +166,8 @@ def test_a_file_whose_writer_had_no_start_time_is_alive_only_while_its_pid_runs_
     ["[]", "3", '"x"', "null", "{}", '{"pid": "7", "written_at": 1}', '{"pid": 7, "written_at": "x"}',
      '{"pid": 7, "written_at": 1e999}', '{"pid": 7, "written_at": NaN}', '{"written_at": 1}',
      '{"pid": 7, "written_at": 1}',
-     '{"pid": 7, "written_at": 1, "pid_start_ticks": "x"}', "[" * 100_000, "\x00\xff"],
+     '{"pid": 7, "written_at": 1, "pid_start_ticks": "x"}', '{"pid": 7, "written_at": 1, "pid_start_ticks": 5}',
+     '{"pid": 7, "written_at": 1, "pid_start_ticks": 5, "hostname": []}', "[" * 100_000, "\x00\xff"],
 )  # fmt: skip
 # A file with the pid and time of a writer but another field of the wrong kind is read without that
 # field (test_status_malformed).

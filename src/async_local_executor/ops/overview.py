@@ -58,7 +58,7 @@ class Judged:
 def judge(found: Found, hostname: str) -> Judged:
     """The verdict on one status file, read on ``hostname``."""
     data = found.data
-    written_on = _written_on(found, hostname)
+    written_on = _written_on(found)
     if written_on != hostname:
         # The pid and the journal lock the file was checked with are this host's, not its writer's.
         why = (
@@ -79,10 +79,8 @@ def judge(found: Found, hostname: str) -> Judged:
         why = "no health verdict" if verdict is None else f"unknown verdict {verdict!r}"
         return Judged(found, UNKNOWN, (why,), ("unknown_verdict",))
     reasons = _strings(health.get("reasons"))
-    if not reasons and health.get("reason"):
-        reasons = (str(health["reason"]),)  # a file written before the reasons were listed
-    # Only codes this version knows, told in its own words: what the file says in words (an older
-    # version's public reasons, say, which could name a module) never goes public.
+    # Only codes this version knows, told in its own words: what the file says in words (a reason may
+    # name a module or a path) never goes public, and reasons without a code are withheld.
     codes = tuple(
         dict.fromkeys(c if c in PUBLIC_REASONS else WITHHELD for c in _strings(health.get("public_codes")))
     )
@@ -114,7 +112,7 @@ def health(found: Sequence[Found], hostname: str, now: float) -> dict[str, Any]:
         "status": overall(judged),
         "instances": [
             {
-                "hostname": _written_on(j.found, hostname),
+                "hostname": _written_on(j.found),
                 "instance": str(j.found.data.get("instance", j.found.path.name)),
                 "verdict": j.verdict,
                 "reasons": list(j.public),
@@ -145,7 +143,7 @@ def status(found: Sequence[Found], hostname: str, now: float, directory: Path) -
         executors.append(
             {
                 **data,
-                "hostname": _written_on(j.found, hostname),
+                "hostname": _written_on(j.found),
                 "running": running,
                 "recent_finished": [_with_task(row) for row in data.get("recent_finished", [])],
                 "verdict": j.verdict,
@@ -183,10 +181,8 @@ def _with_task(row: dict[str, Any]) -> dict[str, Any]:
     return shown
 
 
-def _written_on(found: Found, hostname: str) -> str:
-    written_on = found.data.get("hostname")
-    # A file from before the hostname was recorded is in this host's own state directory.
-    return written_on if isinstance(written_on, str) and written_on else hostname
+def _written_on(found: Found) -> str:
+    return str(found.data["hostname"])  # read_all only returns files that name their host
 
 
 def _times(found: Found, now: float) -> dict[str, Any]:

@@ -10,11 +10,11 @@ and reported. What a plain type cannot say is said by an :data:`~typing.Annotate
 
 from __future__ import annotations
 
-import enum
 from typing import Annotated, Final, Literal
 
 from typing_extensions import Required, TypedDict
 
+from async_local_executor.core.field_rules import COUNT, PID, SAMPLE, Rule
 from async_local_executor.core.health import HealthFields
 from async_local_executor.core.launchers.base import PreloadSummary
 
@@ -48,17 +48,6 @@ START_TICKS_KEY: Final = "pid_start_ticks"
 Adoption = Literal["held", "adopted"]
 ADOPTION_HELD: Final[Adoption] = "held"
 ADOPTION_ADOPTED: Final[Adoption] = "adopted"
-
-
-class Rule(enum.Enum):
-    PID = "a pid (a positive integer)"
-    COUNT = "a count (an integer, 0 or more)"
-    SAMPLE = "a [time, running, waiting] sample"
-
-
-PID: Final = Rule.PID
-COUNT: Final = Rule.COUNT
-SAMPLE: Final = Rule.SAMPLE
 
 
 class RunningRow(TypedDict):
@@ -106,13 +95,13 @@ class ContainmentFields(TypedDict):
 
 
 class StatusFile(TypedDict):
-    # Who wrote it: without its pid, its start and the time of writing, neither its writer nor its age can
-    # be told.
+    # Who wrote it: without its host, its pid, its start and the time of writing, neither its writer nor
+    # its age can be told.
     pid: Required[Annotated[int, PID]]
     pid_start_ticks: Required[Annotated[int | None, COUNT]]  # None: its writer could not read its own
     written_at: Required[float]
+    hostname: Required[str]
     instance: str
-    hostname: str
     team: str | None
     executor: str
     parallelism: Annotated[int, COUNT]

@@ -6,7 +6,7 @@ import threading
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
 import anyio
 import anyio.abc
@@ -15,6 +15,7 @@ from typing_extensions import Required, Self, TypedDict
 from async_local_executor.core.cgroups.group import WorkloadCgroup
 from async_local_executor.core.cgroups.limits import Limits
 from async_local_executor.core.errors import DescriptorsFull, LaunchError, is_full
+from async_local_executor.core.field_rules import COUNT
 from async_local_executor.core.outcome import Cleanup
 
 OutputSink = Callable[[Hashable, str], None]
@@ -147,7 +148,7 @@ class PreloadedModule(TypedDict):
     module: Required[str]
     distribution: str | None
     version: str | None
-    kib: int | None
+    kib: Annotated[int | None, COUNT]
 
 
 class RefusedModule(TypedDict):
@@ -167,7 +168,7 @@ class PreloadSummary(TypedDict, total=False):
     preloaded: list[PreloadedModule]
     refused: list[RefusedModule]
     pending: list[str]
-    generation: int
+    generation: Annotated[int, COUNT]
 
 
 @dataclass(frozen=True)
