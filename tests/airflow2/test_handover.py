@@ -46,14 +46,20 @@ What Airflow 2 does meanwhile, and why none of it stops an adopted task:
   state to None (``Reset the following 1 orphaned TaskInstances``) and schedules it again, which raises
   its try number to 2. Its first try's LocalTaskJob must be gone by then: one still running sees its
   state changed and fails the task instance, at its new try (retries=1: for good).
+
+The steps and checks these tests share with their Airflow 3 twins (tests/e2e/test_handover.py) are
+tests/handover_scenarios.py's. What differs here: the DAGs (dags/handover2.py, dags/handover_overrun2.py);
+the line with which the scheduler resets a task instance the executor refused, which these tests wait
+for; the retried adoption's answer, which comes in one offer (no api-server holds a row meanwhile); and
+what these tests check beyond their twins: the LocalTaskJobs and their heartbeats, zombies, the killed
+scheduler's lock of the run's row, the task process that fails its own task instance on a timeout, and
+the one executor event each end gets.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import signal
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -63,10 +69,9 @@ import psutil
 import pytest
 import sqlalchemy as sa
 
-from async_local_executor.core.proc_identity import start_ticks
 from harness.airflow2 import Airflow2Sandbox
+from tests import handover_scenarios as scenarios
 from tests.core.helpers import alive
-from tests.e2e.dags.chaos_adoption import BASE_ENV, INJECTED, ONCE_ENV
 from tests.e2e.helpers import (
     bystander_at_recorded_pid,
     cmdline,
@@ -75,18 +80,18 @@ from tests.e2e.helpers import (
     marks,
     poll,
     since,
-    stop_scheduler,
-    task_pid,
 )
 
 pytestmark = pytest.mark.e2e
 
 DAGS = Path(__file__).with_name("dags")
 EXECUTOR = "async_local_executor.executor.AsyncLocalExecutor"
-DAG_ID = "handover2"
-TASKS = 2
-# The issue's bound: a stopped scheduler exits within 10 s of the signal.
-EXIT_BOUND = 10.0
+AIRFLOW2 = scenarios.Major(
+    dag_id="handover2", overrun_dag_id="handover_overrun2", awaits_reset=True, split_offers=False
+)
+DAG_ID = AIRFLOW2.dag_id
+OVERRUN_DAG_ID = AIRFLOW2.overrun_dag_id
+TASKS = scenarios.TASKS
 ZOMBIE_THRESHOLD = 20
 QUICK_ORPHANS = {
     # A crashed scheduler's job counts as dead once its heartbeat is this old. Not 10 s: a scheduler
@@ -137,20 +142,12 @@ def make(tmp_path: Path) -> Iterator[Make]:
 
 
 def _running(sandbox: Airflow2Sandbox, tmp_path: Path) -> tuple[str, list[int]]:
-    """Trigger the DAG; once both tasks run, the pids of their processes and of their workloads."""
-    sandbox.wait_for_dag(DAG_ID, timeout=120)
-    run_id = sandbox.trigger(DAG_ID)
-    poll("both tasks running", lambda: len(marks(tmp_path, ".start")) == TASKS, guard=180)
-    scheduler = sandbox.pids["scheduler"]
-    tasks = [int(mark.rsplit(".pid", 1)[1]) for mark in marks(tmp_path, ".start")]
-    assert len(tasks) == TASKS, tasks
-    # The task's own process (`tasks run --raw`, forked) -> the workload process running `tasks run
-    # --local` (its LocalTaskJob), which the executor launched as the scheduler's child.
-    workloads = [psutil.Process(pid).ppid() for pid in tasks]
-    described = {pid: cmdline(pid) for pid in workloads}
-    assert [psutil.Process(pid).ppid() for pid in workloads] == [scheduler] * TASKS, described
+    """:func:`~tests.handover_scenarios.running`: each workload runs ``tasks run --local`` (the task
+    instance's LocalTaskJob), which forked the task's own process (``tasks run --raw``)."""
+    run_id, launched = scenarios.running(sandbox, tmp_path, AIRFLOW2)
+    described = {pid: cmdline(pid) for pid in launched[:TASKS]}
     assert all("AsyncLocalExecutor" in " ".join(argv) for argv in described.values()), described
-    return run_id, [*workloads, *tasks]
+    return run_id, launched
 
 
 def _rows(sandbox: Airflow2Sandbox, run_id: str) -> list[Row]:
@@ -166,50 +163,17 @@ def _rows(sandbox: Airflow2Sandbox, run_id: str) -> list[Row]:
     ]
 
 
-def _last_scheduler_job(sandbox: Airflow2Sandbox) -> int:
-    """The job of the scheduler started last."""
-    return int(sandbox.query("SELECT max(id) FROM job WHERE job_type = 'SchedulerJob'")[0][0])
-
-
 def _finish_after_adoption(
     sandbox: Airflow2Sandbox, tmp_path: Path, run_id: str, launched: list[int], before: list[Row]
 ) -> None:
-    log = sandbox.process_logs["scheduler"]
-    poll(
-        "the new scheduler to adopt both task instances",
-        lambda: f"adopted {TASKS} task instance(s)" in log.read_text(errors="replace"),
-        guard=120,
-    )
-    assert all(alive(pid) for pid in launched), {pid: alive(pid) for pid in launched}
-    # The executor says so before the scheduler writes it: the adopted task instances name its job.
-    poll(
-        "the adopted task instances to name the new scheduler's job",
-        lambda: [r[4] for r in _rows(sandbox, run_id)] == [_last_scheduler_job(sandbox)] * TASKS,
-        guard=30,
-    )
+    scenarios.adopted(sandbox, launched)
+    scenarios.name_the_new_scheduler_s_job(sandbox, AIRFLOW2, run_id)
     adopted = _rows(sandbox, run_id)
     # Still running at try 1 under the same LocalTaskJob; only the scheduler job that answers for it changed.
     assert [r[:4] for r in adopted] == [r[:4] for r in before], (adopted, before)
-
-    (tmp_path / "gate").write_text("")
-    poll("the run to end", lambda: sandbox.run_state(DAG_ID, run_id) in ("success", "failed"), guard=180)
-    rows = sandbox.task_instances(DAG_ID, run_id)
-    assert sandbox.run_state(DAG_ID, run_id) == "success", rows
-    assert [(r.state, r.try_number) for r in rows] == [("success", 1)] * TASKS, rows
-    # One execution per task, which ran to its end: nothing was killed and nothing ran again.
-    assert marks(tmp_path, ".start") == marks(tmp_path, ".end")
-    assert [m.split(".")[1] for m in marks(tmp_path, ".start")] == ["try1"] * TASKS
-    # One final event per task instance, from the scheduler that adopted it. The run's state comes from
-    # the task instances' own, so the events may still be on their way.
-    poll(
-        "both final events",
-        lambda: len(final_events(log.read_text(errors="replace"), DAG_ID)) >= TASKS,
-        guard=60,
-    )
-    text = log.read_text(errors="replace")
-    assert sorted(final_events(text, DAG_ID)) == [("success", i, 1) for i in range(TASKS)], final_events(
-        text, DAG_ID
-    )
+    scenarios.finish_at_try_1(sandbox, tmp_path, AIRFLOW2, run_id)
+    # One final event per task instance, from the scheduler that adopted it.
+    text = scenarios.reported_once(sandbox, AIRFLOW2, 0, [("success", i, 1) for i in range(TASKS)])
     assert "Detected zombie job" not in text
     assert "Reset the following" not in text
     # Each LocalTaskJob ran to its own end (it had, before its workload exited).
@@ -266,13 +230,7 @@ def test_a_stopped_scheduler_hands_its_running_tasks_to_the_next_which_adopts_th
     sandbox = make()
     run_id, launched = _running(sandbox, tmp_path)
     before = _rows(sandbox, run_id)
-    started = time.monotonic()
-    stopped = stop_scheduler(sandbox)
-    took = time.monotonic() - started
-    assert took < EXIT_BOUND, f"the scheduler took {took:.1f}s to exit"
-    assert f"handed over {TASKS} running task workload(s)" in stopped, stopped
-    assert all(alive(pid) for pid in launched), {pid: alive(pid) for pid in launched}
-
+    scenarios.stop_within_the_bound(sandbox, launched)
     sandbox.restart("scheduler")
     _finish_after_adoption(sandbox, tmp_path, run_id, launched, before)
 
@@ -281,7 +239,7 @@ def test_a_killed_scheduler_s_tasks_wait_for_the_next_which_adopts_them(make: Ma
     sandbox = make()
     run_id, launched = _running(sandbox, tmp_path)
     before = _rows(sandbox, run_id)
-    dead_job = _last_scheduler_job(sandbox)
+    dead_job = scenarios.last_scheduler_job(sandbox)
     # Killed at the worst moment: inside a transaction that locks the run's row.
     _stop_holding_the_run(sandbox, run_id)
     sandbox.kill("scheduler")
@@ -310,77 +268,26 @@ def test_a_killed_scheduler_s_tasks_wait_for_the_next_which_adopts_them(make: Ma
     _finish_after_adoption(sandbox, tmp_path, run_id, launched, before)
 
 
-def _stop(sandbox: Airflow2Sandbox, running: int) -> None:
-    """SIGTERM the scheduler, which hands its ``running`` task workloads over and exits."""
-    stopped = stop_scheduler(sandbox)
-    assert f"handed over {running} running task workload(s)" in stopped, stopped
-
-
-def _restart(sandbox: Airflow2Sandbox) -> int:
-    """Start the scheduler again; where its log begins."""
-    offset = sandbox.process_logs["scheduler"].stat().st_size
-    sandbox.restart("scheduler")
-    return offset
-
-
-def _adopts_hold1_only(sandbox: Airflow2Sandbox, offset: int, workload1: int) -> None:
-    """The new scheduler adopts hold1 and has Airflow reset hold0, whose try 1 it does not hold."""
-    poll(
-        "the new scheduler to adopt hold1 only",
-        lambda: "adopted 1 task instance(s)" in since(sandbox, offset),
-        guard=120,
-    )
-    started = since(sandbox, offset)
-    assert (
-        f"1 handed over by a stopped scheduler, 0 left running by a crashed one (pid {workload1})" in started
-    )
-    assert "1 others are left for the scheduler to reset" in started, started
-    # Airflow 2 resets what the executor refused in the same pass (state None): it is scheduled again.
-    reset = r"Reset the following 1 orphaned TaskInstances:\s+<TaskInstance: handover2\.hold \S+ map_index=0 "
-    # Its line follows the executor's in the same pass, so it may not be in the log yet.
-    poll("Airflow to reset hold0", lambda: re.search(reset, since(sandbox, offset)) is not None, guard=60)
-
-
 def _rerun_after_reset(
     sandbox: Airflow2Sandbox,
     tmp_path: Path,
     run_id: str,
     offset: int,
-    gone: tuple[int, int],
-    adopted: tuple[int, int],
+    gone: scenarios.Processes,
+    adopted: scenarios.Processes,
 ) -> None:
-    """hold0 was reset and runs again (try 2), hold1 was adopted; both end once the gate opens, each end is
-    reported once, and nothing any of their executions started is left running.
+    """:func:`~tests.handover_scenarios.runs_again` and :func:`~tests.handover_scenarios.rerun_ends`;
+    each end is reported once.
 
     :param offset: where the new scheduler's log begins
-    :param gone: hold0's first task and workload processes
-    :param adopted: hold1's task and workload processes
     """
-    poll("hold0 to run again", lambda: any(tmp_path.glob("hold0.try2.pid*.start")), guard=120)
-    assert all(alive(pid) for pid in adopted), {pid: alive(pid) for pid in adopted}
-    assert not any(alive(pid) for pid in gone), {pid: cmdline(pid) for pid in gone}
-    retried = task_pid(tmp_path, "hold0.try2")
-    relaunched = psutil.Process(retried).ppid()  # its LocalTaskJob, the new scheduler's workload
+    retried = scenarios.runs_again(sandbox, tmp_path, gone, adopted)
+    relaunched = retried[1]  # its LocalTaskJob, the new scheduler's workload
     assert psutil.Process(relaunched).ppid() == sandbox.pids["scheduler"], cmdline(relaunched)
-    launched = [*gone, *adopted, retried, relaunched]
-    (tmp_path / "gate").write_text("")
-    poll("the run to end", lambda: sandbox.run_state(DAG_ID, run_id) in ("success", "failed"), guard=180)
-    rows = sandbox.task_instances(DAG_ID, run_id)
-    assert sandbox.run_state(DAG_ID, run_id) == "success", rows
-    assert [(r.map_index, r.state, r.try_number) for r in rows] == [(0, "success", 2), (1, "success", 1)]
-    # hold0's first execution ended with its process; its second and hold1's one ran to their end.
-    first, kept = f"hold0.try1.pid{gone[0]}", f"hold1.try1.pid{adopted[0]}"
-    again = f"hold0.try2.pid{retried}"
-    assert marks(tmp_path, ".start") == [first, again, kept]
-    assert marks(tmp_path, ".end") == [again, kept]
+    scenarios.rerun_ends(sandbox, tmp_path, AIRFLOW2, run_id, gone, adopted, retried)
     # One final event per try that ended here: none for hold0's first, which nobody held.
-    poll("both final events", lambda: len(final_events(since(sandbox, offset), DAG_ID)) >= TASKS, guard=60)
-    text = since(sandbox, offset)
-    assert sorted(final_events(text, DAG_ID)) == [("success", 0, 2), ("success", 1, 1)], final_events(
-        text, DAG_ID
-    )
+    text = scenarios.reported_once(sandbox, AIRFLOW2, offset, [("success", 0, 2), ("success", 1, 1)])
     assert "Detected zombie job" not in text
-    poll("every process of every execution to end", lambda: not any(alive(pid) for pid in launched), guard=60)
 
 
 def test_a_handed_over_task_whose_process_vanished_before_the_restart_is_reset_and_runs_again(
@@ -388,133 +295,52 @@ def test_a_handed_over_task_whose_process_vanished_before_the_restart_is_reset_a
 ) -> None:
     sandbox = make()
     run_id, _ = _running(sandbox, tmp_path)
-    (task0, workload0), (task1, workload1) = first_tries(tmp_path)
-    _stop(sandbox, TASKS)
-    # While no scheduler runs, hold0's LocalTaskJob (its workload) and its task vanish (the task process
-    # leads a group of its own).
-    for group in {os.getpgid(workload0), os.getpgid(task0)}:
-        os.killpg(group, signal.SIGKILL)
-    poll("hold0's processes to be gone", lambda: not alive(workload0) and not alive(task0), guard=30)
-
-    offset = _restart(sandbox)
-    _adopts_hold1_only(sandbox, offset, workload1)
-    _rerun_after_reset(sandbox, tmp_path, run_id, offset, (task0, workload0), (task1, workload1))
-
-
-HANDOVER_TIMEOUT_REUSED = 60.0
+    hold0, hold1 = first_tries(tmp_path)
+    scenarios.stop(sandbox, TASKS)
+    scenarios.vanish(*hold0)  # its LocalTaskJob (its workload) and its task
+    offset = scenarios.restart(sandbox)
+    scenarios.adopts_hold1_only(sandbox, AIRFLOW2, offset, hold1[1])
+    _rerun_after_reset(sandbox, tmp_path, run_id, offset, hold0, hold1)
 
 
 def test_a_recorded_pid_another_process_runs_now_is_neither_adopted_nor_killed(
     make: Make, tmp_path: Path
 ) -> None:
-    sandbox = make({"AIRFLOW__ASYNC_LOCAL_EXECUTOR__HANDOVER_TIMEOUT": str(HANDOVER_TIMEOUT_REUSED)})
+    sandbox = make(
+        {"AIRFLOW__ASYNC_LOCAL_EXECUTOR__HANDOVER_TIMEOUT": str(scenarios.HANDOVER_TIMEOUT_REUSED)}
+    )
     run_id, _ = _running(sandbox, tmp_path)
-    (task0, workload0), (task1, workload1) = first_tries(tmp_path)
-    _stop(sandbox, TASKS)
+    hold0, hold1 = first_tries(tmp_path)
+    scenarios.stop(sandbox, TASKS)
     stopped = time.monotonic()
     # Another process runs under the pid the journal records for hold0's workload (a pid reuse).
-    with bystander_at_recorded_pid(sandbox, workload0) as (other, other_start):
-        offset = _restart(sandbox)
-        _adopts_hold1_only(sandbox, offset, workload1)
-        # hold0's real workload is no handed-over workload any more, only a process the stopped
-        # executor left running: killed as any such survivor (found by its cgroup or its mark), or,
-        # if none finds it, by itself once nobody claimed it within its handover_timeout.
-        poll(
-            "hold0's processes to be gone",
-            lambda: not alive(workload0) and not alive(task0),
-            guard=HANDOVER_TIMEOUT_REUSED + 10.0 - (time.monotonic() - stopped),
-        )
-        _rerun_after_reset(sandbox, tmp_path, run_id, offset, (task0, workload0), (task1, workload1))
-        # The process under the recorded pid was neither taken for the workload nor touched.
-        assert other.poll() is None
-        assert start_ticks(other.pid) == other_start
-
-
-OVERRUN_DAG_ID = "handover_overrun2"
-OVERRUN_TIMEOUT = 40.0  # the executor's run-time limit per task (task_timeout)
-OVERRUN_GRACE = 5.0  # termination_grace_period: SIGTERM, then SIGKILL this much later
-# How long after its launch the task is left without a scheduler at least: a limit counted from the
-# adoption would end it at least this much later than one counted from the launch.
-WITHOUT_SCHEDULER = 20.0
-SLACK = 10.0  # the polls', and the killed processes' time to go
-
-
-def _overrun_running(make: Make, tmp_path: Path, limit: float) -> tuple[Airflow2Sandbox, str, int, int, Path]:
-    """A sandbox whose tasks have run-time limit ``limit``, with handover_overrun2's task running.
-
-    :returns: the sandbox, the run, the task's process, its workload (its LocalTaskJob, which the
-        executor launched) and the task's start mark
-    """
-    sandbox = make(
-        {
-            "AIRFLOW__ASYNC_LOCAL_EXECUTOR__TASK_TIMEOUT": str(limit),
-            "AIRFLOW__ASYNC_LOCAL_EXECUTOR__TERMINATION_GRACE_PERIOD": str(OVERRUN_GRACE),
-        }
-    )
-    sandbox.wait_for_dag(OVERRUN_DAG_ID, timeout=120)
-    run_id = sandbox.trigger(OVERRUN_DAG_ID)
-    poll("the task running", lambda: any(tmp_path.glob("overrun.try1.pid*.start")), guard=180)
-    task = task_pid(tmp_path, "overrun.try1")
-    workload = psutil.Process(task).ppid()
-    assert psutil.Process(workload).ppid() == sandbox.pids["scheduler"], cmdline(workload)
-    [mark] = tmp_path.glob("overrun.try1.pid*.start")
-    return sandbox, run_id, task, workload, mark
+    with bystander_at_recorded_pid(sandbox, hold0[1]) as (other, other_start):
+        offset = scenarios.restart(sandbox)
+        scenarios.adopts_hold1_only(sandbox, AIRFLOW2, offset, hold1[1])
+        scenarios.unrecorded_workload_ends(hold0, stopped)
+        _rerun_after_reset(sandbox, tmp_path, run_id, offset, hold0, hold1)
+        scenarios.untouched(other, other_start)
 
 
 def test_an_adopted_task_times_out_when_what_was_left_of_its_limit_runs_out(
     make: Make, tmp_path: Path
 ) -> None:
-    sandbox, run_id, task, workload, mark = _overrun_running(make, tmp_path, OVERRUN_TIMEOUT)
-    # Its workload was launched before the task wrote this (wall clock, as the file's time is).
-    launched_by = mark.stat().st_mtime
-    _stop(sandbox, 1)
-    # Time passes with no scheduler at all: it counts against the limit as any other time it runs.
-    poll(
-        "the time without a scheduler to pass",
-        lambda: time.time() > launched_by + WITHOUT_SCHEDULER,
-        guard=WITHOUT_SCHEDULER + SLACK,
-    )
-    assert alive(workload)
-    assert alive(task)
+    sandbox = make(scenarios.overrun_config(scenarios.OVERRUN_TIMEOUT))
+    overrun = scenarios.overrun_running(sandbox, tmp_path, AIRFLOW2)
+    scenarios.stop(sandbox, 1)
+    scenarios.without_a_scheduler(overrun)
+    assert alive(overrun.workload)
+    assert alive(overrun.task)
     restarted = time.time()
-    offset = _restart(sandbox)
-    poll(
-        "the new scheduler to adopt it",
-        lambda: "adopted 1 task instance(s)" in since(sandbox, offset),
-        guard=120,
-    )
-    adopted_by = time.time()  # it was held (and its limit armed) before this
-    poll(
-        "its processes to be ended by the limit",
-        lambda: not alive(workload) and not alive(task),
-        guard=OVERRUN_TIMEOUT + OVERRUN_GRACE + SLACK,
-    )
-    ended = time.time()
-
-    # Ended once its limit from its launch had run out, or at once if it had by the time the new scheduler
-    # held it (a slow start), within the grace period; a limit counted from its adoption would have let it
-    # run OVERRUN_TIMEOUT seconds past that.
-    deadline = max(launched_by + OVERRUN_TIMEOUT, adopted_by)
-    assert ended - deadline < OVERRUN_GRACE + SLACK, (ended - launched_by, adopted_by - launched_by)
-    poll(
-        "the run to end",
-        lambda: sandbox.run_state(OVERRUN_DAG_ID, run_id) in ("success", "failed"),
-        guard=120,
-    )
-    rows = sandbox.task_instances(OVERRUN_DAG_ID, run_id)
-    assert sandbox.run_state(OVERRUN_DAG_ID, run_id) == "failed", rows
-    assert [(r.state, r.try_number) for r in rows] == [("failed", 1)], rows
-    # One execution, which never reached its end; nothing ran again.
-    assert sorted(p.name for p in tmp_path.glob("overrun*")) == [mark.name]
+    offset = scenarios.restart(sandbox)
+    scenarios.ended_by_its_limit_from_launch(sandbox, AIRFLOW2, offset, overrun, scenarios.OVERRUN_TIMEOUT)
+    scenarios.failed_in_its_one_execution(sandbox, tmp_path, AIRFLOW2, overrun)
     # On Airflow 2 the task process fails its task instance itself (SIGTERM: AirflowTaskTerminated), and
     # the run ends with it; the workload's exit, and the executor's event, come after.
     poll("its final event", lambda: final_events(since(sandbox, offset), OVERRUN_DAG_ID) != [], guard=60)
     text = since(sandbox, offset)
-    found = re.search(r"overrun try 1 ran longer than its ([0-9.e+-]+)s timeout; terminating it", text)
-    assert found is not None, text
-    # The limit it was held to here was what was left of it at the restart at most.
-    assert float(found[1]) < OVERRUN_TIMEOUT - (restarted - launched_by), found[0]
-    assert f"workload {OVERRUN_DAG_ID}.overrun try 1 failed: timed out after {found[1]}s" in text, text
+    limit = scenarios.held_to_what_was_left(text, overrun, restarted)
+    assert f"workload {OVERRUN_DAG_ID}.overrun try 1 failed: timed out after {limit}s" in text, text
     # Its end is reported once, by the executor that adopted it. Airflow 2's own zombie purge adds a failure
     # of its own when it finds the task instance still running, its LocalTaskJob's heartbeat gone (the
     # termination ended that job before it failed the task instance): that one follows its log line.
@@ -524,96 +350,35 @@ def test_an_adopted_task_times_out_when_what_was_left_of_its_limit_runs_out(
 
 
 TWICE_TIMEOUT = 150.0  # the executor's run-time limit per task, for a task adopted twice
-# How long it runs before the stop: a limit counted twice would be over at TWICE_TIMEOUT - STOP_AFTER.
-STOP_AFTER = 45.0
-OPEN_AFTER = 115.0  # when its gate opens at the earliest: past that point, well inside its limit
+OPEN_AFTER = 115.0  # its gate opens then at the earliest: past a limit counted twice, well inside its own
 
 
 def test_a_task_adopted_twice_after_its_adopter_crashed_finishes_inside_the_limit_counted_once(
     make: Make, tmp_path: Path
 ) -> None:
-    # Handed over by a stop, adopted, then left behind by a crash of its adopter and adopted again: its
-    # limit is the deadline its launch set, whatever happened since. Its gate opens once a limit counted
-    # twice would have ended it, and well before its own deadline: it must end as it decides, at try 1.
-    sandbox, run_id, task, workload, mark = _overrun_running(make, tmp_path, TWICE_TIMEOUT)
-    launched_by = mark.stat().st_mtime
-    poll("part of its limit to run", lambda: time.time() > launched_by + STOP_AFTER, guard=STOP_AFTER + 30)
-    _stop(sandbox, 1)
-    offset = _restart(sandbox)
-    poll("the first adoption", lambda: "adopted 1 task instance(s)" in since(sandbox, offset), guard=120)
-    sandbox.kill("scheduler")
-    offset = _restart(sandbox)
-    poll("the second adoption", lambda: "adopted 1 task instance(s)" in since(sandbox, offset), guard=120)
-    text = since(sandbox, offset)
-    assert "0 handed over by a stopped scheduler, 1 left running by a crashed one" in text, text
-    poll("the point a limit counted twice is past", lambda: time.time() > launched_by + OPEN_AFTER, guard=120)
-    assert time.time() < launched_by + TWICE_TIMEOUT - SLACK, "too slow to tell: its limit is nearly out"
-    assert alive(task), since(sandbox, offset)
-    assert alive(workload)
-    (tmp_path / "gate").touch()
-    poll(
-        "the run to end",
-        lambda: sandbox.run_state(OVERRUN_DAG_ID, run_id) in ("success", "failed"),
-        guard=120,
+    sandbox = make(scenarios.overrun_config(TWICE_TIMEOUT))
+    overrun = scenarios.overrun_running(sandbox, tmp_path, AIRFLOW2)
+    offset = scenarios.adopted_twice_then_succeeds(
+        sandbox, tmp_path, AIRFLOW2, overrun, TWICE_TIMEOUT, OPEN_AFTER
     )
-    rows = sandbox.task_instances(OVERRUN_DAG_ID, run_id)
-    assert [(r.state, r.try_number) for r in rows] == [("success", 1)], rows
     poll("its final event", lambda: final_events(since(sandbox, offset), OVERRUN_DAG_ID) != [], guard=60)
-    text = since(sandbox, offset)
-    assert "timeout; terminating it" not in text
+    text = scenarios.not_timed_out(sandbox, tmp_path, offset, overrun)
     assert final_events(text, OVERRUN_DAG_ID) == [("success", -1, 1)], final_events(text, OVERRUN_DAG_ID)
-    # One execution, which reached its end; nothing ran again.
-    ended = mark.name.replace(".start", ".end")
-    assert sorted(p.name for p in tmp_path.glob("overrun*")) == sorted([mark.name, ended])
-
-
-REPO = Path(__file__).resolve().parents[2]
-# The executor under test through the subclass that injects one retried adoption (loaded by its module
-# path, as Airflow 2 loads any executor), armed only in the scheduler started with ONCE_ENV=1.
-INJECTING = {
-    "AIRFLOW__CORE__EXECUTOR": "tests.e2e.dags.chaos_adoption.RetriedAdoptionExecutor",
-    BASE_ENV: EXECUTOR,  # its base: the class path Airflow 2 configurations name
-    ONCE_ENV: "",
-    # The scheduler imports the subclass from this repository.
-    "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])),
-}
-ADOPTED = re.compile(r"adopted (\d+) task instance\(s\)")
 
 
 def test_a_retried_adoption_gets_the_same_answer(make: Make, tmp_path: Path) -> None:
-    """Airflow 2 calls ``try_adopt_task_instances`` inside ``run_with_db_retries``: when its transaction
-    fails (a deadlock with another scheduler, a dropped connection), it rolls back (the task instances'
-    ``queued_by_job_id`` included) and asks again with the same task instances. The executor must adopt
-    them again; refused, Airflow would reset task instances whose LocalTaskJobs still run, and run them
-    twice.
-
-    Injected: the restarted scheduler loads the executor through a subclass whose
-    ``try_adopt_task_instances`` raises ``OperationalError`` once, right after the real call adopted
-    something (tests/e2e/dags/chaos_adoption.py). A real deadlock at that point of Airflow's transaction
-    cannot be staged reliably. Everything else is real.
+    """Airflow 2 retries its adoption's transaction with the same task instances: the executor adopts them
+    again, or Airflow would reset task instances whose LocalTaskJobs still run. The error is injected
+    (tests/e2e/dags/chaos_adoption.py), its subclass loaded by its module path as Airflow 2 loads any
+    executor: a real deadlock at that point of Airflow's transaction cannot be staged reliably. Everything
+    else is real.
     """
-    sandbox = make(INJECTING)
+    sandbox = make(scenarios.injecting(EXECUTOR))  # its base: the class path Airflow 2 configurations name
     run_id, launched = _running(sandbox, tmp_path)
     before = _rows(sandbox, run_id)
-    _stop(sandbox, TASKS)
-    sandbox.reconfigure({ONCE_ENV: "1"})
-    try:
-        offset = _restart(sandbox)
-    finally:
-        sandbox.reconfigure({ONCE_ENV: ""})  # for the restarted scheduler alone
-
-    def retried() -> bool:
-        text = since(sandbox, offset)
-        return INJECTED in text and ADOPTED.search(text, text.index(INJECTED)) is not None
-
-    poll("Airflow to offer the task instances again after the injected error", retried, guard=180)
-    text = since(sandbox, offset)
-    assert text.count(INJECTED) == 1, text
-    # The first call adopted both, the error followed it, and the retry adopted the same two again.
-    calls = [(found.start(), found[1]) for found in ADOPTED.finditer(text)]
-    injected = text.index(INJECTED)
-    assert [n for at, n in calls if at < injected] == [str(TASKS)], text
-    assert [n for at, n in calls if at > injected] == [str(TASKS)], text
+    scenarios.stop(sandbox, TASKS)
+    offset = scenarios.restart_armed(sandbox)
+    scenarios.adopted_again_after_the_injected_error(sandbox, AIRFLOW2, offset)
     # The retried transaction names the new scheduler's job; each task ends once, at try 1, its one end
     # reported once; nothing is reset.
     _finish_after_adoption(sandbox, tmp_path, run_id, launched, before)
