@@ -3,8 +3,8 @@ database work, delivered at the executor's heartbeat, at once in the loop's own 
 second signal and after the executor's stop.
 
 Real signals to this process's main thread, caught by a stand-in for the scheduler's handler (Airflow's
-``SchedulerJobRunner._exit_gracefully``, which logs and raises ``SystemExit``); no scheduler. The executor
-test drives a real executor's heartbeat.
+``SchedulerJobRunner._exit_gracefully``, which logs and raises ``SystemExit``; tests/stop_handler.py's,
+which the Airflow 2 tests use too); no scheduler. The executor test drives a real executor's heartbeat.
 """
 
 from __future__ import annotations
@@ -15,34 +15,24 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from types import FrameType
 
 import pytest
 from airflow import settings
 
 from async_local_executor.adapter import stop_signals
+from tests import stop_handler
 from tests.adapter.conftest import StartExecutor
+from tests.stop_handler import SchedulerStop
 from tests.waits import poll
 
 GUARD = 30.0
 
 
-class Scheduler:
-    """Stands in for Airflow's scheduler job runner: its stop handler, by the name Airflow gives it."""
-
-    def __init__(self) -> None:
-        self.stops: list[int] = []
-
-    def _exit_gracefully(self, signum: int, frame: FrameType | None) -> None:
-        self.stops.append(signum)
-        raise SystemExit(0)
-
-
 @pytest.fixture
-def scheduler() -> Iterator[Scheduler]:
+def scheduler() -> Iterator[SchedulerStop]:
     """The scheduler's handlers on SIGTERM and SIGINT, then the executor's hold over them; restored after."""
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    runner = Scheduler()
+    runner = SchedulerStop()
     for sig in before:
         signal.signal(sig, runner._exit_gracefully)
     stop_signals.arm()
@@ -65,7 +55,7 @@ def _run_scheduler_loop() -> None:
 
 
 def test_a_stop_inside_database_work_is_held_and_delivered_at_the_heartbeat(
-    scheduler: Scheduler, caplog: pytest.LogCaptureFixture
+    scheduler: SchedulerStop, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger=stop_signals.__name__)
     database_work()
@@ -79,7 +69,7 @@ def test_a_stop_inside_database_work_is_held_and_delivered_at_the_heartbeat(
     assert scheduler.stops == [signal.SIGTERM]
 
 
-def test_sigint_is_held_as_sigterm_is(scheduler: Scheduler) -> None:
+def test_sigint_is_held_as_sigterm_is(scheduler: SchedulerStop) -> None:
     database_work(signal.SIGINT)
     assert scheduler.stops == []
     with pytest.raises(SystemExit):
@@ -87,14 +77,14 @@ def test_sigint_is_held_as_sigterm_is(scheduler: Scheduler) -> None:
     assert scheduler.stops == [signal.SIGINT]
 
 
-def test_in_the_loop_s_own_frame_a_stop_is_delivered_at_once(scheduler: Scheduler) -> None:
+def test_in_the_loop_s_own_frame_a_stop_is_delivered_at_once(scheduler: SchedulerStop) -> None:
     with pytest.raises(SystemExit):
         _run_scheduler_loop()
     assert scheduler.stops == [signal.SIGTERM]
 
 
 def test_in_the_loop_s_own_frame_a_stop_is_delivered_at_once_with_a_session_open_there(
-    scheduler: Scheduler,
+    scheduler: SchedulerStop,
 ) -> None:
     # The loop holds a session open between its calls (with create_session() as session: ...); no
     # statement runs in its own frame, and the with block closes the session on the way out.
@@ -104,7 +94,7 @@ def test_in_the_loop_s_own_frame_a_stop_is_delivered_at_once_with_a_session_open
     assert scheduler.stops == [signal.SIGTERM]
 
 
-def test_a_stop_held_for_one_executor_stays_held_when_another_starts(scheduler: Scheduler) -> None:
+def test_a_stop_held_for_one_executor_stays_held_when_another_starts(scheduler: SchedulerStop) -> None:
     # A scheduler with teams starts one executor per team, one after the other.
     database_work()
     stop_signals.arm()
@@ -114,7 +104,7 @@ def test_a_stop_held_for_one_executor_stays_held_when_another_starts(scheduler: 
     assert scheduler.stops == [signal.SIGTERM]
 
 
-def test_after_every_executor_stopped_a_new_one_starts_with_nothing_held(scheduler: Scheduler) -> None:
+def test_after_every_executor_stopped_a_new_one_starts_with_nothing_held(scheduler: SchedulerStop) -> None:
     database_work()
     stop_signals.release()
     stop_signals.arm()
@@ -127,15 +117,10 @@ def test_after_every_executor_stopped_a_new_one_starts_with_nothing_held(schedul
 
 
 def test_the_scheduler_names_its_stop_handler_and_its_loop_as_this_module_expects() -> None:
-    # Renamed, the handler would no longer be held over (every stop as before), the loop no longer seen
-    # (every stop held until a heartbeat).
-    from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
-
-    assert SchedulerJobRunner._exit_gracefully.__name__ == stop_signals.AIRFLOW_HANDLER
-    assert callable(getattr(SchedulerJobRunner, stop_signals.LOOP))
+    stop_handler.the_scheduler_names_its_stop_handler_and_its_loop_as_expected()
 
 
-def test_a_second_signal_is_delivered_at_once(scheduler: Scheduler) -> None:
+def test_a_second_signal_is_delivered_at_once(scheduler: SchedulerStop) -> None:
     database_work()
     with pytest.raises(SystemExit):
         database_work()
@@ -143,7 +128,7 @@ def test_a_second_signal_is_delivered_at_once(scheduler: Scheduler) -> None:
 
 
 def test_a_stop_held_past_the_bound_is_delivered_wherever_the_thread_is(
-    scheduler: Scheduler, monkeypatch: pytest.MonkeyPatch
+    scheduler: SchedulerStop, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(stop_signals, "BOUND", 0.3)
     began = time.monotonic()
@@ -156,7 +141,7 @@ def test_a_stop_held_past_the_bound_is_delivered_wherever_the_thread_is(
     assert 0.3 <= time.monotonic() - began < GUARD
 
 
-def test_once_the_executor_stops_a_signal_is_delivered_at_once(scheduler: Scheduler) -> None:
+def test_once_the_executor_stops_a_signal_is_delivered_at_once(scheduler: SchedulerStop) -> None:
     stop_signals.release()
     with pytest.raises(SystemExit):
         database_work()
@@ -164,7 +149,7 @@ def test_once_the_executor_stops_a_signal_is_delivered_at_once(scheduler: Schedu
 
 
 def test_a_held_stop_s_timer_is_cancelled_when_the_executor_stops(
-    scheduler: Scheduler, monkeypatch: pytest.MonkeyPatch
+    scheduler: SchedulerStop, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(stop_signals, "BOUND", 0.2)
     database_work()
@@ -174,7 +159,7 @@ def test_a_held_stop_s_timer_is_cancelled_when_the_executor_stops(
 
 
 def test_a_process_forked_from_the_scheduler_gets_the_scheduler_s_handler_at_once(
-    scheduler: Scheduler,
+    scheduler: SchedulerStop,
 ) -> None:
     pid = os.fork()
     if pid == 0:  # the child: its copy of the handler must act at once, or it would wait for a heartbeat
@@ -198,7 +183,7 @@ def test_handlers_other_than_the_scheduler_s_are_left_alone() -> None:
 
 
 def test_the_executor_s_heartbeat_delivers_a_held_stop(
-    scheduler: Scheduler, start_executor: StartExecutor
+    scheduler: SchedulerStop, start_executor: StartExecutor
 ) -> None:
     executor = start_executor()  # arms again, over the scheduler's handler already held
     database_work()

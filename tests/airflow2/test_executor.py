@@ -3,6 +3,12 @@
 The stub workload entry (tests/adapter/stub_workload.py) stands in for `airflow tasks run` (which needs the task's rows in a metadata database;
 tests/airflow2/test_end_to_end.py runs the real one). Everything else is real: the executor, its loop
 thread, both launch paths and the child processes.
+
+The Airflow 3 tests' driver (tests/adapter/driver.py: the recording executor, the scheduler's loop, the
+stub's gate) and stand-in for the scheduler's stop handler (tests/stop_handler.py) serve here too. The
+tests are this major's own: its scheduler hands the executor commands (``queue_command``,
+``execute_async``) for task instances read from its database, where Airflow 3's hands it workloads
+(tests/adapter/test_executor.py), and it installs its stop handlers after the executor's start.
 """
 
 from __future__ import annotations
@@ -16,8 +22,10 @@ import pytest
 from airflow.models.taskinstancekey import TaskInstanceKey
 from airflow.utils.state import TaskInstanceState
 
-from tests.adapter.driver import RecordingExecutor, Scheduler
+from tests import stop_handler
+from tests.adapter.driver import RecordingExecutor, Scheduler, held_pid, holding
 from tests.core.helpers import alive
+from tests.stop_handler import SchedulerStop
 
 
 @pytest.fixture(autouse=True, params=["forkserver", "subprocess"])
@@ -66,10 +74,6 @@ def executor(request: pytest.FixtureRequest) -> Iterator[RecordingExecutor]:
     executor.end()
 
 
-def started(gate: Path) -> list[int]:
-    return [int(p.name.split(".")[-2]) for p in gate.parent.glob(f"{gate.name}.*.started")]
-
-
 def test_commands_run_and_each_gets_one_final_state(executor: RecordingExecutor) -> None:
     for name in ("ok", "crash", "killed"):
         queue(executor, name)
@@ -101,7 +105,7 @@ def test_parallelism_bounds_what_runs(executor: RecordingExecutor, tmp_path: Pat
         return None if report is None else report.state
 
     scheduler.run_until(lambda: (s := state()) is not None and len(s.running) == 2 and s.waiting == 2)
-    assert len(started(gate)) <= 2
+    assert holding(gate) <= 2
     gate.unlink()
     scheduler.run_until(lambda: len(scheduler.events) == 4)
     assert {s for s, _ in scheduler.events.values()} == {TaskInstanceState.SUCCESS}
@@ -117,7 +121,7 @@ def test_parallelism_zero_means_unlimited(executor: RecordingExecutor, tmp_path:
         queue_command(executor, ti, command(f"hold:{gate}"))
     assert executor.slots_available > many
     scheduler = Scheduler(executor)
-    scheduler.run_until(lambda: len(started(gate)) == many)
+    scheduler.run_until(lambda: holding(gate) == many)
     gate.unlink()
     scheduler.run_until(lambda: len(scheduler.events) == many)
     assert {s for s, _ in scheduler.events.values()} == {TaskInstanceState.SUCCESS}
@@ -150,9 +154,8 @@ def test_execute_async_called_directly_runs_the_command(executor: RecordingExecu
 def _held(executor: RecordingExecutor, gate: Path, scheduler: Scheduler) -> tuple[TI, int]:
     gate.touch()
     ti = queue(executor, f"hold:{gate}")
-    scheduler.run_until(lambda: len(started(gate)) == 1)
-    [pid] = started(gate)
-    return ti, pid
+    scheduler.run_until(lambda: holding(gate) == 1)
+    return ti, held_pid(gate)
 
 
 def test_revoke_task_stops_the_process_without_an_event(executor: RecordingExecutor, tmp_path: Path) -> None:
@@ -191,24 +194,8 @@ def test_nothing_is_left_running_after_end(executor: RecordingExecutor, tmp_path
     assert not alive(pid)
 
 
-class SchedulerStop:
-    """Stands in for Airflow 2's ``SchedulerJobRunner._exit_gracefully``, by its name."""
-
-    def __init__(self) -> None:
-        self.stops: list[int] = []
-
-    def _exit_gracefully(self, signum: int, frame: Any) -> None:
-        self.stops.append(signum)
-        raise SystemExit(0)
-
-
 def test_the_scheduler_names_its_stop_handler_and_its_loop_as_stop_signals_expects() -> None:
-    from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
-
-    from async_local_executor.adapter import stop_signals
-
-    assert SchedulerJobRunner._exit_gracefully.__name__ == stop_signals.AIRFLOW_HANDLER
-    assert callable(getattr(SchedulerJobRunner, stop_signals.LOOP))
+    stop_handler.the_scheduler_names_its_stop_handler_and_its_loop_as_expected()
 
 
 def test_a_stop_during_the_first_adoption_after_start_is_held_until_the_heartbeat(
