@@ -2,6 +2,10 @@
 
 Both launch paths, both spellings of the executor's path (with exactly one dot, Airflow 2 first looks
 for a plugin of that name, then imports the module path), and parallelism 0 (unlimited).
+
+Its Airflow 3 counterpart, tests/e2e/test_demo_dag.py, runs another DAG, with the workloads only Airflow 3
+gives an executor (a deadline callback, a connection test), and reads other things of its run: the two
+share no steps.
 """
 
 from __future__ import annotations
