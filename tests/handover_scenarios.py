@@ -31,7 +31,7 @@ from tests.e2e.dags.chaos_adoption import BASE_ENV, INJECTED, ONCE_ENV
 from tests.e2e.helpers import cmdline, final_events, marks, poll, since, stop_scheduler, task_pid
 
 TASKS = 2  # the handover DAGs' mapped hold tasks
-# The issue's bound: a stopped scheduler exits within 10 s of the signal.
+# A stopped scheduler exits within seconds of the signal; 10 s bounds it with room for a loaded host.
 EXIT_BOUND = 10.0
 # A task's processes, as the tests hold them: its own (the one that leaves the marks) and its workload.
 Processes = tuple[int, int]
