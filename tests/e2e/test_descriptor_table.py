@@ -5,9 +5,9 @@ while each task gets the original one back.
 Measured (``python -m benchmarks.descriptors``): an idle scheduler running this executor holds about 19
 descriptors with the fork server (14 with the subprocess launcher), and each running workload 2 more (its
 output pipe and its pidfd). With soft and hard limit at :data:`LIMIT`, about 14 of the :data:`TASKS`
-tasks held at the gate fit; before this back-pressure each of the others failed at once ("not launched: cannot
-create the workload's control socket: Too many open files"), as the issue's 25 of 64 did at limit 100.
-Now they wait, the health and the status file say so, and they run once running ones end.
+tasks held at the gate fit. Without back-pressure each of the others would fail at once ("not launched:
+cannot create the workload's control socket: Too many open files"); they wait, the health and the status
+file say so, and they run once running ones end.
 """
 
 from __future__ import annotations
