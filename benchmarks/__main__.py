@@ -143,6 +143,13 @@ def _parser() -> argparse.ArgumentParser:
         "--report-only", action="store_true", help="report the latest session in --out, run nothing"
     )
     p.add_argument("--keep-homes", action="store_true", help="keep every AIRFLOW_HOME for inspection")
+    p.add_argument(
+        "--profile-scheduler",
+        type=Path,
+        metavar="DIR",
+        help="profile the scheduler's threads through each burst run (py-spy and the kernel's per-thread "
+        "times; benchmarks/scheduler_profile.py) into DIR; a profiled run's own figures are not for comparing",
+    )
     return p
 
 
@@ -196,7 +203,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.jobs < 1:
             raise SystemExit(f"--jobs must be at least 1, got {args.jobs}")
         plan = runner.Plan(
-            args.profile, cases, variants, repeat, args.database or None, args.airflow_cfg, args.jobs
+            args.profile,
+            cases,
+            variants,
+            repeat,
+            args.database or None,
+            args.airflow_cfg,
+            args.jobs,
+            args.profile_scheduler,
         )
         if installed_airflow_major() < 3 and any(plan.database_for(c).startswith("sqlite") for c in cases):
             raise SystemExit("Airflow 2 refuses SQLite for parallel executors: use --database postgres")

@@ -146,6 +146,8 @@ class Plan:
     # sooner (the smoke test runs a case's A and B side by side), as runs sharing the cores slow each
     # other down.
     jobs: int = 1
+    # --profile-scheduler: where each run that takes a scheduler profile writes it; None: none is taken.
+    profile_dir: Path | None = None
 
     def runs(self) -> list[tuple[Case, int, Variant]]:
         # Paired runs sit next to each other in time: A B A B per case, so drift hits both sides.
@@ -207,7 +209,10 @@ def _run_one(
     keep_home: bool,
 ) -> Record:
     database = plan.database_for(case)
-    ctx = RunContext(variant, database, listener.line, keep_home, plan.airflow_cfg)
+    stem = None
+    if plan.profile_dir is not None:
+        stem = plan.profile_dir / f"{session}-{case.scenario}-{case.name}-{variant.label}-{rep}"
+    ctx = RunContext(variant, database, listener.line, keep_home, plan.airflow_cfg, stem)
     started_at = datetime.now(timezone.utc)
     began = time.monotonic()
     load = os.getloadavg()

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from benchmarks.deployment import Deployment, Variant
@@ -28,6 +29,9 @@ class RunContext:
     keep_home: bool = False
     # The home's airflow.cfg: "generated" by Airflow as on a deployment (the default), or "empty".
     airflow_cfg: str = "generated"
+    # Where this run's scheduler profile goes (benchmarks/scheduler_profile.py), for the cases that take
+    # one; None: not profiled.
+    profile_stem: Path | None = None
 
 
 @dataclass

@@ -9,11 +9,13 @@ LocalExecutor can block for good in a pipe write here: that is a result, reporte
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from dataclasses import asdict, dataclass
 
 from async_local_executor.core.runtime import THREAD_NAME as LOOP_THREAD
+from benchmarks import scheduler_profile
 from benchmarks.deployment import deployment
 from benchmarks.probes import LoopProbe, as_utc, thread_cpu_seconds
 from benchmarks.scenarios.base import (
@@ -171,7 +173,12 @@ def run(size: Size, ctx: RunContext) -> Outcome:
         state: str | None = None
         cpu_before = dep.cpu()
         threads_before = thread_cpu_seconds(dep.scheduler_pid)
-        with loop.sampling():
+        profiling = (
+            contextlib.nullcontext()
+            if ctx.profile_stem is None
+            else scheduler_profile.profiled(dep.scheduler_pid, ctx.profile_stem)
+        )
+        with loop.sampling(), profiling:
             triggered = time.time()
             deadline = time.monotonic() + size.timeout
             run_id = sb.trigger(DAG_ID)
