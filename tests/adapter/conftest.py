@@ -8,7 +8,7 @@ import tempfile
 os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="ale-adapter-"))
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 # These tests' workloads are stubs that run no custody (core/custody.py), so a stop here terminates them
-# as on_stop = terminate does; the handover is tests/adapter/test_handover.py's and the end-to-end tests'.
+# as on_stop = terminate does; the handover is tests/adapter/test_adoption_handover.py's and the end-to-end tests'.
 os.environ.setdefault("AIRFLOW__ASYNC_LOCAL_EXECUTOR__ON_STOP", "terminate")
 
 

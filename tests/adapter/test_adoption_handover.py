@@ -5,7 +5,8 @@ Two executors in this process stand for a scheduler and the next one: the first 
 over, until the scheduler offers their task instances (``try_adopt_task_instances``). The workloads are
 the stub (tests/adapter/stub_workload.py) in real custody (core/custody.py), as the real entry runs it:
 it outlives the stop, and records its exit code for the executor that adopted it. Both executors run in
-the test's process, so the workloads' owner never dies: what is tested here is the executors' side; the
+the test's process, so the workloads' owner never dies: what is tested here is the executors' side
+(``adoption.Handovers``, which holds, reclaims and records the handovers for the executor); the
 workload's own side (its owner's death, its countdown) is tests/core's and the end-to-end tests'.
 """
 

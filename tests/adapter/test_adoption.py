@@ -1,4 +1,6 @@
-"""Whose workloads an executor holds: its deployment's database and its team, not its credentials."""
+"""Whose workloads an executor holds (``adoption.owner_key``): its deployment's database and its team, not
+its credentials. The handovers themselves, driven through the executor, are test_adoption_handover.py's.
+"""
 
 from __future__ import annotations
 
