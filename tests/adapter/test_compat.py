@@ -1,4 +1,5 @@
-"""Which execution-API client timeout task processes get, read from an airflow.cfg Airflow generated.
+"""Which execution-API client timeout task processes get (``compat.client_timeout``), read from an
+airflow.cfg Airflow generated.
 
 The file is written by Airflow's own CLI in a fresh home, as on a deployment's first start; each test
 reads it (or an edited copy) with a parser of its own, as the scheduler reads its airflow.cfg.
