@@ -42,7 +42,7 @@ SETTINGS = settings(
 serials = itertools.count()  # keys stay unique across examples
 FINAL = {TaskInstanceState.SUCCESS, TaskInstanceState.FAILED}
 # Beyond 4300 digits repr() raises, and hypothesis could not print a failing example (a unit test in
-# test_bad_input has one).
+# test_executor_bad_input has one).
 EXTREMES = [10**400, -(10**400), 10**4000, 1e308, -1e308, 5e-324, -0.0, math.nan, math.inf, -math.inf]
 leaves = st.one_of(
     st.none(),
