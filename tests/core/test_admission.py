@@ -5,7 +5,7 @@ slot; where the limit is full it takes one on credit, and what waits to launch g
 is back under the limit. anyio 4.7 to 4.11 (which ``anyio>=4.7`` allows, and older Airflow constraints
 pin) refuse a ``CapacityLimiter`` limit below 1 and over-grant when a limit is raised, so this module
 is meant to pass there too: in a venv with that anyio, psutil, pytest, pytest-asyncio, pytest-timeout
-and uvloop, without Airflow, ``PYTHONPATH=src:. python -m pytest tests/core/test_admission_credit.py
+and uvloop, without Airflow, ``PYTHONPATH=src:. python -m pytest tests/core/test_admission.py
 --confcutdir=tests/core`` (the suite's own conftest reads Airflow's version).
 
 The supervisor test adopts real processes (``sys.executable -c``) through :class:`AdoptedChild`, as a
