@@ -1,60 +1,20 @@
-"""The fork server's waits run on the launcher's clock: a fake one drives them, nothing waits real time."""
+"""The helper process as the launcher sees it (``process.py``): its waits run on the launcher's clock, so a
+fake one drives them and nothing waits real time."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-import threading
-from pathlib import Path
 
 import anyio
 import pytest
 
 from async_local_executor.core.launchers.forkserver.channel import Channel
-from async_local_executor.core.launchers.forkserver.learning import loop
-from async_local_executor.core.launchers.forkserver.learning.learned import Learned, Scan
-from async_local_executor.core.launchers.forkserver.learning.loop import Learning
 from async_local_executor.core.launchers.forkserver.process import HelperProcess
 from tests.core.helpers import GUARD, FakeClock, Recorder
 
 # Far longer than any test may take: only the fake clock can get there.
 HOUR = 3600.0
-
-
-@pytest.mark.asyncio
-async def test_the_learning_scans_when_its_clock_says_so(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(loop, "SCAN_EVERY", HOUR)
-    clock = FakeClock()
-    learned = Learned(str(tmp_path))
-    scans: list[float] = []
-    scanned = threading.Event()  # the scan runs in a worker thread
-    real_scan = learned.scan
-
-    def scan() -> Scan:
-        scans.append(clock.monotonic())
-        scanned.set()
-        return real_scan()
-
-    monkeypatch.setattr(learned, "scan", scan)
-
-    async def grow(modules: list[str]) -> bool:
-        raise AssertionError("nothing was learned: no helper is wanted")
-
-    learning = Learning(learned, interval=60.0, clock=clock)
-    start = clock.monotonic()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(learning.run, grow)
-        await clock.sleepers(1)  # the scan period, parked on the fake clock
-        clock.advance(HOUR - 1)
-        await anyio.wait_all_tasks_blocked()
-        assert scans == []
-        clock.advance(1)
-        assert await anyio.to_thread.run_sync(scanned.wait, GUARD)
-        assert scans == [start + HOUR]
-        tg.cancel_scope.cancel()
-    assert not learning.stopped.is_set()
 
 
 @pytest.mark.asyncio
