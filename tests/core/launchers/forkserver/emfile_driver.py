@@ -1,4 +1,5 @@
-"""Run by test_start_failures.py beside it, in a process of its own: its descriptor limit is lowered.
+"""Run by test_launcher_start_failures.py beside it, in a process of its own: its descriptor limit is
+lowered.
 
 A supervisor with a fork server (and the plain launcher as its fallback) serves; the helper is killed
 while the process has no descriptor left, so its replacement cannot start; a workload is submitted

@@ -1,4 +1,4 @@
-"""Launches the fork server cannot take go to the fallback launcher, and say why.
+"""Launches the fork server (``launcher.py``) cannot take go to the fallback launcher, and say why.
 
 A request too large for the channel is the request's fault: the helper stays. A helper that is not
 single-threaded (a preload started a thread) must not fork at all: no helper from then on, rather than
@@ -10,15 +10,12 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 
 import anyio
 import psutil
 import pytest
 
 from async_local_executor.core.launchers.base import LaunchRequest
-from async_local_executor.core.launchers.forkserver.channel import Channel, ChannelClosed, MessageTooLarge
-from async_local_executor.core.launchers.forkserver.protocol import MAX_MESSAGE, Spawn
 from async_local_executor.core.launchers.subprocess import SubprocessLauncher
 from tests.core.helpers import GUARD, Recorder, py, until_dead
 from tests.core.supervising import fork_server, helper_replaced, serving
@@ -41,41 +38,6 @@ def ran(recorder: Recorder, key: str) -> str:
 
 def messages(caplog: pytest.LogCaptureFixture, part: str) -> list[str]:
     return [r.getMessage() for r in caplog.records if part in r.getMessage()]
-
-
-async def test_the_channel_limit_is_what_the_kernel_granted() -> None:
-    channel, theirs = Channel.pair(buffer=SMALL_BUFFER)
-    try:
-        granted = channel._sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
-        assert channel.limit < MAX_MESSAGE
-        assert channel.limit == granted - 32
-        # Exactly the limit goes through; the kernel says nothing about it being too large.
-        await channel.send(b"x" * channel.limit, [], unless=anyio.Event())
-        assert len(theirs.recv(MAX_MESSAGE)) == channel.limit
-        with pytest.raises(
-            MessageTooLarge, match=f"exceeds the fork-server channel's limit \\({channel.limit} bytes"
-        ):
-            channel.frame(Spawn(id=0, argv=("a" * channel.limit,)))
-    finally:
-        channel.close()
-        theirs.close()
-
-
-async def test_a_datagram_the_kernel_refuses_is_too_large_not_a_broken_channel() -> None:
-    # EMSGSIZE, should the limit read back ever be wrong: the channel and the helper behind it are fine.
-    channel, theirs = Channel.pair(buffer=SMALL_BUFFER)
-    try:
-        too_long = b"x" * (2 * SMALL_BUFFER)
-        channel.limit = MAX_MESSAGE  # as if the read-back limit were wrong: the kernel must be asked
-        with pytest.raises(MessageTooLarge) as refused:
-            await channel.send(too_long, [], unless=anyio.Event())
-        assert not isinstance(refused.value, ChannelClosed)
-        assert channel.limit < len(too_long)  # learned: the same request is not tried again
-        await channel.send(b"small", [], unless=anyio.Event())
-        assert theirs.recv(MAX_MESSAGE) == b"small"
-    finally:
-        channel.close()
-        theirs.close()
 
 
 async def test_a_request_larger_than_the_granted_buffer_falls_back_and_the_helper_stays(
