@@ -9,7 +9,8 @@ and uvloop, without Airflow, ``PYTHONPATH=src:. python -m pytest tests/core/test
 --confcutdir=tests/core`` (the suite's own conftest reads Airflow's version).
 
 The supervisor test adopts real processes (``sys.executable -c``) through :class:`AdoptedChild`, as a
-successor takes them; the test ends each by closing its stdin. The admission test needs no process.
+successor takes them; the test ends each by closing its stdin. The admission test needs no process,
+nor does the check of the limit.
 """
 
 from __future__ import annotations
@@ -29,10 +30,9 @@ from async_local_executor.core.launchers.adopted import AdoptedChild
 from async_local_executor.core.launchers.base import Child, Launcher, LaunchRequest, TakesOver, Wrapper
 from async_local_executor.core.launchers.subprocess import SubprocessLauncher
 from async_local_executor.core.proc_identity import start_ticks
+from async_local_executor.core.supervisor import Supervisor
 from tests.core.helpers import Recorder, py, taking_over
 from tests.core.supervising import serving
-
-pytestmark = pytest.mark.asyncio
 
 # Runs until its stdin is closed: the test says when each adopted workload ends.
 UNTIL_STDIN_CLOSES = "import sys\nsys.stdin.read()\n"
@@ -74,6 +74,7 @@ def _end(proc: subprocess.Popen[bytes]) -> None:
     proc.stdin.close()
 
 
+@pytest.mark.asyncio
 async def test_three_adopted_into_one_slot_all_run_and_a_new_launch_waits_until_the_credit_is_repaid(
     predecessors: list[subprocess.Popen[bytes]], tmp_path: Path
 ) -> None:
@@ -115,6 +116,7 @@ async def test_three_adopted_into_one_slot_all_run_and_a_new_launch_waits_until_
     assert [o.ok for o in recorder.outcomes] == [True] * 6, recorder.outcomes
 
 
+@pytest.mark.asyncio
 async def test_a_limit_back_up_as_credit_is_repaid_lets_through_only_what_fits_under_it() -> None:
     # Limit 2: an ordinary workload holds a slot, two adopted ones take the other and one on credit,
     # and two ordinary ones wait. Each slot held is a task the test ends when it says.
@@ -147,3 +149,8 @@ async def test_a_limit_back_up_as_credit_is_repaid_lets_through_only_what_fits_u
             assert await end("adopted-1") == ["w1", "w2"]
             assert await end("w1") == ["w2"]
             assert await end("w2") == []
+
+
+def test_limit_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="limit must be >= 1"):
+        Supervisor(SubprocessLauncher(), Recorder(), limit=0)

@@ -20,8 +20,6 @@ from async_local_executor.core.outcome import OutcomeKind
 from tests.core.helpers import GUARD, FakeClock, Recorder, is_dead, py, until_dead
 from tests.core.supervising import fork_server, helper_replaced, serving
 
-pytestmark = pytest.mark.asyncio
-
 SLEEPER = py("import os, time; print('ready', os.getpid(), flush=True); time.sleep(60)")
 
 
@@ -29,6 +27,7 @@ def ready_pids(recorder: Recorder) -> dict[object, int]:
     return {k: int(line.split()[1]) for k, line in recorder.lines if line.startswith("ready ")}
 
 
+@pytest.mark.asyncio
 async def test_children_are_forked_by_one_helper_as_our_own_children() -> None:
     # CLONE_PARENT: the helper forks, but each child is ours, so the helper's fate is not theirs.
     recorder = Recorder()
@@ -43,6 +42,7 @@ async def test_children_are_forked_by_one_helper_as_our_own_children() -> None:
     assert launcher.helpers_started == 1
 
 
+@pytest.mark.asyncio
 async def test_helper_leads_its_own_group_in_our_session_and_ignores_ctrl_c() -> None:
     # A terminal's Ctrl-C goes to the foreground group (the scheduler's); the helper must neither be
     # in it nor die of SIGINT, and stays in our session so the kernel counts its CPU as ours.
@@ -66,6 +66,7 @@ async def test_helper_leads_its_own_group_in_our_session_and_ignores_ctrl_c() ->
     assert recorder.outcome("after").ok
 
 
+@pytest.mark.asyncio
 async def test_child_gets_only_its_stdio_and_default_signal_handlers() -> None:
     code = (
         "import os, signal\n"
@@ -82,6 +83,7 @@ async def test_child_gets_only_its_stdio_and_default_signal_handlers() -> None:
     assert lines[1] == "[True, True, True]"
 
 
+@pytest.mark.asyncio
 async def test_payload_never_appears_on_a_command_line() -> None:
     secret = "payload-token-0123456789"
     recorder = Recorder()
@@ -105,6 +107,7 @@ async def test_payload_never_appears_on_a_command_line() -> None:
         await recorder.until(lambda: recorder.outcomes)
 
 
+@pytest.mark.asyncio
 async def test_preloads_happen_once_in_the_helper_and_a_bad_entry_is_skipped() -> None:
     recorder = Recorder()
     launcher = fork_server(recorder, preload=["decimal", "no_such_module_for_preload"])
@@ -121,6 +124,7 @@ async def test_preloads_happen_once_in_the_helper_and_a_bad_entry_is_skipped() -
     )
 
 
+@pytest.mark.asyncio
 async def test_the_preload_of_the_module_the_target_names_runs_even_for_a_function_defined_elsewhere() -> (
     None
 ):
@@ -136,6 +140,7 @@ async def test_the_preload_of_the_module_the_target_names_runs_even_for_a_functi
     assert ("k", "True") in recorder.lines
 
 
+@pytest.mark.asyncio
 async def test_helper_killed_with_sigkill_leaves_its_workloads_running_and_reported() -> None:
     recorder = Recorder()
     launcher = fork_server(recorder)
@@ -172,6 +177,7 @@ async def test_helper_killed_with_sigkill_leaves_its_workloads_running_and_repor
     assert launcher.helpers_started == 2
 
 
+@pytest.mark.asyncio
 async def test_a_launch_right_after_the_helper_died_goes_to_a_new_helper() -> None:
     # The launch can reach the dead helper before the channel's reader has seen it close: the broken
     # channel itself must retire the helper, or the retry picks it again and the launch fails.
@@ -199,6 +205,7 @@ async def _waiting_to_restart(launcher: ForkServerLauncher, clock: FakeClock) ->
     await clock.sleepers(1)
 
 
+@pytest.mark.asyncio
 async def test_an_idle_helper_that_dies_is_replaced_without_waiting_for_a_workload(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -246,6 +253,7 @@ async def until_stopped(pid: int) -> None:
             await anyio.sleep(0.01)
 
 
+@pytest.mark.asyncio
 async def test_a_helper_that_stops_answering_is_replaced_and_its_workloads_keep_running() -> None:
     recorder = Recorder()
     clock = FakeClock()
@@ -274,6 +282,7 @@ async def test_a_helper_that_stops_answering_is_replaced_and_its_workloads_keep_
     assert launcher.helpers_started == 2
 
 
+@pytest.mark.asyncio
 async def test_a_busy_helper_behind_a_lagging_loop_is_not_replaced() -> None:
     # The burst that once got a healthy helper killed: many children starting and exiting, each
     # flooding its output, while the loop thread itself is blocked for longer than the ping timeout.
@@ -294,6 +303,7 @@ async def test_a_busy_helper_behind_a_lagging_loop_is_not_replaced() -> None:
     assert launcher.helpers_started == 1
 
 
+@pytest.mark.asyncio
 async def test_a_helper_that_cannot_start_falls_back_with_one_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -312,6 +322,7 @@ async def test_a_helper_that_cannot_start_falls_back_with_one_warning(
     assert len(warnings) == 1
 
 
+@pytest.mark.asyncio
 async def test_a_large_payload_reaches_the_forked_child_through_its_own_socket() -> None:
     # Far past the channel's message limit and the kernel's default socket buffers.
     recorder = Recorder()
@@ -328,6 +339,7 @@ async def test_a_large_payload_reaches_the_forked_child_through_its_own_socket()
     assert line == f"{len(big)} True"  # forked by the helper, not started afresh
 
 
+@pytest.mark.asyncio
 async def test_a_request_too_large_for_the_channel_uses_the_fallback() -> None:
     recorder = Recorder()
     launcher = fork_server(recorder, fallback=SubprocessLauncher(output=recorder.output))
@@ -342,6 +354,7 @@ async def test_a_request_too_large_for_the_channel_uses_the_fallback() -> None:
     assert line == "13 False"  # a fresh interpreter: the fallback
 
 
+@pytest.mark.asyncio
 async def test_with_an_idle_timeout_the_helper_starts_on_demand_and_leaves_when_idle(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -373,3 +386,8 @@ async def test_with_an_idle_timeout_the_helper_starts_on_demand_and_leaves_when_
     assert recorder.outcome("second").ok
     assert len(set(helpers())) == 2
     assert launcher.helpers_started == 2
+
+
+def test_target_must_name_a_function() -> None:
+    with pytest.raises(ValueError, match="target must look like module:function"):
+        ForkServerLauncher(target="tests.core.launchers.forkserver.targets")

@@ -1,5 +1,7 @@
 """The helper's start (``python -m async_local_executor.core.launchers.forkserver.helper``, run by
-``helper/__main__.py``): a preload that started a thread makes it say ``unfit`` in place of ``ready``."""
+``helper/__main__.py``): it imports nothing heavy (tests/packaging/test_layers.py has the core's
+independence from Airflow), and a preload that started a thread makes it say ``unfit`` in place of
+``ready``."""
 
 from __future__ import annotations
 
@@ -38,3 +40,9 @@ def test_the_helper_names_the_preload_that_started_a_thread_and_does_not_serve()
     )
     assert "decimal" not in error
     assert "fractions" not in error
+
+
+def test_helper_module_imports_nothing_heavy() -> None:
+    code = "import sys, async_local_executor.core.launchers.forkserver.helper.__main__; print('anyio' in sys.modules, 'airflow' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False False"
