@@ -1,4 +1,5 @@
-"""Run by test_descriptors.py beside it, in a process of its own: it changes its descriptor limit and fills its table.
+"""Run by tests/core/test_descriptors.py, in a process of its own: it changes its descriptor limit and fills
+its table.
 
 ``fill <kind>``: a supervisor serves on launch path ``kind``; one workload runs; every free descriptor is
 taken; a second workload is submitted (its launch finds the table full and is held back), then one with

@@ -20,7 +20,7 @@ import resource
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,14 @@ from tests.core.helpers import GUARD, FakeClock, Recorder, Said
 from tests.core.launchers.descriptor_driver import BLOCKER, LIMIT
 from tests.core.supervising import TARGET, request, serving
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def box() -> Iterator[Scratch]:
+    """A scratch cgroup root, removed with everything in it (tests/core/cgroups/helpers.py)."""
+    with cgroup_helpers.scratch() as made:
+        yield made
 
 
 def drive(*args: str) -> list[dict[str, Any]]:
