@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import pytest
 
 from async_local_executor.core.cgroups import Containment, Limits, WorkloadCgroup, cgroup_of, group
 from async_local_executor.core.launchers.adopted import AdoptedChild
-from async_local_executor.core.launchers.base import LaunchRequest, TakesOver
+from async_local_executor.core.launchers.base import Launcher, LaunchRequest, TakesOver
 from async_local_executor.core.launchers.contained import ContainedLauncher
 from async_local_executor.core.launchers.forkserver.launcher import ForkServerLauncher
 from async_local_executor.core.launchers.subprocess import SubprocessLauncher
@@ -24,8 +25,9 @@ from async_local_executor.core.outcome import OutcomeKind
 from async_local_executor.core.proc_identity import start_ticks
 from tests.core.cgroups import helpers as cgroup_helpers
 from tests.core.cgroups.helpers import MiB, Scratch, gone
-from tests.core.helpers import Recorder, taking_over, until_dead
+from tests.core.helpers import Recorder, alive, taking_over, until_dead
 from tests.core.helpers import payload_py as py
+from tests.core.launchers.releasing import HOLDER, finish, gate, release_once_up, said
 from tests.core.supervising import TARGET, make_launcher, serving
 
 pytestmark = [
@@ -324,3 +326,37 @@ async def test_a_taken_over_workload_stopped_in_its_cgroup_ends_terminated_by_th
     outcome = recorder.outcome("w")
     assert outcome.kind is OutcomeKind.TERMINATED, outcome
     assert outcome.returncode == -signal.SIGKILL
+
+
+async def test_a_released_contained_child_keeps_its_cgroup_and_everything_in_it(
+    box: Scratch, tmp_path: Path, kind: str
+) -> None:
+    # It leaves a process of its own in its cgroup: a cgroup settled on release would kill it. It reads
+    # its input first, as a workload does: on the plain path, what it ran before would run outside.
+    code = (
+        "import subprocess, sys\n"
+        "sys.stdin.read()\n"
+        "left = subprocess.Popen(['sleep', '600'], stdout=subprocess.DEVNULL, start_new_session=True)\n"
+        "print('left', left.pid, flush=True)\n" + HOLDER
+    )
+    recorder = Recorder()
+    launcher: Launcher = ContainedLauncher(make_launcher(kind, recorder), box.open())
+    with gate(tmp_path) as held:
+        async with launcher:
+            child = await launcher.launch(LaunchRequest("held", [sys.executable, "-c", code, str(tmp_path)]))
+            assert child.cgroup is not None
+            assert child.releasable
+            pid = await release_once_up(child, recorder)
+            left = said(recorder, "left")
+            assert left is not None
+            child.signal(signal.SIGKILL)  # neither its cgroup nor its group gets anything
+            assert child.cleanup is None  # never settled
+        path = child.cgroup.path
+        assert path.is_dir()
+        members = {int(p) for p in (path / "cgroup.procs").read_text().split()}
+        assert {pid, left} <= members
+        assert alive(pid)
+        assert alive(left)
+        assert finish(tmp_path, held, pid) == 0
+    assert alive(left)  # the box's cleanup kills it, with the cgroup
+    assert not (tmp_path / "signals").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import anyio
 import psutil
@@ -58,3 +59,18 @@ async def test_the_report_names_the_path_and_never_a_problem() -> None:
         None,
         None,
     )
+
+
+async def test_without_pidfds_a_child_is_not_releasable_and_stays_supervised() -> None:
+    # The event loop's transport kills what it watches when it is closed: such a child says so, and its
+    # release does nothing (the supervisor terminates it instead).
+    recorder = Recorder()
+    async with SubprocessLauncher(output=recorder.output, pidfds=False) as launcher:
+        child = await launcher.launch(
+            LaunchRequest("k", [sys.executable, "-c", "import sys; print(sys.stdin.read())"], stdin=b"in")
+        )
+        assert not child.releasable
+        child.release()
+        with anyio.fail_after(GUARD):
+            assert await child.wait() == 0
+    assert recorder.lines == [("k", "in")]
