@@ -1,4 +1,5 @@
-"""What ``async-local-executor status`` says about preloading, from a status file's ``preload`` entry."""
+"""What ``async-local-executor status`` says about preloading (``cli.preload_lines``), from a status
+file's ``preload`` entry."""
 
 from __future__ import annotations
 
