@@ -170,7 +170,7 @@ def test_a_file_whose_writer_had_no_start_time_is_alive_only_while_its_pid_runs_
      '{"pid": 7, "written_at": 1, "pid_start_ticks": 5, "hostname": []}', "[" * 100_000, "\x00\xff"],
 )  # fmt: skip
 # A file with the pid and time of a writer but another field of the wrong kind is read without that
-# field (test_status_malformed).
+# field (test_status_read_malformed.py).
 def test_a_file_that_is_not_a_status_file_is_skipped_with_one_warning(
     tmp_path: Path, content: str, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -1,5 +1,5 @@
-"""A status file with a field of the wrong kind is read without it, and says so: never an exception out of
-the readers, never a document the health endpoints could not write back as JSON.
+"""A status file with a field of the wrong kind is read without it (``status_read.read_all``), and says so:
+never an exception out of the readers, never a document the health endpoints could not write back as JSON.
 
 Each case is a real status file, written by the executor's own StatusWriter (this test process is its
 running writer), with one field then replaced as a broken or foreign writer could leave it.
