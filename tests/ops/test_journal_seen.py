@@ -18,7 +18,6 @@ from async_local_executor.core.proc_identity import start_ticks
 from async_local_executor.ops import journal as registry
 from async_local_executor.ops import journal_file
 from async_local_executor.ops.journal import INSTANCE_ENV, SUFFIX, LaunchJournal, reclaim
-from async_local_executor.ops.status import walk_trees
 from tests.core.helpers import alive
 from tests.processes import SLEEP, read_line
 
@@ -218,23 +217,3 @@ def test_descendants_survive_compaction_and_lines_from_two_threads_never_interle
     assert {pid: key for pid, (_, key) in live.items()} == {me: "stays"}
     assert seen == {me: {100 + i: i for i in range(200)}}
     assert len(journal.path.read_bytes().splitlines()) <= 1 + 2 + 200 + 16 + 1
-
-
-# Starts the command it is given, prints its pid, and waits.
-PARENT = (
-    "import subprocess, sys, time; print(subprocess.Popen(sys.argv[1:]).pid, flush=True); time.sleep(600)"
-)
-
-
-def test_the_walk_names_each_workloads_descendants_with_their_start_times(
-    spawned: list[int],
-) -> None:
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, *SLEEP], stdout=subprocess.PIPE, text=True)
-    spawned.append(parent.pid)
-    child = int(read_line(parent))
-    spawned.append(child)
-
-    trees = walk_trees([parent.pid])
-
-    assert trees.descendants == {parent.pid: [(child, start_ticks(child))]}
-    assert trees.rss[parent.pid]

@@ -1,5 +1,6 @@
-"""Status files that are stale, foreign or planted: judged by their writer's journal lock and start time,
-skipped when unreadable, written without following anything planted."""
+"""Status files that are stale, foreign or planted, as ``status_read`` reads them: judged by their writer's
+journal lock and start time, skipped when unreadable or not a regular file. What the writer writes is
+test_status.py's."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import json
 import logging
 import os
 import socket
-import stat
 import subprocess
 import sys
 import time
@@ -18,7 +18,6 @@ from typing import Any
 import psutil
 import pytest
 
-from async_local_executor.core import files
 from async_local_executor.core.proc_identity import start_ticks
 from async_local_executor.ops import cli, recovery
 from async_local_executor.ops.journal import LaunchJournal
@@ -57,13 +56,6 @@ def stranger() -> Iterator[psutil.Process]:
     yield psutil.Process(proc.pid)
     proc.kill()
     proc.wait()
-
-
-def test_the_writer_records_its_process_start_time(tmp_path: Path) -> None:
-    data = json.loads(write(tmp_path, "me").read_text())
-    assert data["pid"] == os.getpid()
-    assert data[START_TICKS_KEY] == start_ticks(os.getpid())
-    assert "pid_start" not in data
 
 
 def test_a_live_writer_without_a_journal_stays_alive_when_the_wall_clock_steps(
@@ -206,53 +198,3 @@ def test_what_is_not_a_regular_file_under_a_status_files_name_is_skipped_without
         [status_path(tmp_path, "target")] if kind == "link" else []
     )
     assert any(str(path) in r.getMessage() for r in caplog.records)
-
-
-def test_a_status_file_is_written_whole_across_short_writes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    real = os.write
-    calls: list[int] = []
-
-    def short(fd: int, data: bytes | memoryview) -> int:
-        calls.append(fd)
-        return real(fd, bytes(data[:7]))
-
-    monkeypatch.setattr(os, "write", short)
-    path = write(tmp_path, "short", parallelism=3)
-    monkeypatch.undo()
-
-    assert len(calls) > 10
-    data = json.loads(path.read_text())
-    assert (data["instance"], data["parallelism"]) == ("short", 3)
-    assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert [p.name for p in tmp_path.iterdir()] == [path.name]
-
-
-def test_the_status_writer_follows_no_link_planted_beside_its_file(tmp_path: Path) -> None:
-    victim = tmp_path / "victim"
-    victim.write_text("precious")
-    final = status_path(tmp_path, "planted")
-    # A fixed temporary name a writer could be made to write through, and the link would send the write to.
-    (tmp_path / f".{final.name}.tmp").symlink_to(victim)
-
-    write(tmp_path, "planted")
-
-    assert victim.read_text() == "precious"
-    assert json.loads(final.read_text())["instance"] == "planted"
-
-
-def test_a_write_refuses_a_name_that_is_already_taken(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    victim = tmp_path / "victim"
-    victim.write_text("precious")
-    taken = tmp_path / "taken"
-    taken.symlink_to(victim)
-    monkeypatch.setattr(files, "fresh_name", lambda final, infix: taken)
-
-    with pytest.raises(FileExistsError):
-        files.replace_atomically(tmp_path / "final", b"new", ".tmp-")
-
-    assert victim.read_text() == "precious"
-    assert not (tmp_path / "final").exists()
