@@ -268,11 +268,9 @@ async def test_a_taken_over_workload_is_settled_in_its_own_cgroup_like_one_of_ou
     predecessor = box.open()
     cgroup = predecessor.create("w1")
     assert cgroup is not None
-    proc = box.start(PREDECESSORS, cgroup)
+    proc = box.start(PREDECESSORS, cgroup)  # past its gate: it runs until its stdin says go
     assert proc.stdin is not None
     assert proc.stdout is not None
-    proc.stdin.write("\n")
-    proc.stdin.flush()
     escaped = int(proc.stdout.readline().split()[1])
     start = start_ticks(proc.pid)
     assert start is not None
@@ -281,7 +279,8 @@ async def test_a_taken_over_workload_is_settled_in_its_own_cgroup_like_one_of_ou
     take = functools.partial(AdoptedChild.take, proc.pid, start, lambda: 0)
     async with serving(recorder, launcher) as supervisor:
         supervisor.adopt(taking_over(LaunchRequest("w", ("adopted",)), take, 1.0, str(cgroup.path)))
-        await recorder.until(lambda: recorder.pids)
+        await recorder.until(lambda: recorder.pids or recorder.outcomes)
+        assert recorder.pids, recorder.outcomes  # a failed take says why
         [running] = supervisor.state().running
         assert running.cgroup is not None
         assert running.cgroup.path == cgroup.path
@@ -308,10 +307,7 @@ async def test_a_taken_over_workload_stopped_in_its_cgroup_ends_terminated_by_th
         "import signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(600)\n",
         cgroup,
     )
-    assert proc.stdin is not None
     assert proc.stdout is not None
-    proc.stdin.write("\n")
-    proc.stdin.flush()
     assert proc.stdout.readline().strip() == "ready"
     start = start_ticks(proc.pid)
     assert start is not None
