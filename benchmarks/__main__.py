@@ -13,7 +13,7 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from benchmarks import report, runner
+from benchmarks import report, runner, scheduler_profile
 from benchmarks.deployment import BASELINE, Variant, parse_variant
 from benchmarks.scenarios.base import Case
 from benchmarks.summary import summarize
@@ -200,6 +200,11 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"no such case(s) in this profile: {', '.join(sorted(unknown))}")
             cases = [case for case in cases if case.name in wanted]
         repeat = args.repeat or runner.DEFAULT_REPEAT[args.profile]
+        if args.profile_scheduler is not None:
+            try:
+                scheduler_profile.py_spy()
+            except scheduler_profile.ProfilerMissing as exc:
+                raise SystemExit(str(exc)) from None
         if args.jobs < 1:
             raise SystemExit(f"--jobs must be at least 1, got {args.jobs}")
         plan = runner.Plan(

@@ -527,6 +527,11 @@ def write_markdown(
         if jobs > 1
         else ""
     )
+    if any(r.get("profiled") for r in records):
+        shared += (
+            "\n- Some runs had their scheduler profiled (`--profile-scheduler`): the profilers took a share "
+            "of a core, so those runs' figures are not for comparing."
+        )
     airflow2 = str(vers.get("apache-airflow") or "").startswith("2.")
     deployment = (
         "Airflow 2.11 (a scheduler, which parses DAG files itself, on a fresh PostgreSQL database and "
@@ -556,7 +561,9 @@ $ .venv/bin/python -m benchmarks --profile quick --scenarios starvation \\
 $ .venv/bin/python -m benchmarks --profile full --scenarios restart \\
       --variants stock,ours --repeat 1 --out build/bench/restart.jsonl     # scheduler SIGTERM / kill -9
 $ .venv/bin/python -m benchmarks --profile full --scenarios chaos \\
-      --variants ours --repeat 1 --out build/bench/chaos.jsonl             # restart chaos, seeded"""
+      --variants ours --repeat 1 --out build/bench/chaos.jsonl             # restart chaos, seeded
+$ .venv/bin/python -m benchmarks --profile full --scenarios burst --variants ours --repeat 1 \
+      --profile-scheduler build/profile --out build/bench/profiled.jsonl  # where the scheduler's threads go"""
     )
     imports_chart = (
         f"\n![imports]({charts_rel}/{IMPORTS_CHART})\n"

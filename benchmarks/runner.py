@@ -241,6 +241,8 @@ def _run_one(
         "airflow_cfg": plan.airflow_cfg,
         # How many runs shared the machine at most: above one, the figures are not for comparing.
         "jobs": plan.jobs,
+        # The scheduler was profiled (its files' stem): the profilers' load is in its figures.
+        "profiled": str(stem) if stem is not None else None,
         "command": python_command(),
         "started_at": started_at.isoformat(),
         "wall_s": round(time.monotonic() - began, 2),

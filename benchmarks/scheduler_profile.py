@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import re
 import shutil
 import signal
@@ -33,9 +34,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+log = logging.getLogger(__name__)
+
 RATE = 50  # samples a second: enough for seconds-long stalls, and a small load on 2 cores
 TOP = 30  # functions kept per thread in the summary
-_LINE = re.compile(r"^thread \((?P<tid>\d+)\)(?::\s*(?P<name>[^;]*))?;?(?P<stack>.*) (?P<count>\d+)$")
+# py-spy names a thread by its native id in decimal (Python 3.11 on), by Python's ident in hex before.
+_LINE = re.compile(
+    r"^thread \((?P<tid>0x[0-9A-Fa-f]+|\d+)\)(?::\s*(?P<name>[^;]*))?;?(?P<stack>.*) (?P<count>\d+)$"
+)
 
 
 class ProfilerMissing(RuntimeError):
@@ -67,39 +73,41 @@ def kind(name: str) -> str:
     return re.sub(r"\d+", "N", name) or "unnamed"
 
 
-def _py_spy() -> str:
+def py_spy() -> str:
+    """The py-spy binary; checked before the runs, so a missing one costs no deployment.
+
+    :raises ProfilerMissing: it is not installed
+    """
     found = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(found).exists():
         raise ProfilerMissing("py-spy is not installed: make install (the bench extra has it)")
     return found
 
 
+def output(stem: Path, suffix: str) -> Path:
+    """``<stem><suffix>``: a stem may hold dots (a variant's label), which ``with_suffix`` would cut."""
+    return stem.parent / f"{stem.name}{suffix}"
+
+
 @contextlib.contextmanager
 def profiled(pid: int, stem: Path) -> Iterator[None]:
-    """Profile process ``pid`` while the block runs; the summary goes to ``<stem>.json``."""
-    binary = _py_spy()
+    """Profile process ``pid`` while the block runs; the summary goes to ``<stem>.json``.
+
+    A thread that ends during the block (a worker thread of the loop, say) counts in the sampled
+    views, not in the kernel's times, which are read at the block's start and end.
+    """
+    binary = py_spy()
     stem.parent.mkdir(parents=True, exist_ok=True)
-    common = (
-        "record",
-        "--pid",
-        str(pid),
-        "--threads",
-        "--nonblocking",
-        "--rate",
-        str(RATE),
-        "--format",
-        "raw",
-    )
-    samplers = {
-        view: subprocess.Popen(
-            (binary, *common, *flags, "--output", str(stem.with_suffix(f".{view}.txt"))),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-        for view, flags in (("idle", ("--idle",)), ("gil", ("--gil",)))
-    }
+    common = ("record", "--pid", str(pid), "--threads", "--nonblocking", "--rate", str(RATE))
+    samplers: dict[str, subprocess.Popen[bytes]] = {}
     before, began = thread_times(pid), time.monotonic()
     try:
+        for view, flag in (("idle", "--idle"), ("gil", "--gil")):
+            samplers[view] = subprocess.Popen(
+                (binary, *common, flag, "--format", "raw", "--output", str(output(stem, f".{view}.txt"))),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
         yield
     finally:
         after, wall = thread_times(pid), time.monotonic() - began
@@ -113,22 +121,28 @@ def profiled(pid: int, stem: Path) -> Iterator[None]:
                 _, err = sampler.communicate()
             if sampler.returncode not in (0, -signal.SIGINT):
                 errors[view] = err.decode(errors="replace")[-2000:]
-        summary = summarize(stem, before, after, wall)
-        summary["errors"] = errors
-        stem.with_suffix(".json").write_text(json.dumps(summary, indent=1) + "\n")
+        try:
+            summary = summarize(stem, before, after, wall)
+            summary["errors"] = errors
+            output(stem, ".json").write_text(json.dumps(summary, indent=1) + "\n")
+        except Exception as exc:  # noqa: BLE001 - the block's own error, if any, is the one to see
+            log.warning("cannot summarise the scheduler profile %s: %s", stem, exc)
 
 
-def _stacks(path: Path) -> list[tuple[int, str, list[str], int]]:
-    """(tid, thread name, frames outermost first, samples) of each line of a raw profile."""
+def stacks(path: Path) -> tuple[list[tuple[int, str, list[str], int]], int]:
+    """(tid, thread name, frames outermost first, samples) of each line of a raw profile, and how many
+    lines were not such a line."""
     rows = []
+    unread = 0
     with contextlib.suppress(FileNotFoundError):
         for line in path.read_text(errors="replace").splitlines():
             m = _LINE.match(line)
             if m is None:
+                unread += bool(line.strip())
                 continue
             frames = [f for f in m["stack"].split(";") if f]
-            rows.append((int(m["tid"]), m["name"] or "", frames, int(m["count"])))
-    return rows
+            rows.append((int(m["tid"], 0), m["name"] or "", frames, int(m["count"])))
+    return rows, unread
 
 
 def _function(frame: str) -> str:
@@ -139,7 +153,8 @@ def _function(frame: str) -> str:
 def summarize(
     stem: Path, before: dict[int, ThreadTimes], after: dict[int, ThreadTimes], wall: float
 ) -> dict[str, Any]:
-    idle, gil = _stacks(stem.with_suffix(".idle.txt")), _stacks(stem.with_suffix(".gil.txt"))
+    idle, unread_idle = stacks(output(stem, ".idle.txt"))
+    gil, unread_gil = stacks(output(stem, ".gil.txt"))
     # Python's thread names where py-spy saw them (the kernel's is the process's for a thread that sets
     # none); the scheduler's own thread is "main" in both views.
     names = {tid: t.name for tid, t in {**before, **after}.items()}
@@ -174,4 +189,9 @@ def summarize(
         for key in ("sampled_s", "gil_s", "cpu_s", "runqueue_s"):
             entry[key] = round(entry[key], 2)
     # The samples span the profilers' lives, a fraction of a second beyond the block's ``wall_s``.
-    return {"wall_s": round(wall, 2), "rate": RATE, "threads": dict(threads)}
+    return {
+        "wall_s": round(wall, 2),
+        "rate": RATE,
+        "unread_lines": unread_idle + unread_gil,
+        "threads": dict(threads),
+    }

@@ -474,6 +474,28 @@ def test_a_held_workload_never_offered_is_stopped_without_an_event(
     assert "the scheduler never offered its task instance" in caplog.text
 
 
+def test_a_held_workload_revoked_before_its_offer_is_stopped_and_its_offer_refused(
+    start: StartCustody, tmp_path: Path
+) -> None:
+    # The scheduler revokes a task instance it gave up on (queued past task_queued_timeout); held, its
+    # workload is stopped and forgotten, so an offer of it later is refused and Airflow resets it instead
+    # of waiting for an end that no submission would give.
+    held, gate = _held_task(tmp_path, "revoked_held")
+    _handed_over(start, gate, tasks=[held])
+    stub = _stub_pid(gate)
+    second = start()
+    assert [h.key for h in second._handovers.holding.waiting()] == [held.key]
+    second.revoke_task(ti=workloads.Revoked(held.key))  # type: ignore[arg-type]
+    assert second._handovers.holding.waiting() == []
+    scheduler = Scheduler(second)
+    scheduler.run_until(lambda: not alive(stub))
+    offered = workloads.Revoked(held.key)
+    assert second.try_adopt_task_instances([offered]) == [offered]  # type: ignore[list-item]
+    _quiet_for_a_report(second, scheduler)
+    assert held.key not in scheduler.events
+    assert gate.exists()  # it did not end on its own: it was stopped
+
+
 def test_a_handed_over_workload_of_a_try_this_executor_already_runs_is_stopped(
     start: StartCustody, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -370,7 +370,8 @@ class Handovers:
     workload's record (:meth:`launch_record`, the loop thread's only call here); when Airflow offers
     task instances it holds what a scheduler stopped since handed over (:meth:`reclaim_for`); at each
     sync it stops what was held too long unclaimed (:meth:`expire`); at its stop it journals what it
-    hands over (:meth:`record`). Everything else is the scheduler's thread.
+    hands over (:meth:`record`). Everything else is the scheduler's thread, but for
+    ``holding.claimed_pid``, which the status writer's thread reads.
 
     :param submissions: the executor's, keyed by Airflow's key: a hold adds a held workload's, an
         expiry removes it; read for the label and ids of what is recorded
@@ -409,6 +410,7 @@ class Handovers:
         )
 
     def close(self) -> None:
+        """The executor stopped: its journal is closed or handed on, and nothing is held or recorded."""
         self._place = None
 
     # At a launch, and at an end.

@@ -737,6 +737,7 @@ class AsyncLocalExecutor(BaseExecutor):
         if writer is not None:
             writer.remove()
         left = runtime.alive or runtime.failure is not None
+        self._handovers.close()
         launches, self._journal = self._journal, None
         if launches is not None:
             if not left and not handed_over:

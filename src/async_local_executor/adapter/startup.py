@@ -149,11 +149,6 @@ def prepare(
         fork_target=fork_target,
         learn_dir=learn_dir(directory, team),
     )
-    room = descriptors.make_room(parallelism or None)
-    if room.raised:
-        made = dataclasses.replace(made, workload_nofile=room.before)
-    if not room.enough:  # the table will fill: launches stop short of it, for the scheduler's own needs
-        made = dataclasses.replace(made, descriptor_reserve=descriptors.reserve(room.after))
     argv = intake.entry_argv(
         os.getpid(),
         config.workload_cpu_priority,
@@ -162,18 +157,30 @@ def prepare(
         handover_timeout=config.handover_timeout if config.hands_over else 0.0,
         custody_dir=str(custody_dir.path(directory)) if config.hands_over else "",
     )
+    title_prefix = f"airflow worker -- AsyncLocalExecutor{f' [{team}]' if team else ''}:"
+    task_log_folder = conf.get("logging", "base_log_folder", fallback="") or ""
+    server = execution_api_url(conf)
+    owner = adoption.owner_key(deployment, team)
+    bound = adoption.hold_bound(deployment)
+    timeout = client_timeout(deployment, os.environ)
+    # Last, once every option was read: the only step here that changes the process.
+    room = descriptors.make_room(parallelism or None)
+    if room.raised:
+        made = dataclasses.replace(made, workload_nofile=room.before)
+    if not room.enough:  # the table will fill: launches stop short of it, for the scheduler's own needs
+        made = dataclasses.replace(made, descriptor_reserve=descriptors.reserve(room.after))
     return Settings(
         config=config,
         state_dir=directory,
         plan=made,
         room=room,
         argv=argv,
-        title_prefix=f"airflow worker -- AsyncLocalExecutor{f' [{team}]' if team else ''}:",
-        task_log_folder=conf.get("logging", "base_log_folder", fallback="") or "",
-        server=execution_api_url(conf),
-        owner_key=adoption.owner_key(deployment, team),
-        hold_bound=adoption.hold_bound(deployment),
-        timeout=client_timeout(deployment, os.environ),
+        title_prefix=title_prefix,
+        task_log_folder=task_log_folder,
+        server=server,
+        owner_key=owner,
+        hold_bound=bound,
+        timeout=timeout,
     )
 
 
