@@ -117,30 +117,35 @@ def test_callbacks_and_connection_tests_report_running_first(executor: Recording
     assert not executor.queued_connection_tests
 
 
+# Far more than the two slots and the two prefetched: the rest wait in Airflow's queue, each launch path
+# dispatches them wave after wave (each a fresh interpreter on the plain path).
+QUEUED_AT_TWO = 100
+
+
 def test_parallelism_is_enforced_and_heartbeat_never_waits_for_children(
     start_executor: StartExecutor, gate: Path
 ) -> None:
     ex = start_executor(parallelism=2)  # prefetch_multiplier defaults to 1: 2 more accepted
-    items = [workloads.task(f"hold:{gate}", map_index=i) for i in range(500)]
+    items = [workloads.task(f"hold:{gate}", map_index=i) for i in range(QUEUED_AT_TWO)]
     queue(ex, *items)
     scheduler = Scheduler(ex)
     scheduler.loop_once()  # every child blocks until the gate goes: returning proves no wait
     assert len(ex.running) == 4  # two running, two waiting inside the executor for a slot
-    assert len(ex.queued_tasks) == 496
-    assert ex.slots_available == 2 + 2 - 4 - 496
+    assert len(ex.queued_tasks) == QUEUED_AT_TWO - 4
+    assert ex.slots_available == 2 + 2 - 4 - (QUEUED_AT_TWO - 4)
     scheduler.run_until(lambda: holding(gate) == 2)
     scheduler.loop_once()
     assert len(ex.running) == 4  # no room left: nothing more accepted while both run
     assert holding(gate) == 2  # the prefetched two wait for a slot, they do not start
     assert all(ex.has_task(w.ti) for w in items)  # type: ignore[arg-type]
     gate.unlink()
-    scheduler.run_until(lambda: len(scheduler.events) == 500, guard=BURST_GUARD)
+    scheduler.run_until(lambda: len(scheduler.events) == QUEUED_AT_TWO, guard=BURST_GUARD)
     ex.end()
     assert {state for state, _ in scheduler.events.values()} == {TaskInstanceState.SUCCESS}
     assert ex.running == set()
 
 
-# The default launch path only: the plain path's dispatch is covered by the 500-workload test above.
+# The default launch path only: the plain path's dispatch is covered by the test above.
 # 1,500 queued at parallelism 256 crosses every limit the stock executor's burst deadlock did (more
 # queued than slots and prefetch together, a full wave of slots exiting at once, waves after it) in a
 # third of the time 5,000 took; the benchmark suite's dispatch case k5000-p256 (--profile full) drives
