@@ -171,21 +171,20 @@ def summarize(
         entry = threads[kind(names[tid])]
         entry["cpu_s"] += end.cpu_s - start.cpu_s
         entry["runqueue_s"] += end.runqueue_s - start.runqueue_s
-    inclusive: dict[str, Counter[str]] = defaultdict(Counter)
-    for tid, _, frames, count in idle:
-        group = kind(names.get(tid, ""))
-        threads[group]["sampled_s"] += count / RATE
-        for function in dict.fromkeys(_function(f) for f in frames):
-            inclusive[group][function] += count
-    gil_by: dict[str, Counter[str]] = defaultdict(Counter)
-    for tid, _, frames, count in gil:
-        group = kind(names.get(tid, ""))
-        threads[group]["gil_s"] += count / RATE
-        for function in dict.fromkeys(_function(f) for f in frames):
-            gil_by[group][function] += count
+    # Per view: the seconds each kind of thread was sampled, and in which functions (inclusive).
+    tops: dict[str, dict[str, Counter[str]]] = {
+        "top_s": defaultdict(Counter),
+        "top_gil_s": defaultdict(Counter),
+    }
+    for rows, seconds, top in ((idle, "sampled_s", "top_s"), (gil, "gil_s", "top_gil_s")):
+        for tid, _, frames, count in rows:
+            group = kind(names.get(tid, ""))
+            threads[group][seconds] += count / RATE
+            for function in dict.fromkeys(_function(f) for f in frames):
+                tops[top][group][function] += count
     for group, entry in threads.items():
-        entry["top_s"] = {f: round(n / RATE, 2) for f, n in inclusive[group].most_common(TOP)}
-        entry["top_gil_s"] = {f: round(n / RATE, 2) for f, n in gil_by[group].most_common(TOP)}
+        for top, counted in tops.items():
+            entry[top] = {f: round(n / RATE, 2) for f, n in counted[group].most_common(TOP)}
         for key in ("sampled_s", "gil_s", "cpu_s", "runqueue_s"):
             entry[key] = round(entry[key], 2)
     # The samples span the profilers' lives, a fraction of a second beyond the block's ``wall_s``.
