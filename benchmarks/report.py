@@ -659,7 +659,8 @@ Scenarios:
   (`POST /api/v2/dags/{{dag_id}}/clearTaskInstances`, every map index, the run reset) three times, one
   interval apart, the first one interval after that first task instance started: each clear's
   dispatch burst meets the results of the tasks it killed coming back. Full size: 300 tasks of 30 s at
-  parallelism 256, clears at 15, 30 and 45 s; quick keeps the shape with 60 tasks of 12 s at 48 and
+  parallelism 256, clears at 15, 30 and 45 s, and a second case with 600 tasks at the same parallelism
+  (two waves waiting behind the running one at each clear); quick keeps the shape with 60 tasks of 12 s at 48 and
   6 s apart, smoke with 6 tasks of 4 s at 4 and 2 s apart. Then the run is awaited up to the case's
   timeout. Loop stalls are gaps in the scheduler job's `latest_heartbeat` (polled from the database
   at 2 Hz); a scheduler that has not heartbeated for `stall_abort` seconds (120 s at full size) is

@@ -95,8 +95,24 @@ SIZES = {
 }
 
 
+# Beyond the report's size, in the full profile: twice its tasks at the same parallelism, so each clear
+# meets two waves of waiting task instances as well as the running one.
+LARGER = {
+    "full": Size(
+        parallelism=256,
+        tasks=600,
+        sleep=30,
+        clears=3,
+        clear_interval=15,
+        api_workers=2,
+        max_tis_per_query=0,
+        timeout=1800,
+        stall_abort=120,
+    ),
+}
+
+
 def cases(profile: str) -> list[Case]:
-    s = SIZES[profile]
     return [
         Case(
             "burst",
@@ -105,6 +121,7 @@ def cases(profile: str) -> list[Case]:
             functools.partial(run, s),
             database=DATABASE,
         )
+        for s in (SIZES[profile], *([LARGER[profile]] if profile in LARGER else []))
     ]
 
 

@@ -37,12 +37,18 @@ def test_the_full_burst_is_the_upstream_report_s_scenario() -> None:
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_every_burst_size_keeps_the_shape(profile: str) -> None:
-    size = burst.SIZES[profile]
-    assert size.tasks > size.parallelism  # a second wave waits for slots
-    assert size.sleep >= 2 * size.clear_interval  # every clear finds tasks running
-    assert size.clears == 3
-    assert (size.api_workers, size.max_tis_per_query) == (2, 0)
-    assert size.stall_abort < size.timeout
+    for size in (burst.SIZES[profile], *([burst.LARGER[profile]] if profile in burst.LARGER else [])):
+        assert size.tasks > size.parallelism  # a second wave waits for slots
+        assert size.sleep >= 2 * size.clear_interval  # every clear finds tasks running
+        assert size.clears == 3
+        assert (size.api_workers, size.max_tis_per_query) == (2, 0)
+        assert size.stall_abort < size.timeout
+
+
+def test_the_full_profile_bursts_the_report_s_size_and_twice_its_tasks() -> None:
+    names = [case.name for case in burst.cases("full")]
+    assert names == ["300x30s-p256-3-clears", "600x30s-p256-3-clears"]
+    assert [case.name for case in burst.cases("quick")] == ["60x12s-p48-3-clears"]
 
 
 def test_ordinary_load_is_200_noop_tasks_at_parallelism_32_with_one_api_worker() -> None:
