@@ -37,7 +37,7 @@ from tests.adapter.driver import CustodyExecutor, Scheduler
 from tests.core.helpers import alive
 
 StartCustody = Callable[..., CustodyExecutor]
-# The issue's bound on a stop that hands its tasks over: seconds, not shutdown_timeout.
+# A stop that hands its tasks over takes seconds, not shutdown_timeout.
 END_BOUND = 5.0
 FINAL = (TaskInstanceState.SUCCESS, TaskInstanceState.FAILED)
 
@@ -117,6 +117,18 @@ def _handed_over(start: StartCustody, *gates: Path, tasks: list[ExecuteTask]) ->
     return first
 
 
+def _held_by_a_successor(
+    start: StartCustody, tmp_path: Path, name: str
+) -> tuple[ExecuteTask, Path, int, CustodyExecutor]:
+    """A task handed over by a stopped first executor, and the started second one that holds it.
+
+    :returns: the task, its gate, its stub's pid and the second executor
+    """
+    held, gate = _held_task(tmp_path, name)
+    _handed_over(start, gate, tasks=[held])
+    return held, gate, _stub_pid(gate), start()
+
+
 def _finals(executor: CustodyExecutor, key: object) -> list[Any]:
     """The final states ``executor`` gave ``key``."""
     return [state for changed, state, _, _ in executor.changes if changed == key and state in FINAL]
@@ -192,10 +204,7 @@ def test_a_stop_lets_running_tasks_go_and_the_next_executor_adopts_them_and_repo
 
 
 def test_an_adopted_task_revoked_is_stopped_without_an_event(start: StartCustody, tmp_path: Path) -> None:
-    held, gate = _held_task(tmp_path, "revoked")
-    _handed_over(start, gate, tasks=[held])
-    stub = _stub_pid(gate)
-    second = start()
+    held, gate, stub, second = _held_by_a_successor(start, tmp_path, "revoked")
     ti = workloads.Revoked(held.key)
     assert second.try_adopt_task_instances([ti]) == []  # type: ignore[list-item]
     second.until_reported(lambda: stub in second.adopted)  # its supervisor runs it, as a scheduler loop later
@@ -226,10 +235,7 @@ def _in_group(pgid: int) -> list[int]:
 def test_an_unclaimed_workload_that_ends_is_reported_only_once_its_task_instance_is_offered(
     start: StartCustody, tmp_path: Path
 ) -> None:
-    held, gate = _held_task(tmp_path, "early")
-    _handed_over(start, gate, tasks=[held])
-    stub = _stub_pid(gate)
-    second = start()
+    held, gate, stub, second = _held_by_a_successor(start, tmp_path, "early")
     scheduler = Scheduler(second)
     # At once: it may end before the loop has come to supervise it, and its recorded exit still counts.
     gate.unlink()
@@ -458,11 +464,8 @@ def test_a_held_workload_never_offered_is_stopped_without_an_event(
 ) -> None:
     # Airflow offers a dead scheduler's task instances within its orphan check's interval once the dead
     # job counts as stale; one never offered went to another scheduler, which reset it.
-    held, gate = _held_task(tmp_path, "never_offered")
-    _handed_over(start, gate, tasks=[held])
-    stub = _stub_pid(gate)
     monkeypatch.setattr(adoption, "hold_bound", lambda conf: 0.0)  # Airflow's bounds passed (300 s and more)
-    second = start()
+    held, gate, stub, second = _held_by_a_successor(start, tmp_path, "never_offered")
     assert [h.key for h in second._handovers.holding.waiting()] == [held.key]
     scheduler = Scheduler(second)
     scheduler.run_until(lambda: not alive(stub))
@@ -480,10 +483,7 @@ def test_a_held_workload_revoked_before_its_offer_is_stopped_and_its_offer_refus
     # The scheduler revokes a task instance it gave up on (queued past task_queued_timeout); held, its
     # workload is stopped and forgotten, so an offer of it later is refused and Airflow resets it instead
     # of waiting for an end that no submission would give.
-    held, gate = _held_task(tmp_path, "revoked_held")
-    _handed_over(start, gate, tasks=[held])
-    stub = _stub_pid(gate)
-    second = start()
+    held, gate, stub, second = _held_by_a_successor(start, tmp_path, "revoked_held")
     assert [h.key for h in second._handovers.holding.waiting()] == [held.key]
     second.revoke_task(ti=workloads.Revoked(held.key))  # type: ignore[arg-type]
     assert second._handovers.holding.waiting() == []
