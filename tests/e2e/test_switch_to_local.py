@@ -190,10 +190,13 @@ def test_switching_back_after_a_terminate_stop_runs_each_try_alone_and_leaves_no
 
     # The switch: [core] executor = LocalExecutor, the on_stop setting removed (handover is its default;
     # the sandbox changes variables, it does not unset them), the api-server restarted, the scheduler
-    # started.
+    # started once the api-server answers. Started before, it resets the task instances and LocalExecutor
+    # starts their second tries at once; a try whose task runner finds no api-server within its retries
+    # (about 30 s) fails, and with retries=1 so does its task instance.
     sandbox.reconfigure({**LOCAL, ON_STOP: "handover"})
     assert sandbox.signal_and_wait("api-server", signal.SIGTERM, timeout=60) == 0
     sandbox.restart("api-server")
+    poll("the restarted api-server to answer", lambda: sandbox.health() is not None, guard=120)
     offset = start_scheduler(sandbox)
     sandbox.wait_healthy()
     poll("every task's second try running", lambda: len(executions(tmp_path)) == 2 * TASKS)
