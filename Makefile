@@ -13,6 +13,10 @@ VENV210 ?= .venv-airflow210
 LOCK210 ?= constraints/airflow-2.10.5-py3.11.txt
 BIN210 := $(VENV210)/bin
 PYTEST_ARGS ?=
+# Where the environment sets PYTHONDONTWRITEBYTECODE, every pytest worker would rewrite the asserts of
+# every test module again (half of a worker's collection, about 4 s of CPU) and every Airflow process
+# would compile this package anew: the suite keeps its bytecode caches (__pycache__, git-ignored).
+unexport PYTHONDONTWRITEBYTECODE
 # Benchmarks: which executor variants to compare (each against stock) and where results go.
 BENCH_VARIANTS ?= stock,ours
 BENCH_ARGS ?=
@@ -125,7 +129,7 @@ test-core: install
 # tests/adapter, tests/packaging, tests/bench/test_cases.py and the chaos checker's. Real child
 # processes, fork servers and `airflow` CLI commands, but no api-server, scheduler or dag-processor.
 # Most of it waits on children, so UNIT_JOBS pytest-xdist workers share the 2 cores.
-UNIT_JOBS ?= 3
+UNIT_JOBS ?= 4
 test-unit: install
 	$(BIN)/python -m pytest -m 'not e2e' --numprocesses=$(UNIT_JOBS) --durations=10 $(PYTEST_ARGS)
 

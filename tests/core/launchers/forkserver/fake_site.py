@@ -10,6 +10,7 @@ them at its top. tests/core/launchers/forkserver/conftest.py makes one per test 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import textwrap
 from collections.abc import Callable
@@ -29,6 +30,9 @@ DIST = "fakepre-good"
 def distribution(site: Path, version: str) -> None:
     package = site / "fakepre_good"
     package.mkdir(exist_ok=True)
+    # pip's upgrade removes the old version's files, its bytecode with them: a cached .pyc of a source
+    # of the same size and second would otherwise still be imported as the old version.
+    shutil.rmtree(package / "__pycache__", ignore_errors=True)
     init = package / "__init__.py"
     init.write_text(f"VERSION = {version!r}\n")
     st = init.stat()
