@@ -14,7 +14,7 @@ LOCK210 ?= constraints/airflow-2.10.5-py3.11.txt
 BIN210 := $(VENV210)/bin
 PYTEST_ARGS ?=
 # Where the environment sets PYTHONDONTWRITEBYTECODE, every pytest worker would rewrite the asserts of
-# every test module again (half of a worker's collection, about 4 s of CPU) and every Airflow process
+# every test module again (half of a worker's collection, 4.7 s of CPU) and every Airflow process
 # would compile this package anew: the suite keeps its bytecode caches (__pycache__, git-ignored).
 unexport PYTHONDONTWRITEBYTECODE
 # Benchmarks: which executor variants to compare (each against stock) and where results go.
@@ -128,7 +128,7 @@ test-core: install
 # Every test that starts no Airflow deployment (not marked e2e), on Airflow 3.3: tests/core, tests/ops,
 # tests/adapter, tests/packaging, tests/bench/test_cases.py and the chaos checker's. Real child
 # processes, fork servers and `airflow` CLI commands, but no api-server, scheduler or dag-processor.
-# Most of it waits on children, so UNIT_JOBS pytest-xdist workers share the 2 cores.
+# Much of it waits on children, so UNIT_JOBS pytest-xdist workers share the 2 cores.
 UNIT_JOBS ?= 4
 test-unit: install
 	$(BIN)/python -m pytest -m 'not e2e' --numprocesses=$(UNIT_JOBS) --durations=10 $(PYTEST_ARGS)

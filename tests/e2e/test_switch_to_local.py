@@ -192,7 +192,7 @@ def test_switching_back_after_a_terminate_stop_runs_each_try_alone_and_leaves_no
     # the sandbox changes variables, it does not unset them), the api-server restarted, the scheduler
     # started once the api-server answers. Started before, it resets the task instances and LocalExecutor
     # starts their second tries at once; a try whose task runner finds no api-server within its retries
-    # (about 30 s) fails, and with retries=1 so does its task instance.
+    # (4 to 15 s with the defaults) fails, and with retries=1 so does its task instance.
     sandbox.reconfigure({**LOCAL, ON_STOP: "handover"})
     assert sandbox.signal_and_wait("api-server", signal.SIGTERM, timeout=60) == 0
     sandbox.restart("api-server")
