@@ -1,11 +1,11 @@
 from __future__ import annotations
 
 import os
-import tempfile
 
-# Airflow reads AIRFLOW_HOME when first imported: give this session a throwaway one (with its own
-# SQLite file) before any test module imports Airflow.
-os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="ale-adapter-"))
+from tests.airflow_home import use_throwaway_home
+
+# Before any test module imports Airflow, which reads AIRFLOW_HOME then (and its SQLite file there).
+use_throwaway_home("ale-adapter-")
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 # These tests' workloads are stubs that run no custody (core/custody.py), so a stop here terminates them
 # as on_stop = terminate does; the handover is tests/adapter/test_adoption_handover.py's and the end-to-end tests'.

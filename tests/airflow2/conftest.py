@@ -1,11 +1,11 @@
 from __future__ import annotations
 
 import os
-import tempfile
 
-# Airflow reads AIRFLOW_HOME when first imported: give this session a throwaway one before any test
-# module imports Airflow.
-os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="ale-airflow2-"))
+from tests.airflow_home import use_throwaway_home
+
+# Before any test module imports Airflow, which reads AIRFLOW_HOME then (and its SQLite file there).
+use_throwaway_home("ale-airflow2-")
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 
 
