@@ -10,6 +10,8 @@ import pytest
 from async_local_executor.core.launchers.forkserver import protocol
 from async_local_executor.core.launchers.forkserver.protocol import (
     KINDS,
+    Check,
+    Checked,
     Importing,
     Loaded,
     Message,
@@ -48,6 +50,9 @@ EVERY_KIND: list[Message] = [
     SpawnFailed(id=3, error="fork failed: Resource temporarily unavailable"),
     SpawnFailed(id=4, error="a thread started", unfit=True),
     Pong(id=9),
+    Check(id=11, modules=("airflow.sdk", "airflow.sdk.task")),
+    Checked(id=11, covered=("airflow.sdk",)),
+    Checked(id=12, covered=()),
 ]
 
 

@@ -146,7 +146,7 @@ class ForkServerLauncher:
         else:
             self._tg.start_soon(self._stop_when_idle, self._idle_timeout)
         if self._learning is not None:
-            self._tg.start_soon(self._learning.run, self._grow)
+            self._tg.start_soon(self._learning.run, self._grow, self._have)
         return self
 
     async def __aexit__(
@@ -326,6 +326,13 @@ class ForkServerLauncher:
             delay,
         )
         self._down = why
+
+    async def _have(self, modules: list[str]) -> tuple[str, ...]:
+        """Which of ``modules`` the serving helper has already (the first one may still be starting)."""
+        helper = await self._current() if self._idle_timeout is None else self._helper
+        if helper is None or not helper.alive:
+            return ()
+        return await helper.check(modules) or ()
 
     async def _grow(self, modules: list[str]) -> bool:
         """Start a helper trying ``modules``; ready, it replaces the current one (which served meanwhile)."""

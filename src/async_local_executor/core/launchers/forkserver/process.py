@@ -33,7 +33,7 @@ from async_local_executor.core.clock import SYSTEM, Clock
 from async_local_executor.core.errors import DescriptorsFull, LaunchError, launch_error
 from async_local_executor.core.launchers.base import HELPER_KEY, LaunchRequest, OutputSink, open_process
 from async_local_executor.core.launchers.forkserver import LOGGER, protocol
-from async_local_executor.core.launchers.forkserver.channel import Channel, ChannelClosed
+from async_local_executor.core.launchers.forkserver.channel import Channel, ChannelClosed, MessageTooLarge
 from async_local_executor.core.launchers.forkserver.child import ForkServerChild
 from async_local_executor.core.launchers.output import LineSplitter, drain_stream
 
@@ -89,6 +89,14 @@ class _Pending:
     full: bool = False  # refused because the helper's descriptor table was full
 
 
+@dataclass(eq=False)
+class _Question:
+    """A check the helper has not answered."""
+
+    answered: anyio.Event = field(default_factory=anyio.Event)  # or the helper is gone
+    covered: tuple[str, ...] | None = None
+
+
 def kernel_state(pid: int) -> str:
     """The process's state as the kernel reports it (psutil's names); ``"gone"`` when it does not exist."""
     try:
@@ -124,6 +132,7 @@ class HelperProcess:
         self._clock = clock
         self._ids = itertools.count()
         self._pending: dict[int, _Pending] = {}
+        self._questions: dict[int, _Question] = {}
         self._heard = 0  # messages received so far: the helper's progress
         self.pid = process.pid
         self.ready = False
@@ -244,6 +253,25 @@ class HelperProcess:
             raise LaunchError("the workload process ended before it could start")
         return await ForkServerChild.adopt(pid, control, read_fd, request, self._output, self._clock)
 
+    async def check(self, modules: Sequence[str]) -> tuple[str, ...] | None:
+        """Which of ``modules`` this helper already has (it imports nothing to answer); ``None``: no answer.
+
+        Asked before a helper that preloads them is started: one that would add nothing is not worth
+        seconds of CPU. A helper that cannot answer within ``ping_timeout`` is the watchdog's to judge.
+        """
+        question_id = next(self._ids)
+        question = self._questions[question_id] = _Question()
+        try:
+            with self._clock.move_on_after(self._ping_timeout):
+                message = self._channel.frame(protocol.Check(id=question_id, modules=tuple(modules)))
+                await self._channel.send(message, [], unless=self.retired)
+                await question.answered.wait()
+        except (ChannelClosed, MessageTooLarge):
+            return None
+        finally:
+            self._questions.pop(question_id, None)
+        return question.covered
+
     async def _child_pid(self, control: socket.socket, spawn: _Pending) -> int | None:
         """The pid the child reports on its control socket; ``None`` when the socket closed without one."""
         received = b""
@@ -288,6 +316,11 @@ class HelperProcess:
 
     def _dispatch(self, message: protocol.Message) -> None:
         self._heard += 1
+        if isinstance(message, protocol.Checked):
+            if (question := self._questions.get(message.id)) is not None:
+                question.covered = message.covered
+                question.answered.set()
+            return
         if not isinstance(message, protocol.SpawnFailed):
             return  # a pong: progress is all it says
         spawn = self._pending.get(message.id)
@@ -300,6 +333,8 @@ class HelperProcess:
     def _abandon(self) -> None:
         for spawn in self._pending.values():
             spawn.resolved.set()
+        for question in self._questions.values():
+            question.answered.set()
 
     async def _watch(self) -> None:
         """Retire a helper that makes no progress for ``ping_timeout`` seconds, counted in ticks.

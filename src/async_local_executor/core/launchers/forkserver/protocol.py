@@ -11,7 +11,9 @@ loop -> helper:
   sent only to a helper started with ``--learned``;
 - :class:`Spawn` (``spawn``): fork one workload; carries two descriptors, the write end of the child's
   output pipe and the child's control socket;
-- :class:`Ping` (``ping``): show progress.
+- :class:`Ping` (``ping``): show progress;
+- :class:`Check` (``check``): which of these names it already has, imported or defined by a module it
+  imported (answered without importing anything).
 
 helper -> loop:
 
@@ -22,7 +24,8 @@ helper -> loop:
   learned module was refused for good) and exits; ``blame`` names the learned module at fault;
 - :class:`SpawnFailed` (``spawn_failed``): a spawn it did not start, with ``unfit`` set when a thread
   has started since its start: it forks nothing more;
-- :class:`Pong` (``pong``): the answer to a ping.
+- :class:`Pong` (``pong``): the answer to a ping;
+- :class:`Checked` (``checked``): the answer to a check.
 
 A forked child says its pid on its own control socket (``"<pid>\\n"``); the loop then sends it
 :data:`GO` and its payload there, and closes the socket. EOF before :data:`GO`: the child exits and runs
@@ -71,6 +74,13 @@ class Spawn:
 class Ping:
     op: ClassVar[str] = "ping"
     id: int
+
+
+@dataclass(frozen=True)
+class Check:
+    op: ClassVar[str] = "check"
+    id: int
+    modules: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -137,12 +147,19 @@ class Pong:
     id: int
 
 
-ToHelper = Plan | Spawn | Ping
-ToLoop = Importing | Ready | Unfit | SpawnFailed | Pong
+@dataclass(frozen=True)
+class Checked:
+    op: ClassVar[str] = "checked"
+    id: int
+    covered: tuple[str, ...]  # those of the check's names it has: preloading them would add nothing
+
+
+ToHelper = Plan | Spawn | Ping | Check
+ToLoop = Importing | Ready | Unfit | SpawnFailed | Pong | Checked
 Message = ToHelper | ToLoop
 
 KINDS: dict[str, type[Message]] = {
-    kind.op: kind for kind in (Plan, Spawn, Ping, Importing, Ready, Unfit, SpawnFailed, Pong)
+    kind.op: kind for kind in (Plan, Spawn, Ping, Check, Importing, Ready, Unfit, SpawnFailed, Pong, Checked)
 }
 _FIELDS: dict[type[Any], dict[str, Any]] = {kind: typing.get_type_hints(kind) for kind in KINDS.values()}
 

@@ -11,6 +11,7 @@ fork server run on uvloop alone (``one_loop``).
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 
 import anyio
@@ -73,6 +74,44 @@ async def test_what_a_dag_file_imports_is_preloaded_and_unsafe_modules_are_refus
     assert (row["distribution"], row["version"]) == (DIST, "1.0")
     # Kept for a restart: the next scheduler tries the preloaded set at once.
     assert Learned(str(world["learn"])).pending == {"fakepre_good": None}
+
+
+@pytest.mark.asyncio
+@pytest.mark.one_loop
+async def test_names_the_serving_helper_has_already_start_no_helper(world: dict[str, Path]) -> None:
+    # What a DAG file imports is mostly what every helper imported with its target (the task SDK):
+    # asked first, the serving helper names those, and no helper is started for them.
+    (world["dags"] / "sdk_only.py").write_text(
+        "import tests.core.launchers.forkserver.targets\n"
+        "from tests.core.launchers.forkserver.targets import python_c\n"
+    )
+    recorder = Recorder()
+    launcher, learning = learning_server(recorder, world)
+    covered = anyio.Event()
+    cover = learning.learned.cover
+
+    def spy(names: Iterable[str]) -> bool:
+        names = list(names)
+        wanted = cover(names)
+        if names:
+            covered.set()
+        return wanted
+
+    learning.learned.cover = spy  # type: ignore[method-assign]
+    async with serving(recorder, launcher) as supervisor:
+        supervisor.submit(LaunchRequest("sdk", py(PROBE), source=str(world["dags"] / "sdk_only.py")))
+        with anyio.fail_after(GUARD):
+            await covered.wait()
+        assert learning.learned.pending == {}
+        assert launcher.helpers_started == 1
+        supervisor.submit(LaunchRequest("first", py(PROBE), source=str(world["dag"])))
+        await until(learning, lambda: "fakepre_good" in preloaded(learning))
+        supervisor.submit(LaunchRequest("second", py(PROBE)))
+        await recorder.until(lambda: len(recorder.outcomes) == 3)
+    assert all(o.ok for o in recorder.outcomes), recorder.outcomes
+    assert launcher.helpers_started == 2  # the first, and the one that preloads what was new
+    assert had(recorder, "second") == ["fakepre_good"]
+    assert learning.learned.generation == 1
 
 
 @pytest.mark.asyncio
@@ -181,10 +220,13 @@ async def test_the_learning_scans_when_its_clock_says_so(
     async def grow(modules: list[str]) -> bool:
         raise AssertionError("nothing was learned: no helper is wanted")
 
+    async def have(modules: list[str]) -> list[str]:
+        raise AssertionError("nothing was learned: no helper is asked")
+
     learning = Learning(learned, interval=60.0, clock=clock)
     start = clock.monotonic()
     async with anyio.create_task_group() as tg:
-        tg.start_soon(learning.run, grow)
+        tg.start_soon(learning.run, grow, have)
         await clock.sleepers(1)  # the scan period, parked on the fake clock
         clock.advance(HOUR - 1)
         await anyio.wait_all_tasks_blocked()

@@ -21,6 +21,7 @@ Only the standard library is imported: the helper imports this module and must s
 from __future__ import annotations
 
 import importlib
+import importlib.abc
 import os
 import sys
 import types
@@ -137,10 +138,36 @@ def _is_attribute(name: str) -> bool:
     owner = sys.modules.get(parent) if parent else None
     if owner is None:
         return False
-    with warnings.catch_warnings():  # a deprecated name warns when it is looked up, as if it were used
-        warnings.simplefilter("ignore")
-        value = getattr(owner, last, None)
+    try:
+        with warnings.catch_warnings():  # a deprecated name warns when it is looked up, as if it were used
+            warnings.simplefilter("ignore")
+            value = getattr(owner, last, None)
+    except Exception:  # noqa: BLE001 - a lazy export whose import fails: not here
+        return False
     return value is not None and not isinstance(value, types.ModuleType)
+
+
+class _NoImports(importlib.abc.MetaPathFinder):
+    """First on ``sys.meta_path``: every import of a module not imported yet fails, before it runs."""
+
+    def find_spec(self, fullname: str, path: object, target: object = None) -> None:
+        raise ImportError(f"{fullname} is not imported, and a serving fork server imports nothing")
+
+
+def already_here(names: Sequence[str]) -> list[str]:
+    """Which of ``names`` a serving helper has: imported, or defined by a module it imported.
+
+    A name a module exports lazily (through its ``__getattr__``, as the task SDK does) counts when what
+    it needs is imported already: imports are refused meanwhile, since one here would escape the
+    checks :func:`preload_learned` makes. One that would import counts as missing: a helper that
+    preloads it is worth starting.
+    """
+    refuse = _NoImports()
+    sys.meta_path.insert(0, refuse)
+    try:
+        return [name for name in names if name in sys.modules or _is_attribute(name)]
+    finally:
+        sys.meta_path.remove(refuse)
 
 
 def preload_learned(

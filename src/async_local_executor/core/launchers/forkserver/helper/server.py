@@ -30,6 +30,7 @@ from collections.abc import Callable
 from async_local_executor.core.launchers.forkserver import protocol
 from async_local_executor.core.launchers.forkserver.helper.clone import fork_sibling
 from async_local_executor.core.launchers.forkserver.helper.hygiene import reseed_inherited
+from async_local_executor.core.launchers.forkserver.helper.preload import already_here
 from async_local_executor.core.launchers.forkserver.helper.threads import ThreadCensus
 from async_local_executor.core.launchers.forkserver.protocol import GO, MAX_MESSAGE, decode, encode
 from async_local_executor.core.lifeline import EXIT_ORPHANED, die_with_parent
@@ -48,7 +49,7 @@ Target = Callable[[list[str], bytes], int]
 
 
 class Helper:
-    """Serves one channel: a spawn forks a child, a ping is answered; never blocked on a send.
+    """Serves one channel: a spawn forks a child, a ping or a check is answered; never blocked on a send.
 
     :param learned: what it made of the learned modules, reported with ``ready``
     """
@@ -103,6 +104,9 @@ class Helper:
                     os.close(fd)
                 if isinstance(message, protocol.Ping):
                     self._send(protocol.Pong(id=message.id))
+                elif isinstance(message, protocol.Check):
+                    covered = tuple(already_here(message.modules))
+                    self._send(protocol.Checked(id=message.id, covered=covered))
 
     def _spawn(self, message: protocol.Spawn, fds: list[int], *, truncated: bool = False) -> None:
         request_id = message.id

@@ -190,6 +190,13 @@ class Learned:
             parts.append("refused " + _few([f"{m} ({self.refused[m]})" for m in newly_refused]))
         return "; ".join(parts)
 
+    def cover(self, names: Iterable[str]) -> bool:
+        """``names`` are in the serving helper already: not worth a helper. True when one is still wanted."""
+        for name in names:
+            self._covered.add(name)
+            self.pending.pop(name, None)
+        return self.wanted
+
     def refuse(self, module: str, reason: str, now: float = 0.0) -> None:
         """A helper could not take ``module`` (it started a thread, crashed or hung while importing it)."""
         self._refused(module, reason, now)

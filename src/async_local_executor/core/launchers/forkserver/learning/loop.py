@@ -1,8 +1,10 @@
 """The fork server's learning loop: when what workloads import has grown, a new helper preloads it.
 
 Scans (in a worker thread: they read files) run every few seconds, and at once when a workload names a
-file not seen before. A new helper is started when there are names no helper has tried yet or a
-preloaded module's file changed (an upgrade), at most once per ``interval``; the first one as soon as
+file not seen before. A new helper is started when there are names no helper has tried yet that the
+serving helper does not have already (it is asked first: most of a DAG file's imports are the task
+SDK's, which every helper imports), or a preloaded module's file changed (an upgrade), at most once
+per ``interval``; the first one as soon as
 there is something to try, so a burst of tasks from a new DAG benefits within seconds. Starting it is
 the launcher's (:meth:`ForkServerLauncher._grow`): the old helper keeps serving until the new one is
 ready, then takes no new launch and exits, costing no running workload.
@@ -29,6 +31,8 @@ SCAN_EVERY = 5.0
 RETRY_AFTER_REFUSAL = 5.0
 
 Grow = Callable[[list[str]], Awaitable[bool]]
+# Which of these names the serving helper has already (nothing when it cannot tell).
+Have = Callable[[list[str]], Awaitable[Sequence[str]]]
 
 
 class Learning:
@@ -99,15 +103,21 @@ class Learning:
         self._updated.set()
         self._updated = anyio.Event()
 
-    async def run(self, grow: Grow) -> None:
+    async def run(self, grow: Grow, have: Have) -> None:
         """Learn until cancelled; a failure here stops the learning alone, never the launcher."""
         try:
-            await self._learn(grow)
+            await self._learn(grow, have)
         except Exception:  # preloading is a speed-up: the helper serving now goes on
             log.exception("fork server: learning what tasks import stopped; what is preloaded now stays")
             self.stopped.set()
 
-    async def _learn(self, grow: Grow) -> None:
+    async def _wanted(self, have: Have) -> bool:
+        """Whether a new helper would add anything: names the serving one already has are not new."""
+        if self.learned.pending:
+            return self.learned.cover(await have(list(self.learned.pending)))
+        return self.learned.wanted
+
+    async def _learn(self, grow: Grow, have: Have) -> None:
         last: float | None = None
         pause = self.interval
         if (discover := self._discover) is not None:
@@ -122,11 +132,13 @@ class Learning:
             wanted = self.learned.apply(found) | self.learned.retry_due(self._clock.monotonic())
             if found.more:  # the rest of a large DAGs folder: read next, a slice at a time
                 self._wake.set()
-            if not wanted:
+            if not (wanted and await self._wanted(have)):
                 continue
             if last is not None and (wait := last + pause - self._clock.monotonic()) > 0:
                 await self._clock.sleep(wait)
                 self.learned.apply(await anyio.to_thread.run_sync(self.learned.scan))
+                if not await self._wanted(have):
+                    continue
             last = self._clock.monotonic()
             refused = len(self.learned.refused)
             took = await grow(self.learned.plan())
