@@ -3,8 +3,9 @@
 The same fingerprint DAG and tests as tests/e2e/test_fingerprint.py (written once in
 tests/e2e/fingerprint.py), under the stock 2.x LocalExecutor, this executor with ``launcher =
 subprocess``, and its defaults (the fork server with learned preloading, decided on the DAG file's
-libraries before the run; ``preload_interval`` 5 s). A real scheduler on PostgreSQL; each task is
-``airflow tasks run --local``, whose raw task process records what it observes.
+libraries before the run; ``preload_interval`` 5 s). One deployment whose real scheduler, on
+PostgreSQL, is restarted with each executor; each task is ``airflow tasks run --local``, whose raw
+task process records what it observes.
 """
 
 from __future__ import annotations

@@ -6,14 +6,14 @@ under the stock LocalExecutor in every item, except the deliberate differences l
 docs/design.md ("What a task observes"), which :data:`DELIBERATE` names with the reason given there.
 
 The tests are written once, here: a test module imports them and supplies a ``runs`` fixture (the
-summary of each of :data:`VARIANT_NAMES`' runs, from :func:`observe`).
+summary of each of :data:`VARIANT_NAMES`' runs, from :func:`observe_all`).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Mapping
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -57,32 +57,25 @@ SCHEDULER_SIGNALS = frozenset({"1", "3"})
 LEARNED = frozenset({"pandas", "numpy", "more_itertools"})
 
 
-def observe(
-    kind: type[AirflowSandbox], executor: str, config: Mapping[str, str], dags: Path, *, learns: bool
-) -> dict[str, Any]:
-    """Run the fingerprint DAG once on a fresh deployment; the run's summary.
+def observe(sandbox: AirflowSandbox, *, learns: bool) -> dict[str, Any]:
+    """Run the fingerprint DAG once; the run's summary.
 
     :param learns: the executor learns what to preload: the run waits until it decided on each of
         :data:`LEARNED` (preloaded, under ``"preloaded"`` in the summary, or refused)
     """
-    dags.mkdir(parents=True, exist_ok=True)
-    shutil.copy(DAG_FILE, dags / DAG_FILE.name)
-    config = {**config, "ALE_FINGERPRINT_TASKS": str(TASKS)}
-    with kind(executor=executor, dags_folder=dags, parallelism=TASKS, extra_config=config) as sandbox:
-        sandbox.wait_for_dag(DAG_ID, timeout=300)
-        if learns:
+    if learns:
 
-            def decided() -> bool:
-                refused = {r["module"] for r in preload(sandbox).get("refused", [])}
-                return preloaded(sandbox) | refused >= LEARNED
+        def decided() -> bool:
+            refused = {r["module"] for r in preload(sandbox).get("refused", [])}
+            return preloaded(sandbox) | refused >= LEARNED
 
-            poll("the DAG file's libraries to be decided on", decided)
-        run_id = sandbox.trigger(DAG_ID)
-        assert sandbox.wait_for_run(DAG_ID, run_id, timeout=600) == "success"
-        observed = [sandbox.xcom(DAG_ID, run_id, TASK_ID, map_index=i) for i in range(TASKS)]
-        result = summary(observed)
-        result["preloaded"] = sorted(preloaded(sandbox))
-        result["refused"] = {r["module"]: r["reason"] for r in preload(sandbox).get("refused", [])}
+        poll("the DAG file's libraries to be decided on", decided)
+    run_id = sandbox.trigger(DAG_ID)
+    assert sandbox.wait_for_run(DAG_ID, run_id, timeout=600) == "success"
+    observed = [sandbox.xcom(DAG_ID, run_id, TASK_ID, map_index=i) for i in range(TASKS)]
+    result = summary(observed)
+    result["preloaded"] = sorted(preloaded(sandbox))
+    result["refused"] = {r["module"]: r["reason"] for r in preload(sandbox).get("refused", [])}
     return result
 
 
@@ -135,29 +128,45 @@ def descriptor_kinds(summary: dict[str, Any]) -> set[str]:
     return {kind for value in summary["fds"] for kind in json.loads(value)}
 
 
-# The runs a test module's ``runs`` fixture makes (:func:`observe_all`): stock, this executor with a
-# fresh interpreter per task, and its defaults (the fork server with learned preloading; 5 s between
-# two fork servers instead of 60 s, so that its decisions come sooner). Executor, then configuration.
+# The runs a test module's ``runs`` fixture makes (:func:`observe_all`), in this order: stock, this
+# executor's defaults (the fork server with learned preloading; 5 s between two fork servers instead
+# of 60 s, so that its decisions come sooner), and this executor with a fresh interpreter per task.
+# Executor, then configuration; each variant's options only add to those before it (the deployment's
+# environment keeps them), and the preload interval means nothing to the subprocess launcher.
 EXECUTOR = "async_local_executor.AsyncLocalExecutor"
 VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
     "stock": ("LocalExecutor", {}),
-    "subprocess": (EXECUTOR, {"AIRFLOW__ASYNC_LOCAL_EXECUTOR__LAUNCHER": "subprocess"}),
     "defaults": (EXECUTOR, {"AIRFLOW__ASYNC_LOCAL_EXECUTOR__PRELOAD_INTERVAL": "5"}),
+    "subprocess": (EXECUTOR, {"AIRFLOW__ASYNC_LOCAL_EXECUTOR__LAUNCHER": "subprocess"}),
 }
+# How long a stopped scheduler may take to exit between two runs (it runs no task by then).
+STOP_WAIT = 60.0
 VARIANT_NAMES = tuple(VARIANTS)
 Runs = dict[str, dict[str, Any]]
 
 
 def observe_all(kind: type[AirflowSandbox], folders: pytest.TempPathFactory) -> Runs:
-    """One run of each of :data:`VARIANTS`, on fresh deployments of ``kind``, one after another.
+    """One run of each of :data:`VARIANTS`, in order, on one deployment of ``kind``.
 
-    Side by side they take less time, but under load the stock executor's own tasks then fail (its task
-    processes time out on the api-server), and a fingerprint must compare runs that succeeded.
+    Between two runs the scheduler is stopped and started again with the next variant's executor and
+    options, as an operator switching executors does; the tasks' processes are the scheduler's, so
+    each run observes its own executor. One after another, not side by side: under load the stock
+    executor's own tasks fail (its task processes time out on the api-server), and a fingerprint must
+    compare runs that succeeded.
     """
-    return {
-        name: observe(kind, executor, config, folders.mktemp(name), learns=name == "defaults")
-        for name, (executor, config) in VARIANTS.items()
-    }
+    dags = folders.mktemp("fingerprint")
+    shutil.copy(DAG_FILE, dags / DAG_FILE.name)
+    (first, (executor, config)), *rest = VARIANTS.items()
+    config = {**config, "ALE_FINGERPRINT_TASKS": str(TASKS)}
+    with kind(executor=executor, dags_folder=dags, parallelism=TASKS, extra_config=config) as sandbox:
+        sandbox.wait_for_dag(DAG_ID, timeout=300)
+        runs = {first: observe(sandbox, learns=False)}
+        for name, (executor, config) in rest:
+            sandbox.signal_and_wait("scheduler", signal.SIGTERM, STOP_WAIT)
+            sandbox.reconfigure({"AIRFLOW__CORE__EXECUTOR": executor, **config})
+            sandbox.restart("scheduler")
+            runs[name] = observe(sandbox, learns=name == "defaults")
+    return runs
 
 
 @pytest.mark.parametrize("variant", VARIANT_NAMES)

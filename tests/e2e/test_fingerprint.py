@@ -4,8 +4,9 @@ The fingerprint DAG's tasks record their own process (tests/e2e/fingerprint.py s
 tests, and says how runs are compared) under the stock LocalExecutor, under this executor with
 ``launcher = subprocess`` (a fresh interpreter per task), and under the defaults: the fork server with
 learned preloading, which has decided on the DAG file's pandas, numpy and more_itertools before the run
-(``preload_interval`` is 5 s instead of 60 s, so that the decisions come sooner). Real api-server,
-scheduler and dag-processor on SQLite; nothing is mocked.
+(``preload_interval`` is 5 s instead of 60 s, so that the decisions come sooner). One deployment whose
+scheduler is restarted with each executor: real api-server, scheduler and dag-processor on SQLite;
+nothing is mocked.
 """
 
 from __future__ import annotations
