@@ -34,7 +34,7 @@ def distribution(site: Path, version: str) -> None:
     # of the same size and second would otherwise still be imported as the old version.
     shutil.rmtree(package / "__pycache__", ignore_errors=True)
     init = package / "__init__.py"
-    init.write_text(f"VERSION = {version!r}\n")
+    init.write_text(f"import fakepre_dep\nVERSION = {version!r}\n")
     st = init.stat()
     os.utime(init, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # an upgrade is a new file
     for old in site.glob("fakepre_good-*.dist-info"):
@@ -45,7 +45,7 @@ def distribution(site: Path, version: str) -> None:
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {DIST}\nVersion: {version}\n")
     (info / "top_level.txt").write_text(
-        "fakepre_good\nfakepre_thread\nfakepre_broken\nfakepre_late\nfakepre_rng\nfakepre_seeds\n"
+        "fakepre_good\nfakepre_dep\nfakepre_thread\nfakepre_broken\nfakepre_late\nfakepre_rng\nfakepre_seeds\n"
         "fakepre_env\nfakepre_log\nfakepre_patch\nfakepre_warns\n"
     )
     (info / "RECORD").write_text("")
@@ -60,6 +60,7 @@ def world(tmp_path: Path) -> dict[str, Path]:
     (site / "fakepre_thread.py").write_text(
         "import threading, time\nthreading.Thread(target=time.sleep, args=(3600,), daemon=True, name='phone-home').start()\n"
     )
+    (site / "fakepre_dep.py").write_text("DEPENDENCY = True\n")  # what fakepre_good imports
     (site / "fakepre_broken.py").write_text("raise RuntimeError('this library is broken')\n")
     # As more_itertools.recipes does: a generator of its own, seeded from the OS at import.
     (site / "fakepre_rng.py").write_text("import random\n_randrange = random.Random().randrange\n")

@@ -49,7 +49,7 @@ from async_local_executor.core.launchers.forkserver.process import (
     LearnedModuleFailed,
     start_helper,
 )
-from async_local_executor.core.launchers.forkserver.protocol import BUFFER, PreloadReport
+from async_local_executor.core.launchers.forkserver.protocol import BUFFER, Checked, PreloadReport
 from async_local_executor.core.launchers.output import discard
 
 __all__ = ["RESTART_DELAY_MAX", "ForkServerLauncher"]
@@ -327,12 +327,14 @@ class ForkServerLauncher:
         )
         self._down = why
 
-    async def _have(self, modules: list[str]) -> tuple[str, ...]:
-        """Which of ``modules`` the serving helper has already (the first one may still be starting)."""
+    async def _have(self, modules: list[str]) -> Checked | None:
+        """What the serving helper says of ``modules`` (the first one may still be starting)."""
+        if self._closing:
+            return None
         helper = await self._current() if self._idle_timeout is None else self._helper
         if helper is None or not helper.alive:
-            return ()
-        return await helper.check(modules) or ()
+            return None
+        return await helper.check(modules)
 
     async def _grow(self, modules: list[str]) -> bool:
         """Start a helper trying ``modules``; ready, it replaces the current one (which served meanwhile)."""

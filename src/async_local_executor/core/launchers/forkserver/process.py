@@ -94,7 +94,7 @@ class _Question:
     """A check the helper has not answered."""
 
     answered: anyio.Event = field(default_factory=anyio.Event)  # or the helper is gone
-    covered: tuple[str, ...] | None = None
+    answer: protocol.Checked | None = None
 
 
 def kernel_state(pid: int) -> str:
@@ -253,8 +253,9 @@ class HelperProcess:
             raise LaunchError("the workload process ended before it could start")
         return await ForkServerChild.adopt(pid, control, read_fd, request, self._output, self._clock)
 
-    async def check(self, modules: Sequence[str]) -> tuple[str, ...] | None:
-        """Which of ``modules`` this helper already has (it imports nothing to answer); ``None``: no answer.
+    async def check(self, modules: Sequence[str]) -> protocol.Checked | None:
+        """Which of ``modules`` this helper has already, and which no helper would preload; ``None``: no
+        answer (it imports nothing to answer).
 
         Asked before a helper that preloads them is started: one that would add nothing is not worth
         seconds of CPU. A helper that cannot answer within ``ping_timeout`` is the watchdog's to judge.
@@ -270,7 +271,7 @@ class HelperProcess:
             return None
         finally:
             self._questions.pop(question_id, None)
-        return question.covered
+        return question.answer
 
     async def _child_pid(self, control: socket.socket, spawn: _Pending) -> int | None:
         """The pid the child reports on its control socket; ``None`` when the socket closed without one."""
@@ -318,7 +319,7 @@ class HelperProcess:
         self._heard += 1
         if isinstance(message, protocol.Checked):
             if (question := self._questions.get(message.id)) is not None:
-                question.covered = message.covered
+                question.answer = message
                 question.answered.set()
             return
         if not isinstance(message, protocol.SpawnFailed):

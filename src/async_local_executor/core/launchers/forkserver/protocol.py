@@ -12,8 +12,9 @@ loop -> helper:
 - :class:`Spawn` (``spawn``): fork one workload; carries two descriptors, the write end of the child's
   output pipe and the child's control socket;
 - :class:`Ping` (``ping``): show progress;
-- :class:`Check` (``check``): which of these names it already has, imported or defined by a module it
-  imported (answered without importing anything).
+- :class:`Check` (``check``): which of these names it already has (imported before any learned module,
+  or defined by such a module) and which no helper would ever preload; answered without importing
+  anything.
 
 helper -> loop:
 
@@ -152,6 +153,7 @@ class Checked:
     op: ClassVar[str] = "checked"
     id: int
     covered: tuple[str, ...]  # those of the check's names it has: preloading them would add nothing
+    refused: tuple[Refused, ...] = ()  # those no helper would ever preload, and why (not installed, ...)
 
 
 ToHelper = Plan | Spawn | Ping | Check

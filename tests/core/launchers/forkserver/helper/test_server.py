@@ -1,5 +1,5 @@
 """The helper's server loop (``helper/server.py``), driven directly: its channel never blocks it, and a
-check is answered without running module code."""
+check is answered by a child of its own, importing nothing."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import importlib
 import os
 import socket
 import sys
+import threading
 import types
 from pathlib import Path
 
@@ -17,10 +18,12 @@ from async_local_executor.core.launchers.forkserver.protocol import (
     Check,
     Checked,
     Pong,
+    Ready,
     decode,
     encode,
     size_buffers,
 )
+from tests.core.helpers import GUARD
 
 
 def test_the_helper_never_blocks_on_a_full_channel() -> None:
@@ -50,12 +53,13 @@ def test_the_helper_never_blocks_on_a_full_channel() -> None:
     helper_end.close()
 
 
-def test_a_check_names_what_the_helper_has_and_imports_nothing_to_answer(
+def test_a_check_is_answered_by_a_child_that_imports_nothing_and_leaves_the_helper_as_it_was(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    # The task SDK exports ``dag`` and ``task`` lazily: its __getattr__ imports where they are defined.
-    # Where that is imported already, the name is here; where it is not, the import is refused and
-    # the name counts as missing: a serving helper imports nothing.
+    # The task SDK exports ``dag`` and ``task`` lazily: its __getattr__ imports where they are defined
+    # and caches them. Where that is imported already, the name is had; where it is not, the import
+    # is refused and the name is not. Either way the lookup runs in a child: the helper's own module
+    # is as it was. What is neither had nor of an installed distribution is refused for good.
     (tmp_path / "lazy_target.py").write_text(
         f"open({str(tmp_path / 'imported')!r}, 'w').close()\nTHING = 1\n"
     )
@@ -66,21 +70,42 @@ def test_a_check_names_what_the_helper_has_and_imports_nothing_to_answer(
 
     def export(name: str) -> object:
         module, attr = lazy[name]
-        return getattr(importlib.import_module(module), attr)
+        value = getattr(importlib.import_module(module), attr)
+        setattr(package, name, value)  # as the task SDK caches what it looked up
+        return value
 
     package.__getattr__ = export  # type: ignore[method-assign]
     monkeypatch.setitem(sys.modules, "lazy_pkg", package)
+    base = frozenset(sys.modules)
+    # Imported after the helper's start, as a learned module's own imports are: watched as preloaded,
+    # so never counted as had.
+    monkeypatch.setitem(sys.modules, "late_mod", types.ModuleType("late_mod"))
+    assert "pip" not in sys.modules  # installed, not imported: a helper may preload it
     loop_end, helper_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    helper_end.setblocking(False)
-    helper = Helper(helper_end, target=lambda argv, stdin: 0, parent_pid=os.getpid())
-    names = ("lazy_pkg", "lazy_pkg.defined", "lazy_pkg.cheap", "lazy_pkg.costly", "no_such_pkg.thing")
+    loop_end.settimeout(GUARD)
+    helper = Helper(helper_end, target=lambda argv, stdin: 0, parent_pid=os.getpid(), base=base)
+    serving = threading.Thread(target=helper.serve, daemon=True)
+    serving.start()
+    assert isinstance(decode(loop_end.recv(1 << 20)), Ready)
+    names = (
+        "lazy_pkg",
+        "lazy_pkg.defined",
+        "lazy_pkg.cheap",
+        "lazy_pkg.costly",
+        "late_mod",
+        "no_such_pkg.thing",
+        "pip",
+    )
     loop_end.send(encode(Check(id=5, modules=names)))
-    assert helper._receive()
-    covered = ("lazy_pkg", "lazy_pkg.defined", "lazy_pkg.cheap")
-    assert decode(loop_end.recv(1 << 20)) == Checked(id=5, covered=covered)
-    assert "lazy_target" not in sys.modules
-    assert not (tmp_path / "imported").exists()
-    assert importlib.import_module("lazy_target").THING == 1  # importable: refused only while checking
-    monkeypatch.delitem(sys.modules, "lazy_target")
+    answer = decode(loop_end.recv(1 << 20))
     loop_end.close()
+    serving.join(GUARD)
     helper_end.close()
+    assert isinstance(answer, Checked)
+    assert (answer.id, answer.covered) == (5, ("lazy_pkg", "lazy_pkg.defined", "lazy_pkg.cheap"))
+    assert {r.module for r in answer.refused} == {"lazy_pkg.costly", "late_mod", "no_such_pkg.thing"}
+    assert all(r.reason.startswith("not a module of an installed distribution") for r in answer.refused)
+    assert "cheap" not in vars(package)  # looked up in the child only
+    assert "lazy_target" not in sys.modules
+    assert not (tmp_path / "imported").exists()  # refused, not imported, even in the child
+    assert not serving.is_alive()

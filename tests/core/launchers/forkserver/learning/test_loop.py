@@ -11,7 +11,6 @@ fork server run on uvloop alone (``one_loop``).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
 from pathlib import Path
 
 import anyio
@@ -21,6 +20,7 @@ from async_local_executor.core.launchers.base import LaunchRequest
 from async_local_executor.core.launchers.forkserver.learning import loop
 from async_local_executor.core.launchers.forkserver.learning.learned import Learned, Scan
 from async_local_executor.core.launchers.forkserver.learning.loop import Learning
+from async_local_executor.core.launchers.forkserver.protocol import Checked
 from tests.core.helpers import GUARD, FakeClock, Recorder, py
 from tests.core.launchers.forkserver.fake_site import (
     DIST,
@@ -78,31 +78,33 @@ async def test_what_a_dag_file_imports_is_preloaded_and_unsafe_modules_are_refus
 
 @pytest.mark.asyncio
 @pytest.mark.one_loop
-async def test_names_the_serving_helper_has_already_start_no_helper(world: dict[str, Path]) -> None:
-    # What a DAG file imports is mostly what every helper imported with its target (the task SDK):
-    # asked first, the serving helper names those, and no helper is started for them.
+async def test_names_the_serving_helper_has_already_or_no_helper_would_take_start_no_helper(
+    world: dict[str, Path],
+) -> None:
+    # What a DAG file imports is mostly what every helper imported with its target (the task SDK),
+    # and modules of the DAGs folder: asked first, the serving helper says so, and no helper starts.
     (world["dags"] / "sdk_only.py").write_text(
         "import tests.core.launchers.forkserver.targets\n"
         "from tests.core.launchers.forkserver.targets import python_c\n"
+        "import dagmod\n"
     )
     recorder = Recorder()
     launcher, learning = learning_server(recorder, world)
-    covered = anyio.Event()
-    cover = learning.learned.cover
+    answered = anyio.Event()
+    checked = learning.learned.checked
 
-    def spy(names: Iterable[str]) -> bool:
-        names = list(names)
-        wanted = cover(names)
-        if names:
-            covered.set()
-        return wanted
+    def spy(answer: Checked, now: float) -> list[str]:
+        refused = checked(answer, now)
+        answered.set()
+        return refused
 
-    learning.learned.cover = spy  # type: ignore[method-assign]
+    learning.learned.checked = spy  # type: ignore[method-assign]
     async with serving(recorder, launcher) as supervisor:
         supervisor.submit(LaunchRequest("sdk", py(PROBE), source=str(world["dags"] / "sdk_only.py")))
         with anyio.fail_after(GUARD):
-            await covered.wait()
+            await answered.wait()
         assert learning.learned.pending == {}
+        assert "not a module of an installed distribution" in refused(learning)["dagmod"]
         assert launcher.helpers_started == 1
         supervisor.submit(LaunchRequest("first", py(PROBE), source=str(world["dag"])))
         await until(learning, lambda: "fakepre_good" in preloaded(learning))
@@ -112,6 +114,29 @@ async def test_names_the_serving_helper_has_already_start_no_helper(world: dict[
     assert launcher.helpers_started == 2  # the first, and the one that preloads what was new
     assert had(recorder, "second") == ["fakepre_good"]
     assert learning.learned.generation == 1
+
+
+@pytest.mark.asyncio
+@pytest.mark.one_loop
+async def test_a_module_a_preloaded_one_brought_in_is_preloaded_by_name_once_learned(
+    world: dict[str, Path],
+) -> None:
+    # fakepre_good imports fakepre_dep: the helper that preloads the first has the second too, but
+    # only as what a learned module brought in. Learned by name later, it is preloaded by name, so
+    # that its file is watched for an upgrade like any preloaded module's.
+    (world["dags"] / "dep_dag.py").write_text("import fakepre_dep\n")
+    recorder = Recorder()
+    launcher, learning = learning_server(recorder, world)
+    async with serving(recorder, launcher) as supervisor:
+        supervisor.submit(LaunchRequest("first", py(PROBE), source=str(world["dag"])))
+        await until(learning, lambda: "fakepre_good" in preloaded(learning))
+        supervisor.submit(LaunchRequest("dep", py(PROBE), source=str(world["dags"] / "dep_dag.py")))
+        await until(learning, lambda: "fakepre_dep" in preloaded(learning))
+    assert all(o.ok for o in recorder.outcomes), recorder.outcomes
+    [dep] = [p for p in learning.learned.preloaded.values() if p.module == "fakepre_dep"]
+    assert dep.stamp is not None
+    assert dep.file is not None
+    assert dep.file.endswith("fakepre_dep.py")
 
 
 @pytest.mark.asyncio
@@ -220,7 +245,7 @@ async def test_the_learning_scans_when_its_clock_says_so(
     async def grow(modules: list[str]) -> bool:
         raise AssertionError("nothing was learned: no helper is wanted")
 
-    async def have(modules: list[str]) -> list[str]:
+    async def have(modules: list[str]) -> Checked | None:
         raise AssertionError("nothing was learned: no helper is asked")
 
     learning = Learning(learned, interval=60.0, clock=clock)

@@ -96,6 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sock.send(encode(protocol.Unfit(error=why)))
         return 1
     learned = None
+    base = frozenset(sys.modules)  # what a check counts as had: not what learned modules bring in
     if args.learned:
         try:
             learned = _preload_learned(sock, census)
@@ -107,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ImportWatch.release()
     gc.collect()
     gc.freeze()
-    return Helper(sock, target, args.parent_pid, census, learned).serve()
+    return Helper(sock, target, args.parent_pid, census, learned, base).serve()
 
 
 def _preload_learned(sock: socket.socket, census: ThreadCensus) -> protocol.PreloadReport:

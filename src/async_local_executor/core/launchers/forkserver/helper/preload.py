@@ -151,23 +151,32 @@ class _NoImports(importlib.abc.MetaPathFinder):
     """First on ``sys.meta_path``: every import of a module not imported yet fails, before it runs."""
 
     def find_spec(self, fullname: str, path: object, target: object = None) -> None:
-        raise ImportError(f"{fullname} is not imported, and a serving fork server imports nothing")
+        raise ImportError(f"{fullname} is not imported, and a fork server's check imports nothing")
 
 
-def already_here(names: Sequence[str]) -> list[str]:
-    """Which of ``names`` a serving helper has: imported, or defined by a module it imported.
+def check(names: Sequence[str], base: frozenset[str]) -> tuple[list[str], list[Refused]]:
+    """Which of ``names`` the helper has already, and which no helper would ever preload (with why).
 
+    Had already: imported before any learned module (``base``), or defined by such a module; a module
+    a learned one brought in is not, so that its file is watched for upgrades as a preloaded one.
     A name a module exports lazily (through its ``__getattr__``, as the task SDK does) counts when what
-    it needs is imported already: imports are refused meanwhile, since one here would escape the
-    checks :func:`preload_learned` makes. One that would import counts as missing: a helper that
-    preloads it is worth starting.
+    it needs is imported: imports are refused meanwhile. Run in a child forked for the question
+    (:mod:`.server`): whatever the lookups do stays there.
     """
     refuse = _NoImports()
     sys.meta_path.insert(0, refuse)
     try:
-        return [name for name in names if name in sys.modules or _is_attribute(name)]
+        covered = [n for n in names if n in base or (n.rpartition(".")[0] in base and _is_attribute(n))]
     finally:
         sys.meta_path.remove(refuse)
+    roots = installed_roots()
+    cache: dict[str, Any] = {}
+    refused = []
+    for name in set(names).difference(covered):
+        distribution, why = _distribution(name.partition(".")[0], roots, cache)
+        if distribution is None:
+            refused.append(Refused(name, why))
+    return covered, sorted(refused, key=lambda r: r.module)
 
 
 def preload_learned(

@@ -19,18 +19,20 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import os
 import selectors
 import signal
 import socket
 import sys
+import time
 import traceback
 from collections.abc import Callable
 
 from async_local_executor.core.launchers.forkserver import protocol
 from async_local_executor.core.launchers.forkserver.helper.clone import fork_sibling
 from async_local_executor.core.launchers.forkserver.helper.hygiene import reseed_inherited
-from async_local_executor.core.launchers.forkserver.helper.preload import already_here
+from async_local_executor.core.launchers.forkserver.helper.preload import check
 from async_local_executor.core.launchers.forkserver.helper.threads import ThreadCensus
 from async_local_executor.core.launchers.forkserver.protocol import GO, MAX_MESSAGE, decode, encode
 from async_local_executor.core.lifeline import EXIT_ORPHANED, die_with_parent
@@ -47,11 +49,25 @@ _RESET_SIGNALS = (
 
 Target = Callable[[list[str], bytes], int]
 
+# How long a check's child may take to answer before it is killed and the check answered with nothing.
+CHECK_TIMEOUT = 10.0
+
+
+@dataclasses.dataclass
+class _CheckChild:
+    """A check being answered by a child of its own."""
+
+    pid: int
+    id: int  # the check's
+    deadline: float  # time.monotonic() after which it is killed and the check answered with nothing
+    chunks: list[bytes] = dataclasses.field(default_factory=list)
+
 
 class Helper:
     """Serves one channel: a spawn forks a child, a ping or a check is answered; never blocked on a send.
 
     :param learned: what it made of the learned modules, reported with ``ready``
+    :param base: the modules it imported before any learned one (what a check counts as had)
     """
 
     def __init__(
@@ -61,30 +77,43 @@ class Helper:
         parent_pid: int,
         census: ThreadCensus | None = None,
         learned: protocol.PreloadReport | None = None,
+        base: frozenset[str] = frozenset(),
     ) -> None:
         self._learned = learned
+        self._base = base
         self._sock = sock
         self._target = target
         self._parent_pid = parent_pid
         self._census = census or ThreadCensus()
         self._outbox: collections.deque[bytes] = collections.deque()
+        self._selector = selectors.DefaultSelector()
+        self._checks: dict[int, _CheckChild] = {}  # by the read end of its pipe
 
     def serve(self) -> int:
         """Answer requests until the loop closes the channel."""
         self._sock.setblocking(False)
-        selector = selectors.DefaultSelector()
-        selector.register(self._sock, selectors.EVENT_READ)
+        self._selector.register(self._sock, selectors.EVENT_READ)
         self._send(protocol.Ready(pid=os.getpid(), preload=self._learned))
         while True:
             # Never blocked on a send: what the loop has not read yet waits here, and requests keep
-            # being served meanwhile.
+            # being served meanwhile (a check's answer too: its child is read as it writes).
             events = selectors.EVENT_READ | (selectors.EVENT_WRITE if self._outbox else 0)
-            selector.modify(self._sock, events)
-            for _, mask in selector.select():
+            self._selector.modify(self._sock, events)
+            deadline = min((c.deadline for c in self._checks.values()), default=None)
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            for key, mask in self._selector.select(wait):
+                if key.fileobj is not self._sock:
+                    self._read_check(key.fd)
+                    continue
                 if mask & selectors.EVENT_WRITE and not self._flush():
                     return 0
                 if mask & selectors.EVENT_READ and not self._receive():
                     return 0
+            for fd, pending in list(self._checks.items()):
+                if pending.deadline <= time.monotonic():  # a lookup that never returns answers nothing
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pending.pid, signal.SIGKILL)
+                    self._answer(fd, None)
 
     def _receive(self) -> bool:
         while True:
@@ -105,8 +134,55 @@ class Helper:
                 if isinstance(message, protocol.Ping):
                     self._send(protocol.Pong(id=message.id))
                 elif isinstance(message, protocol.Check):
-                    covered = tuple(already_here(message.modules))
-                    self._send(protocol.Checked(id=message.id, covered=covered))
+                    self._check(message)
+
+    def _check(self, message: protocol.Check) -> None:
+        """Answered by a child forked for it: what a module's ``__getattr__`` does while it is looked up
+        (caching, a thread) stays there, and this helper stays as it was checked at its start."""
+        try:
+            read_fd, write_fd = os.pipe()
+        except OSError:
+            self._send(protocol.Checked(id=message.id, covered=()))
+            return
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(read_fd)
+            os.close(write_fd)
+            self._send(protocol.Checked(id=message.id, covered=()))
+            return
+        if pid == 0:
+            _answer_check(read_fd, write_fd, message, self._base)
+        os.close(write_fd)
+        os.set_blocking(read_fd, False)
+        self._checks[read_fd] = _CheckChild(pid, message.id, time.monotonic() + CHECK_TIMEOUT)
+        self._selector.register(read_fd, selectors.EVENT_READ)
+
+    def _read_check(self, fd: int) -> None:
+        pending = self._checks[fd]
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if chunk:
+            pending.chunks.append(chunk)
+        else:
+            self._answer(fd, b"".join(pending.chunks))
+
+    def _answer(self, fd: int, data: bytes | None) -> None:
+        """The check's child is done (``data``: all it wrote) or killed (``None``): reap it, answer."""
+        pending = self._checks.pop(fd)
+        self._selector.unregister(fd)
+        os.close(fd)
+        os.waitpid(pending.pid, 0)
+        answer: protocol.Message = protocol.Checked(id=pending.id, covered=())
+        with contextlib.suppress(protocol.ProtocolError):
+            answer = decode(data or b"")
+        if not isinstance(answer, protocol.Checked):
+            answer = protocol.Checked(id=pending.id, covered=())
+        self._send(answer)
 
     def _spawn(self, message: protocol.Spawn, fds: list[int], *, truncated: bool = False) -> None:
         request_id = message.id
@@ -153,6 +229,23 @@ class Helper:
                 return False
             self._outbox.popleft()
         return True
+
+
+def _answer_check(read_fd: int, write_fd: int, message: protocol.Check, base: frozenset[str]) -> None:
+    """Runs in the child forked for a check and never returns."""
+    code = 1
+    try:
+        os.close(read_fd)
+        die_with_parent(0, signal.SIGKILL)
+        covered, refused = check(message.modules, base)
+        data = encode(protocol.Checked(id=message.id, covered=tuple(covered), refused=tuple(refused)))
+        with open(write_fd, "wb", closefd=True) as out:
+            out.write(data)
+        code = 0
+    except BaseException:  # noqa: BLE001 - whatever happens, the child must end in os._exit
+        traceback.print_exc()
+    finally:
+        os._exit(code)
 
 
 def _read_payload(control: socket.socket) -> bytes | None:

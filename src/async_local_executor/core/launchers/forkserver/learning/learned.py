@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from async_local_executor.core.launchers.base import PreloadSummary
 from async_local_executor.core.launchers.forkserver.helper.preload import PERMANENT_REFUSALS
 from async_local_executor.core.launchers.forkserver.learning import observe, source
-from async_local_executor.core.launchers.forkserver.protocol import PreloadReport
+from async_local_executor.core.launchers.forkserver.protocol import Checked, PreloadReport
 
 # Files read per scan: a DAGs folder of thousands is read over several scans, not in one burst of CPU.
 FILES_PER_SCAN = 100
@@ -183,19 +183,29 @@ class Learned:
             return None
         parts = [f"{len(preloaded)} learned modules preloaded"]
         if added:
-            parts.append(f"added {_few(added)}")
+            parts.append(f"added {few(added)}")
         if dropped:
-            parts.append(f"dropped {_few(dropped)}")
+            parts.append(f"dropped {few(dropped)}")
         if newly_refused:
-            parts.append("refused " + _few([f"{m} ({self.refused[m]})" for m in newly_refused]))
+            parts.append("refused " + few([f"{m} ({self.refused[m]})" for m in newly_refused]))
         return "; ".join(parts)
 
-    def cover(self, names: Iterable[str]) -> bool:
-        """``names`` are in the serving helper already: not worth a helper. True when one is still wanted."""
-        for name in names:
+    def checked(self, answer: Checked, now: float) -> list[str]:
+        """Record what the serving helper said of pending names; those it refused, newly.
+
+        What it has already costs nothing to preload; what it refused (a module of the DAGs folder, say)
+        no helper would take. Neither is worth starting one.
+        """
+        for name in answer.covered:
             self._covered.add(name)
             self.pending.pop(name, None)
-        return self.wanted
+        newly = []
+        for refused in answer.refused:
+            if refused.module in self.pending:
+                self._refused(refused.module, refused.reason, now)
+                self.pending.pop(refused.module)
+                newly.append(refused.module)
+        return newly
 
     def refuse(self, module: str, reason: str, now: float = 0.0) -> None:
         """A helper could not take ``module`` (it started a thread, crashed or hung while importing it)."""
@@ -273,6 +283,6 @@ class Learned:
                 raise
 
 
-def _few(names: Sequence[str], most: int = 8) -> str:
+def few(names: Sequence[str], most: int = 8) -> str:
     shown = ", ".join(names[:most])
     return shown if len(names) <= most else f"{shown} and {len(names) - most} more"

@@ -21,8 +21,8 @@ import anyio.to_thread
 from async_local_executor.core.clock import SYSTEM, Clock
 from async_local_executor.core.launchers.base import PreloadSummary
 from async_local_executor.core.launchers.forkserver import LOGGER
-from async_local_executor.core.launchers.forkserver.learning.learned import Learned
-from async_local_executor.core.launchers.forkserver.protocol import PreloadReport
+from async_local_executor.core.launchers.forkserver.learning.learned import Learned, few
+from async_local_executor.core.launchers.forkserver.protocol import Checked, PreloadReport
 
 log = logging.getLogger(LOGGER)
 
@@ -31,8 +31,8 @@ SCAN_EVERY = 5.0
 RETRY_AFTER_REFUSAL = 5.0
 
 Grow = Callable[[list[str]], Awaitable[bool]]
-# Which of these names the serving helper has already (nothing when it cannot tell).
-Have = Callable[[list[str]], Awaitable[Sequence[str]]]
+# What the serving helper says of these names (``None``: it cannot tell).
+Have = Callable[[list[str]], Awaitable[Checked | None]]
 
 
 class Learning:
@@ -112,9 +112,13 @@ class Learning:
             self.stopped.set()
 
     async def _wanted(self, have: Have) -> bool:
-        """Whether a new helper would add anything: names the serving one already has are not new."""
-        if self.learned.pending:
-            return self.learned.cover(await have(list(self.learned.pending)))
+        """Whether a new helper would add anything: what the serving one has, or what no helper would
+        ever preload (the DAGs folder's modules), is not worth one."""
+        answer = await have(list(self.learned.pending)) if self.learned.pending else None
+        if answer is not None and (refused := self.learned.checked(answer, self._clock.monotonic())):
+            reasons = [f"{m} ({self.learned.refused[m]})" for m in refused]
+            log.info("fork server: not preloading %s", few(reasons))
+            self._notify()
         return self.learned.wanted
 
     async def _learn(self, grow: Grow, have: Have) -> None:
