@@ -144,6 +144,7 @@ class Helper:
         except OSError:
             self._send(protocol.Checked(id=message.id, covered=()))
             return
+        helper = os.getpid()
         try:
             pid = os.fork()
         except OSError:
@@ -152,7 +153,7 @@ class Helper:
             self._send(protocol.Checked(id=message.id, covered=()))
             return
         if pid == 0:
-            _answer_check(read_fd, write_fd, message, self._base)
+            _answer_check(helper, read_fd, write_fd, message, self._base)
         os.close(write_fd)
         os.set_blocking(read_fd, False)
         self._checks[read_fd] = _CheckChild(pid, message.id, time.monotonic() + CHECK_TIMEOUT)
@@ -231,12 +232,15 @@ class Helper:
         return True
 
 
-def _answer_check(read_fd: int, write_fd: int, message: protocol.Check, base: frozenset[str]) -> None:
+def _answer_check(
+    helper: int, read_fd: int, write_fd: int, message: protocol.Check, base: frozenset[str]
+) -> None:
     """Runs in the child forked for a check and never returns."""
     code = 1
     try:
         os.close(read_fd)
-        die_with_parent(0, signal.SIGKILL)
+        if not die_with_parent(helper, signal.SIGKILL):  # nobody left to answer
+            os._exit(EXIT_ORPHANED)
         covered, refused = check(message.modules, base)
         data = encode(protocol.Checked(id=message.id, covered=tuple(covered), refused=tuple(refused)))
         with open(write_fd, "wb", closefd=True) as out:
