@@ -50,3 +50,50 @@ async def test_a_helper_that_never_says_ready_times_out_on_the_launchers_clock()
     assert helper.start_error == "it was not ready within 3600s"
     assert not helper.ready
     assert process.returncode is not None  # killed and reaped, not left behind
+
+
+@pytest.mark.asyncio
+async def test_a_check_the_helper_does_not_answer_gives_no_answer_within_the_ping_timeout() -> None:
+    # A helper that said ready and then reads nothing: the check is not worth waiting for longer than
+    # the watchdog would wait for a ping (the launcher then starts the helper it would have started).
+    clock = FakeClock()
+    channel, theirs = Channel.pair()
+    speak = (
+        "import os, signal, socket; from async_local_executor.core.launchers.forkserver import protocol; "
+        f"s = socket.socket(fileno={theirs.fileno()}); s.send(protocol.encode(protocol.Ready(pid=os.getpid()))); "
+        "signal.pause()"
+    )
+    process = await anyio.open_process(
+        [sys.executable, "-c", speak],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        pass_fds=[theirs.fileno()],
+    )
+    theirs.close()
+    helper = HelperProcess(
+        process,
+        channel,
+        Recorder().output,
+        start_timeout=HOUR,
+        ping_interval=HOUR,
+        ping_timeout=30.0,
+        clock=clock,
+    )
+    answers: list[object] = []
+
+    async def ask() -> None:
+        answers.append(await helper.check(["airflow.sdk"]))
+
+    with anyio.fail_after(GUARD):
+        async with anyio.create_task_group() as tg:
+            await tg.start(helper.run)
+            tg.start_soon(ask)
+            await clock.sleepers(2)  # the watchdog's tick and the check's bound
+            assert answers == []
+            clock.advance(30.0)
+            while not answers:
+                await anyio.sleep(0)
+            helper.close()
+    assert answers == [None]
+    assert process.returncode is not None
