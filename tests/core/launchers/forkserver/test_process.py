@@ -81,9 +81,11 @@ async def test_a_check_the_helper_does_not_answer_gives_no_answer_within_the_pin
         clock=clock,
     )
     answers: list[object] = []
+    answered = anyio.Event()
 
     async def ask() -> None:
         answers.append(await helper.check(["airflow.sdk"]))
+        answered.set()
 
     with anyio.fail_after(GUARD):
         async with anyio.create_task_group() as tg:
@@ -92,8 +94,7 @@ async def test_a_check_the_helper_does_not_answer_gives_no_answer_within_the_pin
             await clock.sleepers(2)  # the watchdog's tick and the check's bound
             assert answers == []
             clock.advance(30.0)
-            while not answers:
-                await anyio.sleep(0)
+            await answered.wait()
             helper.close()
     assert answers == [None]
     assert process.returncode is not None
