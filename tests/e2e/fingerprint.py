@@ -162,9 +162,10 @@ def observe_all(kind: type[AirflowSandbox], folders: pytest.TempPathFactory) -> 
         sandbox.wait_for_dag(DAG_ID, timeout=300)
         runs = {first: observe(sandbox, learns=False)}
         for name, (executor, config) in rest:
-            sandbox.signal_and_wait("scheduler", signal.SIGTERM, STOP_WAIT)
+            assert sandbox.signal_and_wait("scheduler", signal.SIGTERM, STOP_WAIT) == 0
             sandbox.reconfigure({"AIRFLOW__CORE__EXECUTOR": executor, **config})
             sandbox.restart("scheduler")
+            sandbox.wait_healthy()
             runs[name] = observe(sandbox, learns=name == "defaults")
     return runs
 
