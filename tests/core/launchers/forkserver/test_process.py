@@ -17,28 +17,34 @@ from tests.core.helpers import GUARD, FakeClock, Recorder
 HOUR = 3600.0
 
 
-@pytest.mark.asyncio
-async def test_a_helper_that_never_says_ready_times_out_on_the_launchers_clock() -> None:
-    # A process that holds the helper's end of the channel and never speaks: a helper hung in its imports.
-    clock = FakeClock()
+async def fake_helper(code: str, clock: FakeClock, *, ping_interval: float) -> HelperProcess:
+    """A helper process that runs ``python -c code <its channel's fd>``, seen as the launcher sees one."""
     channel, theirs = Channel.pair()
     process = await anyio.open_process(
-        [sys.executable, "-c", "import signal; signal.pause()"],
+        [sys.executable, "-c", code, str(theirs.fileno())],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         pass_fds=[theirs.fileno()],
     )
     theirs.close()
-    helper = HelperProcess(
+    return HelperProcess(
         process,
         channel,
         Recorder().output,
         start_timeout=HOUR,
-        ping_interval=5.0,
+        ping_interval=ping_interval,
         ping_timeout=30.0,
         clock=clock,
     )
+
+
+@pytest.mark.asyncio
+async def test_a_helper_that_never_says_ready_times_out_on_the_launchers_clock() -> None:
+    # A process that holds the helper's end of the channel and never speaks: a helper hung in its imports.
+    clock = FakeClock()
+    helper = await fake_helper("import signal; signal.pause()", clock, ping_interval=5.0)
+    process = helper.process
     with anyio.fail_after(GUARD):
         async with anyio.create_task_group() as tg:
             tg.start_soon(helper.run)
@@ -57,29 +63,13 @@ async def test_a_check_the_helper_does_not_answer_gives_no_answer_within_the_pin
     # A helper that said ready and then reads nothing: the check is not worth waiting for longer than
     # the watchdog would wait for a ping (the launcher then starts the helper it would have started).
     clock = FakeClock()
-    channel, theirs = Channel.pair()
     speak = (
-        "import os, signal, socket; from async_local_executor.core.launchers.forkserver import protocol; "
-        f"s = socket.socket(fileno={theirs.fileno()}); s.send(protocol.encode(protocol.Ready(pid=os.getpid()))); "
+        "import os, signal, socket, sys; from async_local_executor.core.launchers.forkserver import protocol; "
+        "s = socket.socket(fileno=int(sys.argv[1])); s.send(protocol.encode(protocol.Ready(pid=os.getpid()))); "
         "signal.pause()"
     )
-    process = await anyio.open_process(
-        [sys.executable, "-c", speak],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        pass_fds=[theirs.fileno()],
-    )
-    theirs.close()
-    helper = HelperProcess(
-        process,
-        channel,
-        Recorder().output,
-        start_timeout=HOUR,
-        ping_interval=HOUR,
-        ping_timeout=30.0,
-        clock=clock,
-    )
+    helper = await fake_helper(speak, clock, ping_interval=HOUR)
+    process = helper.process
     answers: list[object] = []
     answered = anyio.Event()
 
