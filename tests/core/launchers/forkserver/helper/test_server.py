@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import socket
 import sys
 import threading
@@ -17,6 +18,7 @@ from async_local_executor.core.launchers.forkserver.helper.server import Helper
 from async_local_executor.core.launchers.forkserver.protocol import (
     Check,
     Checked,
+    Ping,
     Pong,
     Ready,
     decode,
@@ -109,3 +111,47 @@ def test_a_check_is_answered_by_a_child_that_imports_nothing_and_leaves_the_help
     assert "lazy_target" not in sys.modules
     assert not (tmp_path / "imported").exists()  # refused, not imported, even in the child
     assert not serving.is_alive()
+
+
+def test_an_answer_too_large_for_the_channel_loses_its_reasons_and_the_helper_serves_on() -> None:
+    # Thousands of DAGs-folder modules, each refused with a reason longer than its name: an answer
+    # larger than the channel's buffer would end the helper (and the next, asked the same).
+    loop_end, helper_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    helper_end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
+    loop_end.settimeout(GUARD)
+    helper = Helper(helper_end, target=lambda argv, stdin: 0, parent_pid=os.getpid(), base=frozenset({"sys"}))
+    serving = threading.Thread(target=helper.serve, daemon=True)
+    serving.start()
+    assert isinstance(decode(loop_end.recv(1 << 20)), Ready)
+    names = ("sys", *(f"dag_folder_module_{i}" for i in range(300)))
+    loop_end.send(encode(Check(id=1, modules=names)))
+    assert decode(loop_end.recv(1 << 20)) == Checked(id=1, covered=("sys",))
+    loop_end.send(encode(Ping(id=2)))
+    assert decode(loop_end.recv(1 << 20)) == Pong(id=2)
+    loop_end.close()
+    serving.join(GUARD)
+    helper_end.close()
+
+
+def test_a_check_is_answered_where_sigchld_is_ignored() -> None:
+    # Ignored SIGCHLD (inherited across exec, or set by a preloaded module) reaps the check's child
+    # by itself: waiting for it then fails, which must not end the helper.
+    previous = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    loop_end, helper_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    loop_end.settimeout(GUARD)
+    try:
+        helper = Helper(
+            helper_end, target=lambda argv, stdin: 0, parent_pid=os.getpid(), base=frozenset({"sys"})
+        )
+        serving = threading.Thread(target=helper.serve, daemon=True)
+        serving.start()
+        assert isinstance(decode(loop_end.recv(1 << 20)), Ready)
+        loop_end.send(encode(Check(id=1, modules=("sys",))))
+        assert decode(loop_end.recv(1 << 20)) == Checked(id=1, covered=("sys",))
+        loop_end.send(encode(Ping(id=2)))
+        assert decode(loop_end.recv(1 << 20)) == Pong(id=2)
+    finally:
+        loop_end.close()
+        serving.join(GUARD)
+        helper_end.close()
+        signal.signal(signal.SIGCHLD, previous)

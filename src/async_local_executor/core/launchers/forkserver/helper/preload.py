@@ -170,6 +170,8 @@ def check(names: Sequence[str], base: frozenset[str]) -> tuple[list[str], list[R
     finally:
         sys.meta_path.remove(refuse)
     roots = installed_roots()
+    if not roots:  # metadata unreadable for now (an install under way): no verdict that lasts
+        return covered, []
     cache: dict[str, Any] = {}
     refused = []
     for name in set(names).difference(covered):

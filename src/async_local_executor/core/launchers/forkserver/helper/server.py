@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import errno
 import os
 import selectors
 import signal
@@ -145,6 +146,8 @@ class Helper:
             self._send(protocol.Checked(id=message.id, covered=()))
             return
         helper = os.getpid()
+        sys.stdout.flush()  # or the child would write what is buffered a second time
+        sys.stderr.flush()
         try:
             pid = os.fork()
         except OSError:
@@ -177,13 +180,22 @@ class Helper:
         pending = self._checks.pop(fd)
         self._selector.unregister(fd)
         os.close(fd)
-        os.waitpid(pending.pid, 0)
-        answer: protocol.Message = protocol.Checked(id=pending.id, covered=())
+        with contextlib.suppress(ChildProcessError):  # reaped already (SIGCHLD ignored, a preload's handler)
+            os.waitpid(pending.pid, 0)
+        nothing = protocol.Checked(id=pending.id, covered=())
+        answer: protocol.Message = nothing
         with contextlib.suppress(protocol.ProtocolError):
             answer = decode(data or b"")
         if not isinstance(answer, protocol.Checked):
-            answer = protocol.Checked(id=pending.id, covered=())
-        self._send(answer)
+            answer = nothing
+        # An answer the channel cannot take in one datagram loses its reasons first (each refusal's is
+        # longer than its name), then everything: the loop then starts the helper it would have started.
+        limit = self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) // 2
+        for smaller in (answer, protocol.Checked(id=pending.id, covered=answer.covered), nothing):
+            if len(encoded := encode(smaller)) <= limit:
+                self._outbox.append(encoded)
+                self._flush()
+                return
 
     def _spawn(self, message: protocol.Spawn, fds: list[int], *, truncated: bool = False) -> None:
         request_id = message.id
@@ -226,8 +238,11 @@ class Helper:
                 self._sock.send(self._outbox[0])
             except BlockingIOError:
                 return True
-            except OSError:
-                return False
+            except OSError as exc:
+                if exc.errno != errno.EMSGSIZE:
+                    return False
+                # Larger than the channel takes: the loop hears nothing of it (and judges by what it
+                # waits for), but the channel, and every spawn after it, is fine.
             self._outbox.popleft()
         return True
 
