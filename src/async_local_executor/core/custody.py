@@ -379,6 +379,10 @@ class Custody:
         if os.getpid() != self._pid:  # a forked child returning through the entry point answers for nothing
             return
         _flush_python_streams()
+        # The watchdog may not have woken up to an owner that died just before (a busy host): asked
+        # here, so the lines since its exit are told and the output goes where an orphan's goes.
+        if not self._orphaned and not runs_as(*self._owner):
+            self._orphaned = True
         self._drain()
         if self._orphaned and code != 0:
             # Before the code is recorded: an adopter reports the failure once it reads that, and the
