@@ -87,13 +87,15 @@ def stock_burst_did_not_end(record: dict[str, Any]) -> bool:
     The burst exists because the stock LocalExecutor can stop making progress in it, and the smoke run
     is the harness's check, not the executor's: there, such an end is a result to record, not a failure.
     At smoke size it is rare; the CI run of 2026-12-04 saw one (the run still "running" 217 s after the
-    last clear, cause not recorded then, hence the burst's note on what was left unfinished).
-    Ours is held to finishing.
+    last clear, cause not recorded then, hence the burst's note on what was left unfinished). Its
+    scheduler may also exit in it: twice on 2026-12-05, on Airflow's own ``StaleDataError`` (an
+    ``UPDATE`` of ``task_instance`` that found no row, a clear having raced it), which the record's
+    notes name. Ours is held to finishing.
     """
     return (
         record["scenario"] == "burst"
         and record["variant"] == "stock"
-        and record["status"] in ("timeout", "stalled")
+        and record["status"] in ("timeout", "stalled", "scheduler exited")
     )
 
 
