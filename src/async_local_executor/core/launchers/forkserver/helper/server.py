@@ -140,19 +140,17 @@ class Helper:
     def _check(self, message: protocol.Check) -> None:
         """Answered by a child forked for it: what a module's ``__getattr__`` does while it is looked up
         (caching, a thread) stays there, and this helper stays as it was checked at its start."""
-        try:
-            read_fd, write_fd = os.pipe()
-        except OSError:
-            self._send(protocol.Checked(id=message.id, covered=()))
-            return
         helper = os.getpid()
         sys.stdout.flush()  # or the child would write what is buffered a second time
         sys.stderr.flush()
+        read_fd = write_fd = -1
         try:
+            read_fd, write_fd = os.pipe()
             pid = os.fork()
-        except OSError:
-            os.close(read_fd)
-            os.close(write_fd)
+        except OSError:  # no answer: the loop then starts the helper it would have started
+            for fd in (read_fd, write_fd):
+                if fd >= 0:
+                    os.close(fd)
             self._send(protocol.Checked(id=message.id, covered=()))
             return
         if pid == 0:
