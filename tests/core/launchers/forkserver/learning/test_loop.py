@@ -10,6 +10,7 @@ fork server run on uvloop alone (``one_loop``).
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 
@@ -137,6 +138,27 @@ async def test_a_module_a_preloaded_one_brought_in_is_preloaded_by_name_once_lea
     assert dep.stamp is not None
     assert dep.file is not None
     assert dep.file.endswith("fakepre_dep.py")
+
+
+@pytest.mark.asyncio
+@pytest.mark.one_loop
+async def test_a_restarted_launcher_preloads_what_its_predecessor_kept_with_one_more_helper(
+    world: dict[str, Path],
+) -> None:
+    # A scheduler restart: the kept set names a library and what every helper has; the first helper
+    # is asked about both, and one more helper preloads the library alone.
+    kept = ["tests.core.launchers.forkserver.targets", "fakepre_good"]
+    (world["learn"] / "preloaded.json").write_text(json.dumps(kept))
+    recorder = Recorder()
+    launcher, learning = learning_server(recorder, world)
+    async with serving(recorder, launcher) as supervisor:
+        await until(learning, lambda: "fakepre_good" in preloaded(learning))
+        supervisor.submit(LaunchRequest("after", py(PROBE)))
+        await recorder.until(lambda: len(recorder.outcomes) == 1)
+    assert all(o.ok for o in recorder.outcomes), recorder.outcomes
+    assert had(recorder, "after") == ["fakepre_good"]
+    assert (launcher.helpers_started, learning.learned.generation) == (2, 1)
+    assert preloaded(learning) == {"fakepre_good"}
 
 
 @pytest.mark.asyncio
