@@ -22,7 +22,7 @@ EXPECTED: dict[str, tuple[str, int]] = {
     "push_value": ("success", 1),
     "check_value": ("success", 1),  # pulled push_value's XCom and asserted it
     "make_items": ("success", 1),
-    "square": ("success", 1),  # MAPPED_COUNT mapped instances
+    "square": ("success", 1),  # the run's ``mapped`` param's count of mapped instances
     "sum_squares": ("success", 1),  # asserted the sum of the mapped results
     "always_fails": ("failed", 1),
     "flaky": ("success", 2),  # failed its first try, succeeded on the retry
@@ -35,8 +35,11 @@ def expected_state(task_id: str) -> str:
     return EXPECTED.get(task_id, ("?", 0))[0]
 
 
-def unexpected(rows: Sequence[TaskInstanceRow]) -> list[str]:
-    """Every way the run's task instances differ from :data:`EXPECTED`; empty when all is as promised."""
+def unexpected(rows: Sequence[TaskInstanceRow], mapped: int = MAPPED_COUNT) -> list[str]:
+    """Every way the run's task instances differ from :data:`EXPECTED`; empty when all is as promised.
+
+    :param mapped: the run's ``mapped`` param: how many ``square`` instances it has
+    """
     problems = []
     counts: dict[str, int] = {}
     for row in rows:
@@ -46,7 +49,7 @@ def unexpected(rows: Sequence[TaskInstanceRow]) -> list[str]:
             problems.append(
                 f"{row.task_id}[{row.map_index}]: {row.state} try {row.try_number}, expected {state} try {tries}"
             )
-    wanted = {task_id: (MAPPED_COUNT if task_id == "square" else 1) for task_id in EXPECTED}
+    wanted = {task_id: (mapped if task_id == "square" else 1) for task_id in EXPECTED}
     if counts != wanted:
         problems.append(f"task instance counts {counts}, expected {wanted}")
     return problems
@@ -84,20 +87,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.demo", description=__doc__)
     parser.add_argument("--database", default="sqlite", help="sqlite (default) or postgres")
     parser.add_argument("--parallelism", type=int, default=8)
+    parser.add_argument(
+        "--mapped", type=int, default=MAPPED_COUNT, help=f"square's mapped instances (default {MAPPED_COUNT})"
+    )
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the run")
     args = parser.parse_args(argv)
 
     started = time.monotonic()
     with AirflowSandbox(executor=EXECUTOR, database=args.database, parallelism=args.parallelism) as sandbox:
         sandbox.wait_for_dag(DAG_ID)
-        run_id = sandbox.trigger(DAG_ID)
+        run_id = sandbox.trigger(DAG_ID, {"mapped": args.mapped})
         print(f"[demo] triggered {DAG_ID} run {run_id}; waiting for it to finish", flush=True)
         state = sandbox.wait_for_run(DAG_ID, run_id, timeout=args.timeout)
         rows = sandbox.task_instances(DAG_ID, run_id)
         print()
         print(render(rows))
         print()
-        problems = unexpected(rows)
+        problems = unexpected(rows, args.mapped)
         if state != "success":
             problems.append(f"run ended {state}, expected success")
         print(f"[demo] run {run_id}: {state}; {len(rows)} task instances; executor {EXECUTOR}")

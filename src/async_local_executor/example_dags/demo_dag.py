@@ -7,8 +7,8 @@ task_id                map_index   state      notes
 =====================  ==========  =========  ==============================================
 push_value             -1          success    pushes an XCom (return value)
 check_value            -1          success    pulls the XCom and asserts its content
-make_items             -1          success    returns ``list(range(MAPPED_COUNT))``
-square                 0..N-1      success    ``MAPPED_COUNT`` mapped instances
+make_items             -1          success    returns ``list(range(mapped))``
+square                 0..N-1      success    ``mapped`` mapped instances (the run's param)
 sum_squares            -1          success    asserts the sum of the mapped results
 always_fails           -1          failed     retries=0, try_number 1
 flaky                  -1          success    fails on try 1, succeeds on try 2 (retries=1)
@@ -16,7 +16,9 @@ wait_for_deadline      -1          success    keeps the run alive until the dead
 finish                 -1          success    trigger_rule=all_done, the only leaf
 =====================  ==========  =========  ==============================================
 
-The DAG run ends in ``success`` because ``finish`` (all_done) is the only leaf task.
+The DAG run ends in ``success`` because ``finish`` (all_done) is the only leaf task. The run's
+``mapped`` param (default ``MAPPED_COUNT``) sets how many ``square`` instances it fans out to:
+``airflow dags trigger async_local_executor_demo --conf '{"mapped": 200}'``.
 
 Deadline alert: ``DAGRUN_QUEUED_AT + DEADLINE_SECONDS`` with a ``SyncCallback``. Airflow 3.3's
 scheduler turns the missed deadline into a ``callback`` row of type ``executor`` and queues an
@@ -36,7 +38,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from airflow.sdk import DAG, get_current_context, task
+from airflow.sdk import DAG, Param, get_current_context, task
 from airflow.sdk.definitions.callback import SyncCallback
 from airflow.sdk.definitions.deadline import DeadlineAlert, DeadlineReference
 
@@ -93,6 +95,9 @@ with DAG(
     schedule=None,
     catchup=False,
     tags=["async-local-executor", "demo"],
+    params={
+        "mapped": Param(MAPPED_COUNT, type="integer", minimum=1, description="square's mapped instances")
+    },
     deadline=DeadlineAlert(
         reference=DeadlineReference.DAGRUN_QUEUED_AT,
         interval=timedelta(seconds=DEADLINE_SECONDS),
@@ -110,7 +115,7 @@ with DAG(
 
     @task
     def make_items() -> list[int]:
-        return list(range(MAPPED_COUNT))
+        return list(range(int(get_current_context()["params"]["mapped"])))
 
     @task
     def square(x: int) -> int:
@@ -119,7 +124,7 @@ with DAG(
     @task
     def sum_squares(values: Any) -> int:  # Any: it is called with an XComArg
         total = int(sum(values))
-        expected = sum(i * i for i in range(MAPPED_COUNT))
+        expected = sum(i * i for i in range(int(get_current_context()["params"]["mapped"])))
         assert total == expected, f"sum {total} != {expected}"
         return total
 
