@@ -22,7 +22,7 @@ BENCH_VARIANTS ?= stock,ours
 BENCH_ARGS ?=
 
 .PHONY: install install-airflow2 install-airflow210 install-browser test test-airflow3 test-airflow2 test-airflow210 \
-	test-airflow2-both test-airflow3-rest test-e2e test-smoke \
+	test-unit-airflow210 test-e2e test-smoke \
 	test-core test-unit lint demo docs screenshots lock lock-airflow2 lock-airflow210 \
 	clean bench bench-full bench-smoke bench-airflow2
 
@@ -66,28 +66,29 @@ $(CHROMIUM):
 
 # Everything: first the benchmark suite's smoke run alone (it runs both executors two at a time, and the
 # stock LocalExecutor's tasks time out on a starved api-server when other suites share the cores); then
-# two lanes side by side: the rest of the suite on Airflow 3.3 (the tests that start no Airflow
-# deployment, then the end-to-end tests over XDIST pytest-xdist workers), and the Airflow 2 tests on 2.11
-# then on 2.10. TEST_JOBS=1 XDIST=0 runs everything one after the other. README, "Tests", has the timings.
-TEST_JOBS ?= 2
+# three lanes side by side: the Airflow 3.3 end-to-end tests over XDIST pytest-xdist workers (the longest
+# lane), the Airflow 2 tests on 2.11, and the tests that start no Airflow deployment followed by the
+# Airflow 2 tests on 2.10. The end-to-end tests mostly wait on their tasks, so the cores have room for a
+# third lane. TEST_JOBS=1 XDIST=0 runs everything one after the other. README, "Tests", has the timings.
+TEST_JOBS ?= 3
 XDIST ?= 2
 
-# Every virtualenv first: a build leaves src/*.egg-info on the other virtualenvs' sys.path for a moment
-# (see make_venv), where an Airflow the other lane starts would find the package twice.
-test: install install-browser install-airflow2 install-airflow210
+# Every virtualenv first, side by side (make_venv builds the package one at a time): a build leaves
+# src/*.egg-info on the other virtualenvs' sys.path for a moment (see make_venv), where an Airflow the
+# other lane starts would find the package twice.
+test:
+	$(MAKE) --no-print-directory --jobs=3 install install-browser install-airflow2 install-airflow210
 	$(MAKE) --no-print-directory test-smoke
-	$(MAKE) --no-print-directory --jobs=$(TEST_JOBS) --output-sync=target test-airflow3-rest test-airflow2-both
+	$(MAKE) --no-print-directory --jobs=$(TEST_JOBS) --output-sync=target test-e2e test-airflow2 test-unit-airflow210
 
-test-airflow2-both:
-	$(MAKE) --no-print-directory test-airflow2
+# The third lane of make test.
+test-unit-airflow210:
+	$(MAKE) --no-print-directory test-unit
 	$(MAKE) --no-print-directory test-airflow210
 
 # The suite on Airflow 3.3: the tests that start no Airflow deployment, then those that do.
 test-airflow3: test-unit
 	$(MAKE) --no-print-directory test-smoke
-	$(MAKE) --no-print-directory test-e2e
-
-test-airflow3-rest: test-unit
 	$(MAKE) --no-print-directory test-e2e
 
 # The tests that start a real Airflow 3.3 deployment (marked e2e), but the benchmark smoke run. A module's
