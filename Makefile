@@ -66,12 +66,15 @@ $(CHROMIUM):
 
 # Everything: first the benchmark suite's smoke run alone (it runs both executors two at a time, and the
 # stock LocalExecutor's tasks time out on a starved api-server when other suites share the cores); then
-# three lanes side by side: the Airflow 3.3 end-to-end tests over XDIST pytest-xdist workers (the longest
-# lane), the Airflow 2 tests on 2.11, and the tests that start no Airflow deployment followed by the
-# Airflow 2 tests on 2.10. The end-to-end tests mostly wait on their tasks, so the cores have room for a
-# third lane. TEST_JOBS=1 XDIST=0 runs everything one after the other. README, "Tests", has the timings.
+# three lanes side by side: the Airflow 3.3 end-to-end tests over XDIST pytest-xdist workers, the
+# Airflow 2 tests on 2.11, and the tests that start no Airflow deployment, then the Airflow 2 tests on
+# 2.10, then the Airflow 3.3 end-to-end modules of E2E_LATE (which the first lane leaves out). The cores
+# are busy throughout (the suite takes about 28 CPU-minutes); E2E_LATE evens the lanes' ends out, so
+# that no lane runs alone at the end. TEST_JOBS=1 XDIST=0 runs everything one after the other. README,
+# "Tests", has the timings.
 TEST_JOBS ?= 3
 XDIST ?= 2
+E2E_LATE ?= tests/e2e/test_restart_chaos.py tests/e2e/test_switch_to_local.py
 
 # Every virtualenv first, side by side (make_venv builds the package one at a time): a build leaves
 # src/*.egg-info on the other virtualenvs' sys.path for a moment (see make_venv), where an Airflow the
@@ -79,12 +82,14 @@ XDIST ?= 2
 test:
 	$(MAKE) --no-print-directory --jobs=3 install install-browser install-airflow2 install-airflow210
 	$(MAKE) --no-print-directory test-smoke
-	$(MAKE) --no-print-directory --jobs=$(TEST_JOBS) --output-sync=target test-e2e test-airflow2 test-unit-airflow210
+	$(MAKE) --no-print-directory --jobs=$(TEST_JOBS) --output-sync=target test-e2e test-airflow2 test-unit-airflow210 \
+		E2E_IGNORE="$(foreach module,$(E2E_LATE),--ignore=$(module))"
 
 # The third lane of make test.
 test-unit-airflow210:
 	$(MAKE) --no-print-directory test-unit
 	$(MAKE) --no-print-directory test-airflow210
+	$(BIN)/python -m pytest $(E2E_LATE) --durations=5 $(PYTEST_ARGS)
 
 # The suite on Airflow 3.3: the tests that start no Airflow deployment, then those that do.
 test-airflow3: test-unit
@@ -93,9 +98,10 @@ test-airflow3: test-unit
 
 # The tests that start a real Airflow 3.3 deployment (marked e2e), but the benchmark smoke run. A module's
 # tests stay on one worker (--dist=loadscope), so a module-scoped deployment starts once.
+# E2E_IGNORE: what another lane runs (make test).
 test-e2e: install install-browser
-	$(BIN)/python -m pytest -m e2e --ignore=tests/bench/test_smoke.py --numprocesses=$(XDIST) --dist=loadscope \
-		--durations=25 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m e2e --ignore=tests/bench/test_smoke.py $(E2E_IGNORE) --numprocesses=$(XDIST) \
+		--dist=loadscope --durations=25 $(PYTEST_ARGS)
 
 # The benchmark suite's smoke profile, end to end (tests/bench/test_smoke.py): both executors, every
 # scenario, two runs at a time.

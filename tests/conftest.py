@@ -25,12 +25,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(autouse=True, scope="session")
 def worker_v1_cgroups() -> Iterator[None]:
-    """Each pytest-xdist worker in cgroup v1 hierarchies of its own: executors reclaim there the cgroups
-    of instances whose owner is gone, and workers sharing one parent reclaimed each other's."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if not worker:
-        yield
-        return
+    """Each pytest process (each pytest-xdist worker, and each suite make test runs beside the others) in
+    cgroup v1 hierarchies of its own: executors reclaim there the cgroups of instances whose owner is
+    gone, and test processes sharing one parent reclaimed each other's."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     with own_v1_cgroups(f"pytest-{worker}-{os.getpid()}"):
         yield
 
