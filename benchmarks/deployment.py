@@ -15,6 +15,7 @@ from typing import Final
 
 from benchmarks import timed_executor
 from benchmarks.probes import HeartbeatLog, own_cpu_seconds, tree_cpu_seconds
+from benchmarks.roles import RoleAccount
 from harness.airflow2 import Airflow2Sandbox
 from harness.sandbox import AirflowSandbox, installed_airflow_major
 
@@ -80,6 +81,16 @@ class Deployment:
         figures = {name: tree_cpu_seconds(pid) for name, pid in self.sandbox.pids.items()}
         figures["scheduler-process"] = own_cpu_seconds(self.scheduler_pid)
         return figures
+
+    def role_account(self) -> RoleAccount:
+        """An account of each task's CPU by role, for a phase of this deployment."""
+        pids = self.sandbox.pids
+        return RoleAccount(
+            self.scheduler_pid,
+            {"api_server": pids["api-server"], "dag_processor": pids["dag-processor"]},
+            self.sandbox.process_logs["scheduler"],
+            self.sandbox.home,
+        )
 
     @property
     def scheduler_pid(self) -> int:

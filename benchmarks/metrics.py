@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from benchmarks import roles
+
 Better = Literal["lower", "higher", "none"]
 
 
@@ -45,6 +47,17 @@ _CPU: Final[dict[str, Metric]] = {
     "api_server_cpu_s": Metric("s", "lower", "CPU seconds of the api-server tree over the same phase"),
     "api_server_cpu_per_task_s": Metric("s", "lower", "api_server_cpu_s divided by the tasks that ran"),
     "dag_processor_cpu_s": Metric("s", "lower", "CPU seconds of the dag-processor tree (context only)"),
+}
+
+# Where each task's CPU went, by role (benchmarks/roles.py): the names and meanings are roles.py's.
+_ROLES: Final[dict[str, Metric]] = {
+    roles.metric(role): Metric(
+        "s",
+        "lower",
+        f"CPU seconds per task ran of the {roles.LABELS[role]} over the measured phase (process accounting; "
+        "none when the run could not have it, as its notes say)",
+    )
+    for role in roles.ROLES
 }
 
 _LOOP: Final[dict[str, Metric]] = {
@@ -164,6 +177,7 @@ METRICS: Final[dict[str, dict[str, Metric]]] = {
             "stock has none",
         ),
         **_CPU,
+        **_ROLES,
     },
     "dispatch": {
         "heartbeat_p50_ms": Metric("ms", "lower", "median heartbeat() duration with K workloads queued"),
@@ -206,6 +220,7 @@ METRICS: Final[dict[str, dict[str, Metric]]] = {
         ),
         **_LOOP,
         **_CPU,
+        **_ROLES,
     },
     "imports": {
         "makespan_s": Metric("s", "lower", "first task start to last task end (task_instance rows)"),

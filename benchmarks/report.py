@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from rich.table import Table
 
+from benchmarks import roles
 from benchmarks.metrics import METRICS
 from benchmarks.stats import median
 from benchmarks.summary import Row, Summary
@@ -29,6 +30,7 @@ STARVATION_CHART = "starvation.png"
 # The timeline's rows, top to bottom: the crowd's span, then each CPU task.
 STARVATION_ROWS = ("crowd", "long_cpu", "cpu_a", "cpu_b")
 RESTART_CHART = "restart.png"
+ROLES_CHART = "roles.png"
 
 
 def fmt(value: float | None) -> str:
@@ -252,7 +254,51 @@ def write_charts(records: Sequence[dict[str, Any]], variants: Sequence[str], out
         written.append(_starvation_chart(records, variants, colors, out_dir / STARVATION_CHART))
     if any(r["scenario"] == "restart" for r in records):
         written.append(_restart_chart(records, variants, colors, out_dir / RESTART_CHART))
+    if _with_roles(records):
+        written.append(_roles_chart(records, variants, out_dir / ROLES_CHART))
     return written
+
+
+def _with_roles(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The runs that have an account of their tasks' CPU by role."""
+    first = roles.metric(roles.ROLES[0])
+    return [r for r in records if r["metrics"].get(first) is not None]
+
+
+def _roles_chart(records: Sequence[dict[str, Any]], variants: Sequence[str], path: Path) -> Path:
+    """A panel per case and database, a stacked bar per variant: each role's CPU per task (medians)."""
+    import matplotlib.pyplot as plt
+
+    runs = _with_roles(records)
+    groups = list(dict.fromkeys((r["scenario"], r["case"], r["database"]) for r in runs))
+    fig, axes = plt.subplots(1, len(groups), figsize=(3.2 * len(groups) + 3.5, 4.6), squeeze=False)
+    palette = plt.get_cmap("tab20")
+    for ax, (scenario, case, database) in zip(axes[0], groups, strict=True):
+        shown = [v for v in variants if any(r["variant"] == v for r in runs if r["case"] == case)]
+        bottoms = [0.0] * len(shown)
+        for k, role in enumerate(roles.ROLES):
+            heights = []
+            for v in shown:
+                vals = [
+                    float(r["metrics"][roles.metric(role)])
+                    for r in runs
+                    if (r["scenario"], r["case"], r["database"], r["variant"])
+                    == (scenario, case, database, v)
+                ]
+                heights.append(median(vals) or 0.0)
+            ax.bar(shown, heights, 0.6, bottom=bottoms, color=palette(k), label=roles.LABELS[role])
+            bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
+        for x, total in enumerate(bottoms):
+            ax.annotate(f"{total:.2f} s", (x, total), ha="center", va="bottom", fontsize=8)
+        ax.set_title(f"{scenario} {_case_label(case)}\n{database}", fontsize=9)
+        ax.set_ylabel("CPU seconds per task")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles[::-1], labels[::-1], loc="center right", fontsize=7)
+    fig.suptitle("Where each task's CPU goes, by role (medians)", fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1 - 3.4 / (3.2 * len(groups) + 3.5), 0.93))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def _imports_chart(
@@ -580,6 +626,7 @@ $ .venv/bin/python -m benchmarks --profile full --scenarios burst --variants our
         if any(r["scenario"] == "restart" for r in records)
         else ""
     )
+    roles_chart = f"\n![CPU per task by role]({charts_rel}/{ROLES_CHART})\n" if _with_roles(records) else ""
     text = f"""# Benchmarks: AsyncLocalExecutor against the stock LocalExecutor
 
 Every performance claim this project makes comes from this suite (`benchmarks/`). It runs a real
@@ -636,7 +683,7 @@ Runs that did not end cleanly:
 ![memory over time]({charts_rel}/memory.png)
 
 ![heartbeat latency]({charts_rel}/heartbeat.png)
-{imports_chart}{starvation_chart}{restart_chart}
+{imports_chart}{starvation_chart}{restart_chart}{roles_chart}
 Configuration of each case:
 
 {_configs(records)}

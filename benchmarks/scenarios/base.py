@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import configparser
+import contextlib
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -11,8 +12,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from benchmarks import roles
 from benchmarks.deployment import Deployment, Variant
 from benchmarks.probes import HeartbeatLog, LoopProbe, MemoryProbe, MemorySample, as_utc
+from benchmarks.roles import RoleAccount
 from benchmarks.stats import max_or_none, percentile
 from harness.sandbox import AirflowSandbox, SandboxTimeout, TaskInstanceRow
 
@@ -80,6 +83,20 @@ def cpu_figures(before: Mapping[str, float], after: Mapping[str, float], tasks: 
         "api_server_cpu_per_task_s": None if api is None or not tasks else api / tasks,
         "dag_processor_cpu_s": delta("dag-processor"),
     }
+
+
+def roles_figures(account: RoleAccount | None, tasks: int) -> Figures:
+    """Each role's CPU per task (:mod:`benchmarks.roles`); every figure None without an account."""
+    if account is None:
+        return {roles.metric(role): None for role in roles.ROLES}
+    return account.per_task(tasks)
+
+
+def roles_notes(account: RoleAccount | None) -> list[str]:
+    """Why the run has no CPU account by role, if it has none."""
+    if account is not None and account.unavailable:
+        return [f"no CPU account by role: {account.unavailable}"]
+    return []
 
 
 def loop_figures(heartbeats: HeartbeatLog, loop: LoopProbe) -> Figures:
@@ -204,6 +221,7 @@ class FinishedRun:
     heartbeats: HeartbeatLog
     cpu_before: dict[str, float]
     cpu_after: dict[str, float]
+    roles: RoleAccount | None  # where each task's CPU went, when the scenario asked
 
     @property
     def makespan_s(self) -> float | None:
@@ -220,12 +238,16 @@ class FinishedRun:
         return None
 
 
-def trigger_and_wait(dep: Deployment, dag_id: str, timeout: float) -> FinishedRun:
-    """Trigger ``dag_id``, wait for the run (a 120 s scheduler stall aborts), read back its task instances."""
+def trigger_and_wait(dep: Deployment, dag_id: str, timeout: float, *, roles: bool = False) -> FinishedRun:
+    """Trigger ``dag_id``, wait for the run (a 120 s scheduler stall aborts), read back its task instances.
+
+    :param roles: also account each task's CPU by role (:mod:`benchmarks.roles`) over the run
+    """
     sb = dep.sandbox
     loop = LoopProbe(dep.query)
+    account = dep.role_account() if roles else None
     cpu_before = dep.cpu()
-    with loop.sampling():
+    with loop.sampling(), account.measuring() if account else contextlib.nullcontext():
         run_id = sb.trigger(dag_id)
         state, problem = wait_for_run(sb, dag_id, run_id, timeout=timeout, abort=stalled(loop, 120))
     cpu_after = dep.cpu()
@@ -243,6 +265,7 @@ def trigger_and_wait(dep: Deployment, dag_id: str, timeout: float) -> FinishedRu
         dep.heartbeats(),
         cpu_before,
         cpu_after,
+        account,
     )
 
 

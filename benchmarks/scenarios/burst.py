@@ -27,6 +27,8 @@ from benchmarks.scenarios.base import (
     airflow_config,
     cpu_figures,
     loop_figures,
+    roles_figures,
+    roles_notes,
     run_status,
     stalled,
     wait_for_run,
@@ -184,7 +186,8 @@ def run(size: Size, ctx: RunContext) -> Outcome:
             if ctx.profile_stem is None
             else scheduler_profile.profiled(dep.scheduler_pid, ctx.profile_stem)
         )
-        with loop.sampling(), profiling:
+        account = dep.role_account()
+        with loop.sampling(), profiling, account.measuring():
             triggered = time.time()
             deadline = time.monotonic() + size.timeout
             run_id = sb.trigger(DAG_ID)
@@ -262,6 +265,7 @@ def run(size: Size, ctx: RunContext) -> Outcome:
         "job_heartbeat_stalls": float(len(gaps)),
         "job_heartbeat_stalled_s": sum(gaps),
         **cpu_figures(cpu_before, cpu_after, ran),
+        **roles_figures(account, ran),
         # The scheduler's own thread, and the executor's loop thread where it has one (named in the
         # kernel since this figure exists; stock has none).
         # None when the scheduler is gone by the end (it crashed): its threads took their counts along.
@@ -289,4 +293,5 @@ def run(size: Size, ctx: RunContext) -> Outcome:
         "airflow_config": applied,
     }
     status = run_status(state == "success", state, problem)
+    notes += roles_notes(account)
     return Outcome(metrics, series, status, notes, info=info, text={"run_state": state or "none"})

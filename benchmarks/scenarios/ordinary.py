@@ -22,6 +22,8 @@ from benchmarks.scenarios.base import (
     airflow_config,
     cpu_figures,
     loop_figures,
+    roles_figures,
+    roles_notes,
     run_status,
     trigger_and_wait,
     wait_parsed,
@@ -77,7 +79,7 @@ def run(size: Size, ctx: RunContext) -> Outcome:
         wait_parsed(dep, DAG_ID)
         info = dep.executor_info()
         applied = airflow_config(sb)
-        done = trigger_and_wait(dep, DAG_ID, size.timeout)
+        done = trigger_and_wait(dep, DAG_ID, size.timeout, roles=True)
         mismatches = sb.process_logs["scheduler"].read_text(errors="replace").count(MISMATCH)
     rows, state, problem, heartbeats = done.rows, done.state, done.problem, done.heartbeats
     # Final states: a task that succeeded and was then failed by the scheduler counts as failed.
@@ -93,9 +95,11 @@ def run(size: Size, ctx: RunContext) -> Outcome:
         "tries": float(sum(r.try_number for r in rows)),
         **loop_figures(heartbeats, done.loop),
         **cpu_figures(done.cpu_before, done.cpu_after, len(rows)),
+        **roles_figures(done.roles, len(rows)),
     }
     status = run_status(state == "success" and succeeded == size.tasks, state, problem)
     notes = [problem] if problem else []
+    notes += roles_notes(done.roles)
     if failed:
         notes.append(
             f"{failed} of {len(rows)} task instances ended failed; {mismatches} state mismatch line(s)"

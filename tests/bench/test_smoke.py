@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks import roles
 from benchmarks.metrics import METRICS
 from benchmarks.runner import select_cases
 
@@ -224,6 +226,30 @@ def test_the_async_executor_never_accepts_past_parallelism_and_prefetch(smoke: S
     record = by(smoke, "dispatch", "ours")
     # prefetch_multiplier defaults to 1: as many again wait inside the executor for a slot.
     assert record["metrics"]["dispatched"] == 2 * record["config"]["parallelism"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="process accounting needs root")
+def test_the_ordinary_case_accounts_its_tasks_cpu_by_role(smoke: Smoke) -> None:
+    records = [by(smoke, "ordinary", variant) for variant in VARIANTS]
+    accounted = [r for r in records if r["metrics"][roles.metric("task_process")] is not None]
+    # The host has one process accounting: of two runs side by side one may have to go without, and
+    # says so.
+    assert accounted
+    for record in records:
+        if record not in accounted:
+            assert "no CPU account by role: another run holds process accounting" in record["notes"]
+    for record in accounted:
+        per_task = {role: record["metrics"][roles.metric(role)] for role in roles.ROLES}
+        for role in ("scheduler_thread", "api_server", "task_process", "workload"):
+            assert per_task[role] > 0, (role, per_task)
+        if record["variant"] == "ours":
+            assert per_task["loop_thread"] > 0, per_task
+            assert per_task["fork_server"] > 0, per_task
+        else:
+            assert per_task["loop_thread"] == per_task["fork_server"] == 0, per_task
+    data = (smoke.charts / "roles.png").read_bytes()
+    assert data.startswith(PNG_MAGIC)
+    assert "](charts/roles.png)" in smoke.markdown.read_text()
 
 
 def test_charts_are_written(smoke: Smoke) -> None:

@@ -1,0 +1,318 @@
+"""Where each task's CPU goes, by role: the scheduler's threads, the fork server, the workload process,
+the task process, the api-server and the dag-processor.
+
+The processes that run a task are short-lived: by the end of a run most have exited, and a process's
+CPU time then survives only folded into its parent's ``children`` times, with its children's. So the
+account reads two sources over the measured phase:
+
+- processes still alive at its end: their own CPU time (``/proc``), less what they had at its start;
+  the scheduler's threads one by one (``/proc/<pid>/task``);
+- processes that exited during it: the kernel's process accounting (``acct(2)``, one ``acct_v3``
+  record per exited process, with its pid, its parent's pid and its CPU time in 10 ms units), which
+  needs root (``CAP_SYS_PACCT``) and is one per host, so one run at a time holds it (a lock file). A run
+  that cannot have it reports no role figures, and says why in its notes. The kernel samples a
+  process's user and system time by the clock tick where ``/proc`` splits its exact run time, so a
+  record may count a short process up to about a tenth low; the scheduler tree's total (from
+  ``/proc``) less every role is reported as ``unattributed``, which bounds that.
+
+Nothing samples the processes in between (on a burst's hundreds of processes that would take a share of
+the cores the run is measured on): the records carry each exited process's parent.
+
+A process's role is where it hangs below the scheduler: a fork-server helper (the pids its log names
+as ready) and whatever it forks for itself; a workload (any other child of the scheduler that is not
+one of Airflow's own: this executor's workload process, the entry process that runs Airflow's task
+supervisor in itself, or stock's worker, which is Airflow's supervisor alone); below a workload, the
+task process and whatever it starts. The api-server and the dag-processor are measured as whole
+process trees. What the scheduler's tree used and no role accounts for is reported too (a process
+re-parented away from it, say), so that the roles can be checked against the tree's total.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import fcntl
+import os
+import re
+import struct
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+import psutil
+
+from async_local_executor.core.runtime import THREAD_NAME as LOOP_THREAD
+from benchmarks.probes import thread_cpu_seconds, tree, tree_cpu_seconds
+
+# The roles, in the order the charts stack them: Airflow's processes first, then the executor's own.
+ROLES: Final[tuple[str, ...]] = (
+    "scheduler_thread",
+    "scheduler_other_threads",
+    "scheduler_other_children",
+    "api_server",
+    "dag_processor",
+    "task_process",
+    "workload",
+    "loop_thread",
+    "fork_server",
+    "unattributed",
+)
+LABELS: Final[Mapping[str, str]] = {
+    "scheduler_thread": "scheduler thread",
+    "scheduler_other_threads": "scheduler's other threads",
+    "scheduler_other_children": "scheduler's other children (log server)",
+    "api_server": "api-server",
+    "dag_processor": "dag-processor",
+    "task_process": "task process",
+    "workload": "workload process (stock: Airflow's supervisor; ours: entry + supervisor)",
+    "loop_thread": "executor loop thread",
+    "fork_server": "fork server",
+    "unattributed": "scheduler tree, unattributed",
+}
+
+
+def metric(role: str) -> str:
+    """The figure's name for ``role``'s CPU per task."""
+    return f"cpu_per_task_{role}_s"
+
+
+# struct acct_v3 (linux/acct.h): flag, version, tty, exitcode, uid, gid, pid, ppid, btime, etime,
+# utime, stime, mem, io, rw, minflt, majflt, swaps (comp_t each), comm[16].
+_ACCT_V3: Final = struct.Struct("<BBHIIIIIIf8H16s")
+_AHZ: Final = 100.0  # acct's clock: comp_t times count 1/100 s
+_LOCK: Final = Path(tempfile.gettempdir()) / "ale-bench-acct.lock"
+_READY: Final = re.compile(r"fork server ready \(pid (\d+)")
+# The title a workload process takes: this executor's (adapter/startup.py) and stock's worker.
+WORKLOAD_TITLE: Final = "airflow worker --"
+
+
+def comp_t(value: int) -> int:
+    """A ``comp_t`` (13-bit mantissa, 3-bit base-8 exponent) as the integer it encodes."""
+    return (value & 0x1FFF) << (3 * (value >> 13))
+
+
+@dataclass(frozen=True)
+class Exited:
+    """One process that exited, as the kernel's accounting recorded it."""
+
+    pid: int
+    ppid: int
+    cpu_s: float
+    comm: str
+
+
+def read_accounting(data: bytes) -> list[Exited]:
+    """The ``acct_v3`` records in ``data`` (records of other versions are skipped)."""
+    found = []
+    for offset in range(0, len(data) - _ACCT_V3.size + 1, _ACCT_V3.size):
+        fields = _ACCT_V3.unpack_from(data, offset)
+        if fields[1] & 0x7F != 3:
+            continue
+        pid, ppid, utime, stime, comm = fields[6], fields[7], fields[10], fields[11], fields[18]
+        cpu = (comp_t(utime) + comp_t(stime)) / _AHZ
+        found.append(Exited(pid, ppid, cpu, comm.split(b"\0", 1)[0].decode(errors="replace")))
+    return found
+
+
+class AccountingUnavailable(Exception):
+    """Process accounting cannot be had for this run (the message says why)."""
+
+
+@contextlib.contextmanager
+def _accounting(path: Path) -> Iterator[None]:
+    """The host's process accounting written to ``path`` for the block, held by this run alone."""
+    if os.geteuid() != 0:
+        raise AccountingUnavailable("process accounting needs root")
+    lock = os.open(_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise AccountingUnavailable("another run holds process accounting") from None
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        path.touch(mode=0o600)
+        if libc.acct(os.fsencode(path)) != 0:
+            raise AccountingUnavailable(f"acct(2) failed: {os.strerror(ctypes.get_errno())}")
+        try:
+            yield
+        finally:
+            libc.acct(None)
+    finally:
+        os.close(lock)
+
+
+@dataclass
+class _Seen:
+    ppid: int
+    cmdline: str
+
+
+def _own_cpu(proc: psutil.Process) -> float:
+    times = proc.cpu_times()
+    return float(times.user + times.system)
+
+
+def _snapshot(root: int) -> dict[int, float]:
+    """Own CPU seconds of every live descendant of ``root`` (not ``root`` itself)."""
+    found = {}
+    for proc in tree(root)[1:]:
+        with contextlib.suppress(psutil.Error):
+            found[proc.pid] = _own_cpu(proc)
+    return found
+
+
+@dataclass
+class RoleAccount:
+    """CPU seconds by role over one measured phase of a deployment (see the module docstring).
+
+    :param scheduler: the scheduler's pid
+    :param others: the api-server's and the dag-processor's pids, by role
+    :param scheduler_log: the scheduler's log, which names each fork-server helper's pid
+    :param workdir: where the accounting file goes (the run's home)
+    """
+
+    scheduler: int
+    others: Mapping[str, int]
+    scheduler_log: Path
+    workdir: Path
+    seconds: dict[str, float] = field(default_factory=dict)
+    unavailable: str | None = None
+    _seen: dict[int, _Seen] = field(default_factory=dict)
+
+    def _look(self) -> None:
+        # Who is whose child, and what each process calls itself, for the processes alive at either end
+        # of the phase; the kernel's records say it for the others.
+        for proc in tree(self.scheduler)[1:]:
+            with contextlib.suppress(psutil.Error):
+                self._seen[proc.pid] = _Seen(proc.ppid(), " ".join(proc.cmdline()))
+
+    @contextlib.contextmanager
+    def measuring(self) -> Iterator[RoleAccount]:
+        """Account the block; :attr:`seconds` holds the figures after it (empty, with
+        :attr:`unavailable` set, when the kernel's accounting could not be had)."""
+        path = self.workdir / "process-accounting"
+        try:
+            with contextlib.ExitStack() as stack:
+                try:
+                    stack.enter_context(_accounting(path))
+                except AccountingUnavailable as exc:
+                    self.unavailable = str(exc)
+                    yield self
+                    return
+                before = _snapshot(self.scheduler)
+                threads_before = thread_cpu_seconds(self.scheduler)
+                own_before = _own(self.scheduler)
+                trees_before = {role: tree_cpu_seconds(pid) for role, pid in self.others.items()}
+                scheduler_tree_before = tree_cpu_seconds(self.scheduler)
+                self._look()
+                try:
+                    yield self
+                finally:
+                    self._look()
+                    after = _snapshot(self.scheduler)
+                    threads_after = thread_cpu_seconds(self.scheduler)
+                    own_after = _own(self.scheduler)
+                    trees_after = {role: tree_cpu_seconds(pid) for role, pid in self.others.items()}
+                    scheduler_tree_after = tree_cpu_seconds(self.scheduler)
+            # Read once the accounting is off: the kernel has written every record by then.
+            exited = read_accounting(path.read_bytes())
+        finally:
+            path.unlink(missing_ok=True)
+        if not threads_after:
+            self.unavailable = "the scheduler was gone by the end of the phase"
+            return
+        self.seconds = self._account(
+            before,
+            after,
+            exited,
+            threads_before,
+            threads_after,
+            own_after - own_before,
+            {role: trees_after[role] - trees_before[role] for role in self.others},
+            scheduler_tree_after - scheduler_tree_before,
+        )
+
+    def _helpers(self) -> set[int]:
+        try:
+            text = self.scheduler_log.read_text(errors="replace")
+        except OSError:
+            return set()
+        return {int(pid) for pid in _READY.findall(text)}
+
+    def _account(
+        self,
+        before: Mapping[int, float],
+        after: Mapping[int, float],
+        exited: list[Exited],
+        threads_before: Mapping[str, float],
+        threads_after: Mapping[str, float],
+        own: float,
+        trees: Mapping[str, float],
+        scheduler_tree: float,
+    ) -> dict[str, float]:
+        seconds = dict.fromkeys(ROLES, 0.0)
+        main = threads_after.get("main", 0.0) - threads_before.get("main", 0.0)
+        loop = threads_after.get(LOOP_THREAD, 0.0) - threads_before.get(LOOP_THREAD, 0.0)
+        seconds["scheduler_thread"] = main
+        seconds["loop_thread"] = loop
+        # Threads that ended during the phase count in the process's own time only.
+        seconds["scheduler_other_threads"] = max(0.0, own - main - loop)
+        seconds.update(trees)
+        parents = {pid: seen.ppid for pid, seen in self._seen.items()}
+        parents.update({e.pid: e.ppid for e in exited if e.pid not in after})
+        helpers = self._helpers()
+        attributed = 0.0
+
+        def add(pid: int, cpu: float) -> None:
+            nonlocal attributed
+            role = self._role(pid, parents, helpers, set(before))
+            if role is not None:
+                seconds[role] += cpu
+                attributed += cpu
+
+        for pid, cpu in after.items():
+            add(pid, cpu - before.get(pid, 0.0))
+        for record in exited:
+            if record.pid not in after:
+                add(record.pid, max(0.0, record.cpu_s - before.get(record.pid, 0.0)))
+        seconds["unattributed"] = max(0.0, scheduler_tree - own - attributed)
+        return seconds
+
+    def _role(self, pid: int, parents: Mapping[int, int], helpers: set[int], earlier: set[int]) -> str | None:
+        """``pid``'s role below the scheduler, or None when it is not the scheduler's descendant.
+
+        :param earlier: the processes that were running when the phase began
+        """
+        chain = [pid]
+        while chain[-1] in parents and parents[chain[-1]] != self.scheduler:
+            chain.append(parents[chain[-1]])
+            if len(chain) > 64:  # a cycle through a reused pid
+                return None
+        if parents.get(chain[-1]) != self.scheduler:
+            return None
+        top = chain[-1]
+        if top in helpers:
+            return "fork_server"
+        seen = self._seen.get(top)
+        titled = seen is not None and seen.cmdline.startswith(WORKLOAD_TITLE)
+        if not titled and top in earlier:
+            # A child of the scheduler's own from before the phase that never took a workload's title:
+            # Airflow's log server or health-check server.
+            return "scheduler_other_children"
+        return "workload" if len(chain) == 1 else "task_process"
+
+    def per_task(self, tasks: int) -> dict[str, float | None]:
+        """Each role's CPU seconds per task; None for every role when the account is unavailable."""
+        if not self.seconds or not tasks:
+            return {metric(role): None for role in ROLES}
+        return {metric(role): self.seconds[role] / tasks for role in ROLES}
+
+
+def _own(pid: int) -> float:
+    try:
+        return _own_cpu(psutil.Process(pid))
+    except psutil.Error:
+        return 0.0
