@@ -60,6 +60,8 @@ ROLES: Final[tuple[str, ...]] = (
     "fork_server",
     "unattributed",
 )
+# The roles of the scheduler's process tree (the others are the api-server's and the dag-processor's).
+SCHEDULER_TREE: Final[tuple[str, ...]] = tuple(r for r in ROLES if r not in ("api_server", "dag_processor"))
 LABELS: Final[Mapping[str, str]] = {
     "scheduler_thread": "scheduler thread",
     "scheduler_other_threads": "scheduler's other threads",
@@ -150,18 +152,33 @@ class _Seen:
     cmdline: str
 
 
-def _own_cpu(proc: psutil.Process) -> float:
-    times = proc.cpu_times()
-    return float(times.user + times.system)
+@dataclass(frozen=True)
+class _Times:
+    own: float  # user + system
+    children: float  # of the children it reaped, with what they had reaped
 
 
-def _snapshot(root: int) -> dict[int, float]:
-    """Own CPU seconds of every live descendant of ``root`` (not ``root`` itself)."""
-    found = {}
-    for proc in tree(root)[1:]:
-        with contextlib.suppress(psutil.Error):
-            found[proc.pid] = _own_cpu(proc)
-    return found
+def _times(proc: psutil.Process) -> _Times:
+    t = proc.cpu_times()
+    return _Times(float(t.user + t.system), float(t.children_user + t.children_system))
+
+
+def _scheduler_times(pid: int) -> _Times | None:
+    try:
+        return _times(psutil.Process(pid))
+    except psutil.Error:
+        return None
+
+
+@dataclass(frozen=True)
+class _Phase:
+    """What was read at the phase's two ends, and the kernel's records of what exited in between."""
+
+    before: Mapping[int, _Times]
+    after: Mapping[int, _Times]
+    exited: list[Exited]
+    scheduler_before: _Times
+    scheduler_after: _Times
 
 
 @dataclass
@@ -182,12 +199,15 @@ class RoleAccount:
     unavailable: str | None = None
     _seen: dict[int, _Seen] = field(default_factory=dict)
 
-    def _look(self) -> None:
-        # Who is whose child, and what each process calls itself, for the processes alive at either end
-        # of the phase; the kernel's records say it for the others.
+    def _look(self) -> dict[int, _Times]:
+        """CPU times of every live descendant of the scheduler; notes who is whose child and what each
+        calls itself (for the processes that exit, the kernel's records say so)."""
+        found = {}
         for proc in tree(self.scheduler)[1:]:
             with contextlib.suppress(psutil.Error):
                 self._seen[proc.pid] = _Seen(proc.ppid(), " ".join(proc.cmdline()))
+                found[proc.pid] = _times(proc)
+        return found
 
     @contextlib.contextmanager
     def measuring(self) -> Iterator[RoleAccount]:
@@ -202,37 +222,29 @@ class RoleAccount:
                     self.unavailable = str(exc)
                     yield self
                     return
-                before = _snapshot(self.scheduler)
+                before = self._look()
                 threads_before = thread_cpu_seconds(self.scheduler)
-                own_before = _own(self.scheduler)
+                scheduler_before = _scheduler_times(self.scheduler)
                 trees_before = {role: tree_cpu_seconds(pid) for role, pid in self.others.items()}
-                scheduler_tree_before = tree_cpu_seconds(self.scheduler)
-                self._look()
                 try:
                     yield self
                 finally:
-                    self._look()
-                    after = _snapshot(self.scheduler)
+                    after = self._look()
                     threads_after = thread_cpu_seconds(self.scheduler)
-                    own_after = _own(self.scheduler)
+                    scheduler_after = _scheduler_times(self.scheduler)
                     trees_after = {role: tree_cpu_seconds(pid) for role, pid in self.others.items()}
-                    scheduler_tree_after = tree_cpu_seconds(self.scheduler)
             # Read once the accounting is off: the kernel has written every record by then.
             exited = read_accounting(path.read_bytes())
         finally:
             path.unlink(missing_ok=True)
-        if not threads_after:
+        if not threads_after or scheduler_after is None or scheduler_before is None:
             self.unavailable = "the scheduler was gone by the end of the phase"
             return
         self.seconds = self._account(
-            before,
-            after,
-            exited,
+            _Phase(before, after, exited, scheduler_before, scheduler_after),
             threads_before,
             threads_after,
-            own_after - own_before,
             {role: trees_after[role] - trees_before[role] for role in self.others},
-            scheduler_tree_after - scheduler_tree_before,
         )
 
     def _helpers(self) -> set[int]:
@@ -244,16 +256,13 @@ class RoleAccount:
 
     def _account(
         self,
-        before: Mapping[int, float],
-        after: Mapping[int, float],
-        exited: list[Exited],
+        phase: _Phase,
         threads_before: Mapping[str, float],
         threads_after: Mapping[str, float],
-        own: float,
         trees: Mapping[str, float],
-        scheduler_tree: float,
     ) -> dict[str, float]:
         seconds = dict.fromkeys(ROLES, 0.0)
+        own = phase.scheduler_after.own - phase.scheduler_before.own
         main = threads_after.get("main", 0.0) - threads_before.get("main", 0.0)
         loop = threads_after.get(LOOP_THREAD, 0.0) - threads_before.get(LOOP_THREAD, 0.0)
         seconds["scheduler_thread"] = main
@@ -261,24 +270,59 @@ class RoleAccount:
         # Threads that ended during the phase count in the process's own time only.
         seconds["scheduler_other_threads"] = max(0.0, own - main - loop)
         seconds.update(trees)
+        before, after = phase.before, phase.after
         parents = {pid: seen.ppid for pid, seen in self._seen.items()}
-        parents.update({e.pid: e.ppid for e in exited if e.pid not in after})
+        gone = {e.pid: e for e in phase.exited if e.pid not in after}
+        parents.update({pid: e.ppid for pid, e in gone.items()})
         helpers = self._helpers()
-        attributed = 0.0
+        earlier = set(before)
 
-        def add(pid: int, cpu: float) -> None:
-            nonlocal attributed
-            role = self._role(pid, parents, helpers, set(before))
-            if role is not None:
+        def role_of(pid: int) -> str | None:
+            return self._role(pid, parents, helpers, earlier)
+
+        def below(role: str) -> str:
+            # What a process of ``role`` starts: a workload's children are its task process.
+            return "task_process" if role == "workload" else role
+
+        # Live processes: their own time from /proc, and that of the children they reaped, exactly.
+        for pid, now in after.items():
+            if (role := role_of(pid)) is None:
+                continue
+            was = before.get(pid, _Times(0.0, 0.0))
+            seconds[role] += now.own - was.own
+            seconds[below(role)] += now.children - was.children
+        # What the scheduler reaped (its children that exited, with all they had reaped) is exact too.
+        # Inside it only the kernel's records tell the parts apart, and they count a process that runs
+        # in short wake-ups (a watchdog thread) low: the records give each exited descendant's time,
+        # and what is left of the exact total goes to the children the scheduler reaped, by role.
+        reaped = phase.scheduler_after.children - phase.scheduler_before.children
+        tops: dict[str, float] = {}
+        for pid, record in gone.items():
+            role = role_of(pid)
+            if role is None:
+                continue
+            prior = before.get(pid, _Times(0.0, 0.0))
+            if record.ppid == self.scheduler:
+                reaped -= prior.own + prior.children
+                tops[role] = tops.get(role, 0.0) + max(0.0, record.cpu_s - prior.own)
+            elif record.ppid in gone:  # reaped by a process that exited too: in ``reaped``
+                cpu = max(0.0, record.cpu_s - prior.own)
                 seconds[role] += cpu
-                attributed += cpu
+                reaped -= cpu
+            # else: reaped by a live process, counted in its children's time above
+        left = max(0.0, reaped)
+        counted = sum(tops.values())
+        for role, cpu in tops.items():
+            seconds[role] += left * cpu / counted if counted else left / len(tops)
+        if not tops:
+            seconds["unattributed"] += left
 
-        for pid, cpu in after.items():
-            add(pid, cpu - before.get(pid, 0.0))
-        for record in exited:
-            if record.pid not in after:
-                add(record.pid, max(0.0, record.cpu_s - before.get(record.pid, 0.0)))
-        seconds["unattributed"] = max(0.0, scheduler_tree - own - attributed)
+        # The tree's total, as tree_cpu_seconds counts it, less every role of the tree.
+        def total(scheduler: _Times, live: Mapping[int, _Times]) -> float:
+            return scheduler.own + scheduler.children + sum(t.own + t.children for t in live.values())
+
+        tree_total = total(phase.scheduler_after, after) - total(phase.scheduler_before, before)
+        seconds["unattributed"] += max(0.0, tree_total - sum(seconds[r] for r in SCHEDULER_TREE))
         return seconds
 
     def _role(self, pid: int, parents: Mapping[int, int], helpers: set[int], earlier: set[int]) -> str | None:
@@ -309,10 +353,3 @@ class RoleAccount:
         if not self.seconds or not tasks:
             return {metric(role): None for role in ROLES}
         return {metric(role): self.seconds[role] / tasks for role in ROLES}
-
-
-def _own(pid: int) -> float:
-    try:
-        return _own_cpu(psutil.Process(pid))
-    except psutil.Error:
-        return 0.0

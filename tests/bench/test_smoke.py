@@ -242,10 +242,9 @@ def test_the_ordinary_case_accounts_its_tasks_cpu_by_role(smoke: Smoke) -> None:
         per_task = {role: record["metrics"][roles.metric(role)] for role in roles.ROLES}
         for role in ("scheduler_thread", "api_server", "task_process", "workload"):
             assert per_task[role] > 0, (role, per_task)
-        if record["variant"] == "ours":
-            assert per_task["loop_thread"] > 0, per_task
-            assert per_task["fork_server"] > 0, per_task
-        else:
+        # Stock has neither. Ours's are a few milliseconds per task, which at 4 tasks the kernel's
+        # 10 ms clock ticks may not show: the full-size runs quote them.
+        if record["variant"] == "stock":
             assert per_task["loop_thread"] == per_task["fork_server"] == 0, per_task
     data = (smoke.charts / "roles.png").read_bytes()
     assert data.startswith(PNG_MAGIC)
