@@ -271,10 +271,12 @@ def _roles_chart(records: Sequence[dict[str, Any]], variants: Sequence[str], pat
 
     runs = _with_roles(records)
     groups = list(dict.fromkeys((r["scenario"], r["case"], r["database"]) for r in runs))
-    fig, axes = plt.subplots(1, len(groups), figsize=(3.2 * len(groups) + 3.5, 4.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(groups), figsize=(max(7.0, 3.4 * len(groups)), 6.0), squeeze=False)
     palette = plt.get_cmap("tab20")
     for ax, (scenario, case, database) in zip(axes[0], groups, strict=True):
-        shown = [v for v in variants if any(r["variant"] == v for r in runs if r["case"] == case)]
+        # Every variant keeps its place; one without an account in this group (its run ended early,
+        # or another run held the accounting) is labelled so.
+        shown = list(variants)
         bottoms = [0.0] * len(shown)
         for k, role in enumerate(roles.ROLES):
             heights = []
@@ -288,14 +290,20 @@ def _roles_chart(records: Sequence[dict[str, Any]], variants: Sequence[str], pat
                 heights.append(median(vals) or 0.0)
             ax.bar(shown, heights, 0.6, bottom=bottoms, color=palette(k), label=roles.LABELS[role])
             bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
-        for x, total in enumerate(bottoms):
-            ax.annotate(f"{total:.2f} s", (x, total), ha="center", va="bottom", fontsize=8)
+        for x, (v, total) in enumerate(zip(shown, bottoms, strict=True)):
+            had = any(
+                (r["scenario"], r["case"], r["database"], r["variant"]) == (scenario, case, database, v)
+                for r in runs
+            )
+            label = f"{total * 1000:.0f} ms" if had else "no account"
+            ax.annotate(label, (x, total), ha="center", va="bottom", fontsize=8)
+        ax.set_ylim(0, max(bottoms, default=0.0) * 1.12 or 1.0)
         ax.set_title(f"{scenario} {_case_label(case)}\n{database}", fontsize=9)
         ax.set_ylabel("CPU seconds per task")
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles[::-1], labels[::-1], loc="center right", fontsize=7)
+    fig.legend(handles[::-1], labels[::-1], loc="lower center", ncol=2, fontsize=7)
     fig.suptitle("Where each task's CPU goes, by role (medians)", fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1 - 3.4 / (3.2 * len(groups) + 3.5), 0.93))
+    fig.tight_layout(rect=(0, 0.2, 1, 0.95))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
