@@ -28,7 +28,7 @@ BENCH_ARGS ?=
 
 # A virtualenv from a lock file. $(1): the virtualenv; $(2): the lock file; $(3): the extras.
 # Everything the lock file pins goes in first, which several virtualenvs can do at once (make test builds
-# the Airflow 2 ones while the Airflow 3 suite runs); then the package itself, one build at a time: the
+# all three side by side); then the package itself, one build at a time: the
 # build leaves src/*.egg-info beside the package, on sys.path through the editable install, where Airflow
 # would find the package's entry points twice ("Plugin 'async_local_executor' already registered").
 define make_venv
@@ -89,7 +89,7 @@ test:
 test-unit-airflow210:
 	$(MAKE) --no-print-directory test-unit
 	$(MAKE) --no-print-directory test-airflow210
-	$(BIN)/python -m pytest $(E2E_LATE) --durations=5 $(PYTEST_ARGS)
+	$(if $(E2E_LATE),$(BIN)/python -m pytest $(E2E_LATE) --durations=5 $(PYTEST_ARGS))
 
 # The suite on Airflow 3.3: the tests that start no Airflow deployment, then those that do.
 test-airflow3: test-unit
@@ -133,7 +133,8 @@ test-core: install
 	$(BIN)/python -m pytest tests/core tests/ops $(PYTEST_ARGS)
 
 # Every test that starts no Airflow deployment (not marked e2e), on Airflow 3.3: tests/core, tests/ops,
-# tests/adapter, tests/packaging, tests/bench/test_cases.py and the chaos checker's. Real child
+# tests/adapter, tests/packaging, tests/bench/test_cases.py and test_roles.py (as root it turns the host's
+# process accounting on for a second, as the benchmarks do), and the chaos checker's. Real child
 # processes, fork servers and `airflow` CLI commands, but no api-server, scheduler or dag-processor.
 # Much of it waits on children, so UNIT_JOBS pytest-xdist workers share the 2 cores.
 UNIT_JOBS ?= 4

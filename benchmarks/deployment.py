@@ -70,6 +70,10 @@ def parse_variant(spec: str) -> Variant:
     return Variant(label, path, env)
 
 
+# The roles the account takes whole from Airflow's other processes, by process name.
+OTHER_ROLES: Final = {"api_server": "api-server", "dag_processor": "dag-processor"}
+
+
 @dataclass
 class Deployment:
     sandbox: AirflowSandbox
@@ -85,9 +89,11 @@ class Deployment:
     def role_account(self) -> RoleAccount:
         """An account of each task's CPU by role, for a phase of this deployment."""
         pids = self.sandbox.pids
+        # Airflow 2's deployment is its scheduler alone (its DAG processor is the scheduler's child).
+        others = {role: pids[name] for role, name in OTHER_ROLES.items() if name in pids}
         return RoleAccount(
             self.scheduler_pid,
-            {"api_server": pids["api-server"], "dag_processor": pids["dag-processor"]},
+            others,
             self.sandbox.process_logs["scheduler"],
             self.sandbox.home,
         )

@@ -287,7 +287,8 @@ def _roles_chart(records: Sequence[dict[str, Any]], variants: Sequence[str], pat
                     if (r["scenario"], r["case"], r["database"], r["variant"])
                     == (scenario, case, database, v)
                 ]
-                heights.append(median(vals) or 0.0)
+                # A signed remainder (unattributed) below zero has no bar to stack.
+                heights.append(max(0.0, median(vals) or 0.0))
             ax.bar(shown, heights, 0.6, bottom=bottoms, color=palette(k), label=roles.LABELS[role])
             bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
         for x, (v, total) in enumerate(zip(shown, bottoms, strict=True)):

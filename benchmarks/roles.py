@@ -2,29 +2,34 @@
 the task process, the api-server and the dag-processor.
 
 The processes that run a task are short-lived: by the end of a run most have exited, and a process's
-CPU time then survives only folded into its parent's ``children`` times, with its children's. So the
-account reads two sources over the measured phase:
+CPU time then survives only folded into its reaper's ``children`` times, with its children's. So the
+account reads, over the measured phase:
 
-- processes still alive at its end: their own CPU time (``/proc``), less what they had at its start;
-  the scheduler's threads one by one (``/proc/<pid>/task``);
-- processes that exited during it: the kernel's process accounting (``acct(2)``, one ``acct_v3``
-  record per exited process, with its pid, its parent's pid and its CPU time in 10 ms units), which
-  needs root (``CAP_SYS_PACCT``) and is one per host, so one run at a time holds it (a lock file). A run
-  that cannot have it reports no role figures, and says why in its notes. The kernel samples a
-  process's user and system time by the clock tick where ``/proc`` splits its exact run time, so a
-  record may count a short process up to about a tenth low; the scheduler tree's total (from
-  ``/proc``) less every role is reported as ``unattributed``, which bounds that.
+- for processes still alive at its end, their own CPU time and that of the children they reaped
+  (``/proc``), less what they had at its start; the scheduler's threads one by one
+  (``/proc/<pid>/task``);
+- for the children the scheduler reaped, the exact total of each subtree from the scheduler's own
+  ``children`` times, split between the roles by the kernel's process accounting (``acct(2)``: one
+  ``acct_v3`` record per exited process, with its pid, its parent's pid and its CPU time in 10 ms units).
+  The kernel samples user and system time by the clock tick, where ``/proc`` splits the exact run time,
+  so a record counts a process that runs in short wake-ups low (a watchdog thread's): the records give
+  the time of the processes below the scheduler's children (task processes, under this executor), and
+  what is left of the exact total goes to those children. A task process's figure under this executor
+  is therefore a lower bound, and its workload process's an upper one; under the stock executor both
+  are exact (its long-lived workers reap their task processes).
 
-Nothing samples the processes in between (on a burst's hundreds of processes that would take a share of
-the cores the run is measured on): the records carry each exited process's parent.
+The accounting needs root (``CAP_SYS_PACCT``) and is one per host, so one run at a time holds it (a
+lock file). A run that cannot have it reports no role figures, and says why in its notes. Nothing
+samples the processes in between (on a burst's hundreds of processes that would take a share of the
+cores the run is measured on): the records carry each exited process's parent, in exit order.
 
 A process's role is where it hangs below the scheduler: a fork-server helper (the pids its log names
 as ready) and whatever it forks for itself; a workload (any other child of the scheduler that is not
 one of Airflow's own: this executor's workload process, the entry process that runs Airflow's task
 supervisor in itself, or stock's worker, which is Airflow's supervisor alone); below a workload, the
 task process and whatever it starts. The api-server and the dag-processor are measured as whole
-process trees. What the scheduler's tree used and no role accounts for is reported too (a process
-re-parented away from it, say), so that the roles can be checked against the tree's total.
+process trees. What the scheduler's tree used and no role accounts for is reported too, signed (a
+process re-parented away from it, say), so that the roles can be checked against the tree's total.
 """
 
 from __future__ import annotations
@@ -65,7 +70,7 @@ SCHEDULER_TREE: Final[tuple[str, ...]] = tuple(r for r in ROLES if r not in ("ap
 LABELS: Final[Mapping[str, str]] = {
     "scheduler_thread": "scheduler thread",
     "scheduler_other_threads": "scheduler's other threads",
-    "scheduler_other_children": "scheduler's other children (log server)",
+    "scheduler_other_children": "scheduler's other children (log server; Airflow 2: DAG processor)",
     "api_server": "api-server",
     "dag_processor": "dag-processor",
     "task_process": "task process",
@@ -234,9 +239,13 @@ class RoleAccount:
                     scheduler_after = _scheduler_times(self.scheduler)
                     trees_after = {role: tree_cpu_seconds(pid) for role, pid in self.others.items()}
             # Read once the accounting is off: the kernel has written every record by then.
-            exited = read_accounting(path.read_bytes())
+            data = path.read_bytes()
+            exited = read_accounting(data)
         finally:
             path.unlink(missing_ok=True)
+        if data and not exited:
+            self.unavailable = "this kernel writes no acct_v3 records (CONFIG_BSD_PROCESS_ACCT_V3)"
+            return
         if not threads_after or scheduler_after is None or scheduler_before is None:
             self.unavailable = "the scheduler was gone by the end of the phase"
             return
@@ -268,61 +277,88 @@ class RoleAccount:
         seconds["scheduler_thread"] = main
         seconds["loop_thread"] = loop
         # Threads that ended during the phase count in the process's own time only.
-        seconds["scheduler_other_threads"] = max(0.0, own - main - loop)
+        seconds["scheduler_other_threads"] = own - main - loop
         seconds.update(trees)
-        before, after = phase.before, phase.after
-        parents = {pid: seen.ppid for pid, seen in self._seen.items()}
-        gone = {e.pid: e for e in phase.exited if e.pid not in after}
-        parents.update({pid: e.ppid for pid, e in gone.items()})
+        before, after, exited = phase.before, phase.after, phase.exited
         helpers = self._helpers()
         earlier = set(before)
+        # The records are in exit order, and a pid may have been reused: a record's parent is the next
+        # record of that pid after it, if any, else the live process (or the scheduler) of that pid.
+        later: dict[int, list[int]] = {}
+        for index, record in enumerate(exited):
+            later.setdefault(record.pid, []).append(index)
 
-        def role_of(pid: int) -> str | None:
-            return self._role(pid, parents, helpers, earlier)
+        def parent_record(index: int) -> int | None:
+            ppid = exited[index].ppid
+            return next((i for i in later.get(ppid, []) if i > index), None)
+
+        parents = {pid: seen.ppid for pid, seen in self._seen.items()}
+
+        def role_of(pid: int, index: int | None) -> str | None:
+            # A record's chain: its exited ancestors by record, then the live ones by pid.
+            chain_parents = dict(parents)
+            while index is not None:
+                chain_parents[exited[index].pid] = exited[index].ppid
+                index = parent_record(index)
+            return self._role(pid, chain_parents, helpers, earlier)
 
         def below(role: str) -> str:
             # What a process of ``role`` starts: a workload's children are its task process.
             return "task_process" if role == "workload" else role
 
         # Live processes: their own time from /proc, and that of the children they reaped, exactly.
+        live_roles: dict[int, str] = {}
         for pid, now in after.items():
-            if (role := role_of(pid)) is None:
+            if (role := role_of(pid, None)) is None:
                 continue
+            live_roles[pid] = role
             was = before.get(pid, _Times(0.0, 0.0))
             seconds[role] += now.own - was.own
             seconds[below(role)] += now.children - was.children
-        # What the scheduler reaped (its children that exited, with all they had reaped) is exact too.
-        # Inside it only the kernel's records tell the parts apart, and they count a process that runs
-        # in short wake-ups (a watchdog thread) low: the records give each exited descendant's time,
-        # and what is left of the exact total goes to the children the scheduler reaped, by role.
+        # What the scheduler reaped (its children that exited, with everything they had reaped) is exact
+        # too, as is what a live process reaped. Each exited process sits in the total of its nearest
+        # ancestor that did not exit (its reaper's, if that one lives), less what it had used before
+        # the phase. Inside what the scheduler reaped, only the kernel's records tell the parts apart,
+        # and they count a process that runs in short wake-ups low: the records give the time of each
+        # exited process below the scheduler's children, and what is left of the exact total goes to
+        # those children, by role.
         reaped = phase.scheduler_after.children - phase.scheduler_before.children
         tops: dict[str, float] = {}
-        for pid, record in gone.items():
-            role = role_of(pid)
+        for index, record in enumerate(exited):
+            if record.pid in after:
+                continue
+            role = role_of(record.pid, index)
             if role is None:
                 continue
-            prior = before.get(pid, _Times(0.0, 0.0))
-            if record.ppid == self.scheduler:
-                reaped -= prior.own + prior.children
-                tops[role] = tops.get(role, 0.0) + max(0.0, record.cpu_s - prior.own)
-            elif record.ppid in gone:  # reaped by a process that exited too: in ``reaped``
-                cpu = max(0.0, record.cpu_s - prior.own)
+            prior = before.get(record.pid, _Times(0.0, 0.0))
+            ancestor = index
+            while (up := parent_record(ancestor)) is not None:
+                ancestor = up
+            reaper = exited[ancestor].ppid
+            if reaper != self.scheduler:
+                if reaper in live_roles:  # in that live process's children time: only its past is out
+                    seconds[below(live_roles[reaper])] -= prior.own + prior.children
+                continue
+            reaped -= prior.own + prior.children
+            cpu = record.cpu_s - prior.own
+            if ancestor == index:  # a child of the scheduler's own
+                tops[role] = tops.get(role, 0.0) + cpu
+            else:
                 seconds[role] += cpu
                 reaped -= cpu
-            # else: reaped by a live process, counted in its children's time above
-        left = max(0.0, reaped)
         counted = sum(tops.values())
         for role, cpu in tops.items():
-            seconds[role] += left * cpu / counted if counted else left / len(tops)
+            seconds[role] += reaped * cpu / counted if counted > 0 else reaped / len(tops)
         if not tops:
-            seconds["unattributed"] += left
+            seconds["unattributed"] += reaped
 
-        # The tree's total, as tree_cpu_seconds counts it, less every role of the tree.
+        # The tree's total, as tree_cpu_seconds counts it, less every role of the tree: signed, so that
+        # an account that counted too much shows it.
         def total(scheduler: _Times, live: Mapping[int, _Times]) -> float:
             return scheduler.own + scheduler.children + sum(t.own + t.children for t in live.values())
 
         tree_total = total(phase.scheduler_after, after) - total(phase.scheduler_before, before)
-        seconds["unattributed"] += max(0.0, tree_total - sum(seconds[r] for r in SCHEDULER_TREE))
+        seconds["unattributed"] += tree_total - sum(seconds[r] for r in SCHEDULER_TREE)
         return seconds
 
     def _role(self, pid: int, parents: Mapping[int, int], helpers: set[int], earlier: set[int]) -> str | None:

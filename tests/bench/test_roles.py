@@ -77,6 +77,8 @@ def test_each_process_s_cpu_goes_to_its_role(tmp_path: Path) -> None:
     finally:
         stand_in.stdin.close()
         stand_in.wait(timeout=30)
+    if account.unavailable and account.unavailable.startswith("acct(2) failed"):
+        pytest.skip(account.unavailable)  # root without CAP_SYS_PACCT (a container's default)
     assert account.unavailable is None
     seconds = account.seconds
     # Each burnt what it was told, plus its start and exit. The kernel's accounting samples user and
@@ -85,14 +87,17 @@ def test_each_process_s_cpu_goes_to_its_role(tmp_path: Path) -> None:
     assert 0.18 <= seconds["fork_server"] < 0.35, seconds  # alive at the end: /proc's own figure
     assert 0.25 <= seconds["workload"] < 0.45, seconds
     assert 0.5 <= seconds["task_process"] < 0.75, seconds
-    assert seconds["unattributed"] < 0.15, seconds
+    assert abs(seconds["unattributed"]) < 0.05, seconds
     per_task = account.per_task(2)
     assert per_task[roles.metric("task_process")] == seconds["task_process"] / 2
     assert set(per_task) == {roles.metric(role) for role in roles.ROLES}
 
 
-def test_a_run_that_cannot_have_the_accounting_says_so_and_reports_no_figure(tmp_path: Path) -> None:
-    # Another run holds it (the lock file is the host's one).
+def test_a_run_that_cannot_have_the_accounting_says_so_and_reports_no_figure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another run holds it (a lock of this test's own: the host's may be held by a real run).
+    monkeypatch.setattr(roles, "_LOCK", tmp_path / "acct.lock")
     held = os.open(roles._LOCK, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(held, fcntl.LOCK_EX)
@@ -117,3 +122,81 @@ def test_records_of_the_kernel_s_format_are_read() -> None:
         "<BBHIIIIIIf8H16s", 0, 2, 0, 0, 0, 0, 1, 1, 0, 1.0, 30, 12, 0, 0, 0, 0, 0, 0, b"x"
     )
     assert roles.read_accounting(record + other_version) == [roles.Exited(4242, 1, 0.42, "python3")]
+
+
+SCHEDULER, WORKER, TASK, CHILD = 1000, 1001, 1002, 1003
+
+
+def _account(
+    seen: dict[int, tuple[int, str]],
+    before: dict[int, tuple[float, float]],
+    after: dict[int, tuple[float, float]],
+    exited: list[roles.Exited],
+    reaped: float = 0.0,
+) -> dict[str, float]:
+    """The account of a phase given as what /proc and the kernel's records would have said."""
+    account = roles.RoleAccount(SCHEDULER, {}, Path("/nonexistent/scheduler.log"), Path("/nonexistent"))
+    account._seen = {pid: roles._Seen(ppid, cmdline) for pid, (ppid, cmdline) in seen.items()}
+    phase = roles._Phase(
+        {pid: roles._Times(*t) for pid, t in before.items()},
+        {pid: roles._Times(*t) for pid, t in after.items()},
+        exited,
+        roles._Times(0.0, 0.0),
+        roles._Times(0.0, reaped),
+    )
+    return account._account(phase, {"main": 0.0}, {"main": 0.0}, {})
+
+
+def test_what_a_live_worker_reaped_counts_once_with_what_its_children_reaped() -> None:
+    # Stock: a live worker reaped a task process that had reaped a child of its own.
+    seconds = _account(
+        {WORKER: (SCHEDULER, "airflow worker -- LocalExecutor: <idle>")},
+        {WORKER: (0.5, 0.0)},
+        {WORKER: (1.0, 1.5)},
+        [roles.Exited(CHILD, TASK, 0.5, "x"), roles.Exited(TASK, WORKER, 1.0, "x")],
+    )
+    assert seconds["workload"] == pytest.approx(0.5)
+    assert seconds["task_process"] == pytest.approx(1.5)
+    assert seconds["unattributed"] == pytest.approx(0.0)
+
+
+def test_a_process_that_ran_before_the_phase_counts_only_what_it_used_in_it() -> None:
+    # Reaped by a live worker: its whole life is in the worker's children time.
+    seconds = _account(
+        {WORKER: (SCHEDULER, "airflow worker -- LocalExecutor: <idle>"), TASK: (WORKER, "x")},
+        {WORKER: (0.0, 0.0), TASK: (2.0, 0.0)},
+        {WORKER: (0.0, 3.0)},
+        [roles.Exited(TASK, WORKER, 3.0, "x")],
+    )
+    assert seconds["task_process"] == pytest.approx(1.0)
+    assert seconds["unattributed"] == pytest.approx(0.0)
+    # Reaped by the scheduler, with a task process of its own that exited.
+    seconds = _account(
+        {WORKER: (SCHEDULER, "airflow worker -- AsyncLocalExecutor: t")},
+        {WORKER: (0.4, 0.0)},
+        {},
+        [roles.Exited(TASK, WORKER, 0.5, "x"), roles.Exited(WORKER, SCHEDULER, 0.6, "x")],
+        reaped=1.1,
+    )
+    assert seconds["workload"] == pytest.approx(0.2)
+    assert seconds["task_process"] == pytest.approx(0.5)
+    assert seconds["unattributed"] == pytest.approx(0.0)
+
+
+def test_a_reused_pid_s_records_are_told_apart_by_their_order() -> None:
+    # Two workloads of one pid in turn, each with its task process; the kernel's records count low.
+    seconds = _account(
+        {},
+        {},
+        {},
+        [
+            roles.Exited(TASK, WORKER, 0.2, "x"),
+            roles.Exited(WORKER, SCHEDULER, 0.1, "x"),
+            roles.Exited(CHILD, WORKER, 0.3, "x"),
+            roles.Exited(WORKER, SCHEDULER, 0.1, "x"),
+        ],
+        reaped=0.9,
+    )
+    assert seconds["task_process"] == pytest.approx(0.5)
+    assert seconds["workload"] == pytest.approx(0.4)
+    assert seconds["unattributed"] == pytest.approx(0.0)

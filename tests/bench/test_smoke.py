@@ -229,20 +229,26 @@ def test_the_async_executor_never_accepts_past_parallelism_and_prefetch(smoke: S
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="process accounting needs root")
-def test_the_ordinary_case_accounts_its_tasks_cpu_by_role(smoke: Smoke) -> None:
-    records = [by(smoke, "ordinary", variant) for variant in VARIANTS]
+def test_the_ordinary_and_burst_cases_account_their_tasks_cpu_by_role(smoke: Smoke) -> None:
+    records = [
+        record
+        for scenario in ("ordinary", "burst")
+        for variant in VARIANTS
+        if not stock_burst_did_not_end(record := by(smoke, scenario, variant))
+    ]
     accounted = [r for r in records if r["metrics"][roles.metric("task_process")] is not None]
-    # The host has one process accounting: of two runs side by side one may have to go without, and
-    # says so.
+    why = [note for r in records if r not in accounted for note in r["notes"] if "no CPU account" in note]
+    if not accounted and all("acct(2) failed" in note for note in why):
+        pytest.skip(why[0])  # root without CAP_SYS_PACCT (a container's default)
+    # The host has one process accounting: a run beside another that holds it goes without, and says
+    # so (as does one whose scheduler died).
     assert accounted
-    for record in records:
-        if record not in accounted:
-            assert "no CPU account by role: another run holds process accounting" in record["notes"]
+    assert len(why) == len(records) - len(accounted), why
     for record in accounted:
         per_task = {role: record["metrics"][roles.metric(role)] for role in roles.ROLES}
         for role in ("scheduler_thread", "api_server", "task_process", "workload"):
-            assert per_task[role] > 0, (role, per_task)
-        # Stock has neither. Ours's are a few milliseconds per task, which at 4 tasks the kernel's
+            assert per_task[role] > 0, (record["scenario"], record["variant"], role, per_task)
+        # Stock has neither. Ours's are a few milliseconds per task, which at smoke size the kernel's
         # 10 ms clock ticks may not show: the full-size runs quote them.
         if record["variant"] == "stock":
             assert per_task["loop_thread"] == per_task["fork_server"] == 0, per_task
