@@ -34,6 +34,8 @@ process re-parented away from it, say), so that the roles can be checked against
 
 from __future__ import annotations
 
+import bisect
+import collections
 import contextlib
 import ctypes
 import ctypes.util
@@ -288,19 +290,22 @@ class RoleAccount:
         for index, record in enumerate(exited):
             later.setdefault(record.pid, []).append(index)
 
-        def parent_record(index: int) -> int | None:
-            ppid = exited[index].ppid
-            return next((i for i in later.get(ppid, []) if i > index), None)
+        def exited_line(index: int) -> list[int]:
+            """The record at ``index`` and its ancestors' that exited too, nearest first."""
+            line = [index]
+            while True:
+                after_it = later.get(exited[line[-1]].ppid, [])
+                found = bisect.bisect_right(after_it, line[-1])
+                if found == len(after_it):
+                    return line
+                line.append(after_it[found])
 
         parents = {pid: seen.ppid for pid, seen in self._seen.items()}
 
-        def role_of(pid: int, index: int | None) -> str | None:
-            # A record's chain: its exited ancestors by record, then the live ones by pid.
-            chain_parents = dict(parents)
-            while index is not None:
-                chain_parents[exited[index].pid] = exited[index].ppid
-                index = parent_record(index)
-            return self._role(pid, chain_parents, helpers, earlier)
+        def role_of(pid: int, line: list[int]) -> str | None:
+            # Its exited ancestors by record, then the live ones by pid.
+            known = collections.ChainMap({exited[i].pid: exited[i].ppid for i in line}, parents)
+            return self._role(pid, known, helpers, earlier)
 
         def below(role: str) -> str:
             # What a process of ``role`` starts: a workload's children are its task process.
@@ -309,7 +314,7 @@ class RoleAccount:
         # Live processes: their own time from /proc, and that of the children they reaped, exactly.
         live_roles: dict[int, str] = {}
         for pid, now in after.items():
-            if (role := role_of(pid, None)) is None:
+            if (role := role_of(pid, [])) is None:
                 continue
             live_roles[pid] = role
             was = before.get(pid, _Times(0.0, 0.0))
@@ -327,21 +332,19 @@ class RoleAccount:
         for index, record in enumerate(exited):
             if record.pid in after:
                 continue
-            role = role_of(record.pid, index)
+            line = exited_line(index)
+            role = role_of(record.pid, line)
             if role is None:
                 continue
             prior = before.get(record.pid, _Times(0.0, 0.0))
-            ancestor = index
-            while (up := parent_record(ancestor)) is not None:
-                ancestor = up
-            reaper = exited[ancestor].ppid
+            reaper = exited[line[-1]].ppid
             if reaper != self.scheduler:
                 if reaper in live_roles:  # in that live process's children time: only its past is out
                     seconds[below(live_roles[reaper])] -= prior.own + prior.children
                 continue
             reaped -= prior.own + prior.children
             cpu = record.cpu_s - prior.own
-            if ancestor == index:  # a child of the scheduler's own
+            if len(line) == 1:  # a child of the scheduler's own
                 tops[role] = tops.get(role, 0.0) + cpu
             else:
                 seconds[role] += cpu
@@ -387,5 +390,10 @@ class RoleAccount:
     def per_task(self, tasks: int) -> dict[str, float | None]:
         """Each role's CPU seconds per task; None for every role when the account is unavailable."""
         if not self.seconds or not tasks:
-            return {metric(role): None for role in ROLES}
+            return unaccounted()
         return {metric(role): self.seconds[role] / tasks for role in ROLES}
+
+
+def unaccounted() -> dict[str, float | None]:
+    """The figures of a run without an account: every role's None."""
+    return {metric(role): None for role in ROLES}

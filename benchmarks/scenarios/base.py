@@ -87,9 +87,7 @@ def cpu_figures(before: Mapping[str, float], after: Mapping[str, float], tasks: 
 
 def roles_figures(account: RoleAccount | None, tasks: int) -> Figures:
     """Each role's CPU per task (:mod:`benchmarks.roles`); every figure None without an account."""
-    if account is None:
-        return {roles.metric(role): None for role in roles.ROLES}
-    return account.per_task(tasks)
+    return roles.unaccounted() if account is None else account.per_task(tasks)
 
 
 def roles_notes(account: RoleAccount | None) -> list[str]:
