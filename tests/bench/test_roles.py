@@ -15,10 +15,14 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 
 from benchmarks import roles
+from benchmarks.deployment import Deployment
+from harness.sandbox import AirflowSandbox
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="process accounting needs root")
 
@@ -200,3 +204,17 @@ def test_a_reused_pid_s_records_are_told_apart_by_their_order() -> None:
     assert seconds["task_process"] == pytest.approx(0.5)
     assert seconds["workload"] == pytest.approx(0.4)
     assert seconds["unattributed"] == pytest.approx(0.0)
+
+
+def test_a_deployment_without_an_api_server_process_is_accounted_by_the_roles_it_has(tmp_path: Path) -> None:
+    # Airflow 2's deployment is its scheduler alone (its DAG processor is the scheduler's child). The
+    # sandbox is a stand-in with the attributes the account reads: starting Airflow 2 is not needed to
+    # see which processes it names.
+    sandbox = SimpleNamespace(
+        pids={"scheduler": 4242}, process_logs={"scheduler": tmp_path / "scheduler.log"}, home=tmp_path
+    )
+    deployment = Deployment(cast(AirflowSandbox, sandbox), tmp_path / "heartbeats.log")
+    account = deployment.role_account()
+    assert (account.scheduler, dict(account.others)) == (4242, {})
+    sandbox.pids.update({"api-server": 1, "dag-processor": 2})
+    assert dict(deployment.role_account().others) == {"api_server": 1, "dag_processor": 2}
