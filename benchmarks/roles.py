@@ -98,6 +98,11 @@ _READY: Final = re.compile(r"fork server ready \(pid (\d+)")
 WORKLOAD_TITLE: Final = "airflow worker --"
 
 
+def helper_pids(scheduler_log: str) -> set[int]:
+    """The pids of the fork-server helpers a scheduler log names as ready."""
+    return {int(pid) for pid in _READY.findall(scheduler_log)}
+
+
 def comp_t(value: int) -> int:
     """A ``comp_t`` (13-bit mantissa, 3-bit base-8 exponent) as the integer it encodes."""
     return (value & 0x1FFF) << (3 * (value >> 13))
@@ -263,7 +268,7 @@ class RoleAccount:
             text = self.scheduler_log.read_text(errors="replace")
         except OSError:
             return set()
-        return {int(pid) for pid in _READY.findall(text)}
+        return helper_pids(text)
 
     def _account(
         self,

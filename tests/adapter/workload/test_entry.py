@@ -164,3 +164,31 @@ def test_a_fresh_workload_interpreter_takes_the_scheduler_s_first_path_entry(tmp
     assert done.stdout.split() == ["/the/scheduler/first", "csv"]
     assert entry.parse(flags).path0 == "/the/scheduler/first"
     assert entry.parse(entry.argv_flags(0, "normal")).path0 is None
+
+
+def test_the_flags_the_executor_writes_are_read_back_whatever_surrounds_them() -> None:
+    flags = entry.argv_flags(
+        41, "idle", "/learn/here", "/first", handover_timeout=12.5, custody_dir="/state/custody"
+    )
+    argv = ["-m", "async_local_executor.adapter.workload.airflow3", "--unknown", "x", *flags]
+    assert entry.parse(argv) == entry.EntryArgs(41, "idle", "/learn/here", "/first", 12.5, "/state/custody")
+    # Written with "=" too, as a hand-written command line may have them; no flag at all: the defaults.
+    assert entry.parse(["--parent-pid=7", "--path0=/p"]) == entry.EntryArgs(7, "normal", path0="/p")
+    assert entry.parse([]) == entry.EntryArgs(0, "normal")
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--parent-pid", "seven"], "not a number"),
+        (["--handover-timeout=soon"], "not a number"),
+        (["--custody-dir"], "--custody-dir needs a value"),
+    ],
+)
+def test_a_flag_without_a_value_or_with_a_bad_number_is_bad_input_said_on_stderr(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        entry.parse(argv)
+    assert exited.value.code == entry.EXIT_BAD_INPUT
+    assert said in capsys.readouterr().err

@@ -8,7 +8,6 @@ comes on stdin or, from the fork server, in memory.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import gc
 import os
@@ -17,7 +16,7 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, NoReturn, TypeVar
 
 from async_local_executor.adapter import tasklog
 from async_local_executor.adapter.tasklog import TaskLogFile
@@ -51,24 +50,57 @@ class EntryArgs:
         return self.handover_timeout > 0 and bool(self.custody_dir) and self.parent_pid > 0
 
 
+# The flags argv_flags() writes, each with its value in the next argument (or after "=").
+_FLAGS = (
+    "--parent-pid",
+    "--cpu-priority",
+    "--learn-imports",
+    "--path0",
+    "--handover-timeout",
+    "--custody-dir",
+)
+
+
 def parse(argv: Sequence[str] | None) -> EntryArgs:
-    """The entry flags; anything else on the command line (the interpreter, ``-m module``) is ignored."""
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--parent-pid", type=int, default=0)
-    parser.add_argument("--cpu-priority", default=cpu_priority.NORMAL)
-    parser.add_argument("--learn-imports", default="")
-    parser.add_argument("--path0", default=None)
-    parser.add_argument("--handover-timeout", type=float, default=0.0)
-    parser.add_argument("--custody-dir", default="")
-    args, _ = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
-    return EntryArgs(
-        int(args.parent_pid),
-        str(args.cpu_priority),
-        str(args.learn_imports),
-        args.path0,
-        float(args.handover_timeout),
-        str(args.custody_dir),
-    )
+    """The entry flags; anything else on the command line (the interpreter, ``-m module``) is ignored.
+
+    Read by hand, not with :mod:`argparse`: building a parser in a forked workload costs about 2 ms of
+    CPU and 370 page faults per task (its messages go through :mod:`gettext`, which looks for
+    translation files), as much as the rest of this module's work before the supervisor starts.
+
+    :raises SystemExit: ``EXIT_BAD_INPUT``, said on stderr, for a flag without a value or a number
+        that is not one (the executor writes these flags: only a hand-written command line has either)
+    """
+    words = list(sys.argv[1:] if argv is None else argv)
+    found: dict[str, str] = {}
+    index = 0
+    while index < len(words):
+        flag, equals, value = words[index].partition("=")
+        index += 1
+        if flag not in _FLAGS:
+            continue
+        if not equals:
+            if index >= len(words):
+                _refuse(f"{flag} needs a value")
+            value = words[index]
+            index += 1
+        found[flag] = value
+    try:
+        return EntryArgs(
+            int(found.get("--parent-pid", "0")),
+            found.get("--cpu-priority", cpu_priority.NORMAL),
+            found.get("--learn-imports", ""),
+            found.get("--path0"),
+            float(found.get("--handover-timeout", "0")),
+            found.get("--custody-dir", ""),
+        )
+    except ValueError as exc:
+        _refuse(f"a flag's value is not a number: {exc}")
+
+
+def _refuse(why: str) -> NoReturn:
+    print(f"async_local_executor: invalid workload command line: {why}", file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_BAD_INPUT)
 
 
 def argv_flags(
