@@ -1,0 +1,136 @@
+"""What a forked workload costs before Airflow's task supervisor starts: CPU and page faults per child.
+
+A process preloads what the fork server preloads for every Airflow 3 workload, then forks children the
+way the helper does and measures each from its parent (``wait4``: its CPU time, exit included, and its
+minor page faults, which under a fork are mostly copy-on-write), in four shapes:
+
+- ``exit``: the child exits at once (what any forked child pays: the fork's aftermath and its exit);
+- ``read``: it reads and validates the workload, then exits;
+- ``entry``: it runs the workload entry point up to the supervisor (its flags, its tie to the executor,
+  the workload read), without a handover;
+- ``entry + custody``: the same with a handover, as the executor runs every workload by default
+  (the custody watchdog and the output relay start).
+
+Usage: ``python -m benchmarks.entry_cost [--children N]``. Nothing runs the supervisor: that part is
+Airflow's, and the role account (:mod:`benchmarks.roles`) measures it in a real deployment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import os
+import statistics
+import sys
+import tempfile
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Final
+
+SHAPES: Final[tuple[str, ...]] = ("exit", "read", "entry", "entry + custody")
+
+
+@dataclasses.dataclass(frozen=True)
+class Cost:
+    """Medians over the children of one shape."""
+
+    cpu_ms: float
+    faults: float
+
+
+def _payload() -> bytes:
+    from airflow.executors.workloads import BundleInfo, ExecuteTask, TaskInstanceDTO
+
+    from async_local_executor.adapter.workload import airflow3
+
+    ti = TaskInstanceDTO(
+        id=uuid.uuid4(),
+        task_id="t",
+        dag_id="d",
+        run_id="r",
+        try_number=1,
+        dag_version_id=uuid.uuid4(),
+        map_index=-1,
+        pool_slots=1,
+        priority_weight=1,
+        queue="default",
+    )
+    workload = ExecuteTask(
+        ti=ti,
+        dag_rel_path=Path("d.py"),
+        token="not-a-secret",  # noqa: S106 - nothing reads it: no supervisor runs
+        log_path=None,
+        bundle_info=BundleInfo(name="dags-folder"),
+    )
+    return airflow3.encode_payload(workload.model_dump_json(), "http://127.0.0.1:9/execution/", "t")
+
+
+def _child(shape: str, payload: bytes, custody_dir: str) -> Callable[[], int]:
+    from async_local_executor.adapter.workload import airflow3, entry
+
+    def read() -> int:
+        airflow3._read(payload)
+        return 0
+
+    def run(argv: tuple[str, ...]) -> Callable[[], int]:
+        # The entry point as the helper's child runs it, with a run that returns instead of supervising.
+        skeleton = dataclasses.replace(airflow3._ENTRY, run=lambda _: 0)
+        return lambda: skeleton.forked_main(list(argv), payload)
+
+    parent = os.getpid()
+    return {
+        "exit": lambda: 0,
+        "read": read,
+        "entry": run(entry.argv_flags(parent, "normal")),
+        "entry + custody": run(
+            entry.argv_flags(parent, "normal", handover_timeout=300.0, custody_dir=custody_dir)
+        ),
+    }[shape]
+
+
+def measure(shape: str, children: int, payload: bytes, custody_dir: str) -> Cost:
+    """Fork ``children`` children of ``shape`` one after the other; their medians."""
+    body = _child(shape, payload, custody_dir)
+    cpu, faults = [], []
+    for _ in range(children):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                code = body()
+            finally:
+                os._exit(code)
+        _, _, usage = os.wait4(pid, 0)
+        cpu.append(1000.0 * (usage.ru_utime + usage.ru_stime))
+        faults.append(float(usage.ru_minflt))
+    return Cost(statistics.median(cpu), statistics.median(faults))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.entry_cost", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--children", type=int, default=40, help="children per shape (default 40)")
+    args = parser.parse_args(argv)
+    from async_local_executor.adapter.workload import airflow3
+
+    airflow3.preload()  # what the helper imports for every workload (no learned modules)
+    payload = _payload()
+    gc.collect()
+    gc.freeze()  # as the helper does before its first fork
+    with tempfile.TemporaryDirectory() as custody_dir:
+        costs = {shape: measure(shape, args.children, payload, custody_dir) for shape in SHAPES}
+    print(f"per forked child, median of {args.children}:")
+    print("| shape | CPU ms | minor page faults |")
+    print("|---|---|---|")
+    for shape, cost in costs.items():
+        print(f"| {shape} | {cost.cpu_ms:.2f} | {cost.faults:.0f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
