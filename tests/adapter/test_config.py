@@ -372,3 +372,69 @@ def test_a_task_s_own_limits(ours: dict[str, object], expected: Limits) -> None:
 def test_an_invalid_limit_of_a_task_names_it(ours: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         validation.task_limits({"async_local_executor": ours})
+
+
+def airflow_parser(text: str) -> object:
+    """Airflow's own configuration parser, reading ``text`` as an airflow.cfg (nothing else of it runs)."""
+    from airflow.configuration import AirflowConfigParser
+
+    parser = AirflowConfigParser()
+    parser.read_string(text)
+    return parser
+
+
+def test_misspelt_options_are_found_in_airflow_cfg_and_the_environment_with_the_closest_valid_one() -> None:
+    parser = airflow_parser(
+        "[async_local_executor]\nshutdown_timout = 5\non_stop = handover\nparalellism = 3\n"
+        "[team_a=async_local_executor]\nhandover_timout = 4\n"
+    )
+    environ = {
+        "AIRFLOW__ASYNC_LOCAL_EXECUTOR__PRELOD": "off",
+        "AIRFLOW__ASYNC_LOCAL_EXECUTOR__TASK_TIMEOUT": "5",  # valid: not reported
+        "AIRFLOW__TEAM_A___ASYNC_LOCAL_EXECUTOR__TASK_TIMOUT_CMD": "echo 5",
+        "AIRFLOW__CORE__PARALLELISM": "4",  # another section: not ours to judge
+    }
+    found = config.unknown_options(parser, environ, "team_a")  # type: ignore[arg-type]
+    assert [(u.name, u.where, u.closest) for u in found] == [
+        ("shutdown_timout", "airflow.cfg [async_local_executor]", "shutdown_timeout"),
+        ("paralellism", "airflow.cfg [async_local_executor]", None),  # Airflow's [core] option, not ours
+        ("handover_timout", "airflow.cfg [team_a=async_local_executor]", "handover_timeout"),
+        ("prelod", "AIRFLOW__ASYNC_LOCAL_EXECUTOR__PRELOD", "preload"),
+        ("task_timout", "AIRFLOW__TEAM_A___ASYNC_LOCAL_EXECUTOR__TASK_TIMOUT_CMD", "task_timeout"),
+    ]
+    assert found[0].describe() == (
+        "shutdown_timout (airflow.cfg [async_local_executor]) is not an option of [async_local_executor] "
+        "and is ignored; did you mean shutdown_timeout?"
+    )
+    assert "airflow config list --section async_local_executor" in found[1].describe()
+    # Without a team, neither the team's section nor its variables are this executor's.
+    assert [u.name for u in config.unknown_options(parser, environ)] == [  # type: ignore[arg-type]
+        "shutdown_timout",
+        "paralellism",
+        "prelod",
+    ]
+
+
+def test_every_option_set_correctly_is_known() -> None:
+    text = "[async_local_executor]\n" + "".join(f"{option.name} = {option.default}\n" for option in OPTIONS)
+    assert config.unknown_options(airflow_parser(text), {}) == []  # type: ignore[arg-type]
+
+
+@pytest.mark.usefixtures("launcher")
+def test_a_started_executor_warns_of_a_misspelt_option_and_runs_with_the_default(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__SHUTDOWN_TIMOUT", "5")
+    ex = RecordingExecutor(parallelism=1)
+    with caplog.at_level("WARNING", logger="async_local_executor"):
+        ex.start()
+    try:
+        assert ex._config.shutdown_timeout == 60.0  # the default stays in force: the typo is only said
+        said = [r.getMessage() for r in caplog.records if "shutdown_timout" in r.getMessage()]
+        expected = (
+            "shutdown_timout (AIRFLOW__ASYNC_LOCAL_EXECUTOR__SHUTDOWN_TIMOUT) is not an option of "
+            "[async_local_executor] and is ignored; did you mean shutdown_timeout?"
+        )
+        assert said == [expected]
+    finally:
+        ex.end()

@@ -6,10 +6,12 @@ variables work, and through the executor's team-aware ``ExecutorConf`` when ther
 
 from __future__ import annotations
 
+import difflib
 import enum
 import math
 import sys
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -27,7 +29,10 @@ __all__ = [
     "LauncherKind",
     "OnStop",
     "OptionDoc",
+    "OptionNames",
     "PreloadMode",
+    "Unknown",
+    "unknown_options",
 ]
 
 
@@ -63,6 +68,64 @@ class ConfSource(Protocol):
 
 
 _DEFAULTS = {option.name: option.default for option in OPTIONS}
+
+
+class OptionNames(Protocol):
+    """What of Airflow's configuration parser tells which options a config file sets."""
+
+    def has_section(self, section: str) -> bool: ...
+
+    def options(self, section: str) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class Unknown:
+    """An option set where this executor reads its options that is none of them (a typo, most often)."""
+
+    name: str
+    where: str  # the config file's section, or the environment variable
+    closest: str | None  # the valid option it is closest to, if any is close
+
+    def describe(self) -> str:
+        hint = (
+            f"did you mean {self.closest}?"
+            if self.closest
+            else f"the options are listed by `airflow config list --section {SECTION}`"
+        )
+        return f"{self.name} ({self.where}) is not an option of [{SECTION}] and is ignored; {hint}"
+
+
+# Airflow reads AIRFLOW__<SECTION>__<KEY>_CMD and _SECRET as KEY too.
+_ENV_SUFFIXES = ("_CMD", "_SECRET")
+
+
+def unknown_options(file: OptionNames, environ: Mapping[str, str], team: str | None = None) -> list[Unknown]:
+    """The options set in ``[async_local_executor]`` (the config file's section, its team's section, and
+    ``AIRFLOW__[<TEAM>___]ASYNC_LOCAL_EXECUTOR__*``) that this executor does not have, in that order.
+
+    Without a word, a misspelt option (``shutdown_timout``) leaves its default in force.
+    """
+    known = [option.name for option in OPTIONS]
+    found: list[tuple[str, str]] = []
+    sections = [SECTION] + ([f"{team}={SECTION}"] if team else [])
+    for section in sections:
+        if file.has_section(section):
+            found.extend((name.lower(), f"airflow.cfg [{section}]") for name in file.options(section))
+    prefixes = ["AIRFLOW__" + SECTION.upper() + "__"]
+    if team:
+        prefixes.append(f"AIRFLOW__{team.upper()}___{SECTION.upper()}__")
+    for variable in sorted(environ):
+        for prefix in prefixes:
+            if variable.startswith(prefix):
+                name = variable[len(prefix) :]
+                for suffix in _ENV_SUFFIXES:
+                    name = name.removesuffix(suffix)
+                found.append((name.lower(), variable))
+    return [
+        Unknown(name, where, next(iter(difflib.get_close_matches(name, known, n=1)), None))
+        for name, where in found
+        if name not in known
+    ]
 
 
 # end() waits on threads for shutdown_timeout + termination_grace_period + this margin (for reaping).

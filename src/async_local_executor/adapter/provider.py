@@ -103,7 +103,9 @@ def configuration_reference() -> str:
         (
             f"Every option lives in the `[{SECTION}]` section of airflow.cfg, or in an environment variable "
             f"`AIRFLOW__{SECTION.upper()}__<OPTION>`. `airflow config list --section {SECTION} --show-values` shows the "
-            "values in force. An invalid value stops the executor at start with an error naming the option."
+            "values in force. An invalid value stops the executor at start with an error naming the option. "
+            "An option it does not have (a misspelt one, such as `shutdown_timout`) is ignored, and the "
+            "scheduler log says so at start with a WARNING naming the closest option it has."
         ),
         "",
         "| option | type | default | example | since |",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import math
 import os
 import re
@@ -28,6 +29,7 @@ from async_local_executor.adapter.config import (
     ExecutorConfig,
     LauncherKind,
     PreloadMode,
+    unknown_options,
 )
 from async_local_executor.adapter.diagnostics import status_meta
 from async_local_executor.adapter.output_relay import OutputRelay
@@ -39,6 +41,8 @@ from async_local_executor.core.health import Report
 from async_local_executor.core.wiring import Plan, Wired, wire
 from async_local_executor.ops import custody_dir, journal, recovery, state_dir, status
 from async_local_executor.ops.instance_cgroups import open_containment
+
+log = logging.getLogger(__name__)
 
 # The scheduler subtracts timedelta(seconds=task_queued_timeout) from now: beyond this it raises itself.
 _QUEUED_TIMEOUT_MAX = timedelta.max.total_seconds()
@@ -141,6 +145,8 @@ def prepare(
     :raises ValueError: naming the option whose value is wrong
     """
     config = ExecutorConfig.from_conf(conf)
+    for unknown in unknown_options(deployment, os.environ, team):
+        log.warning("%s", unknown.describe())
     directory = state_dir.resolve(config.state_dir)
     made = plan(
         config,
