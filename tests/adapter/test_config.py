@@ -385,7 +385,7 @@ def airflow_parser(text: str) -> object:
 
 def test_misspelt_options_are_found_in_airflow_cfg_and_the_environment_with_the_closest_valid_one() -> None:
     parser = airflow_parser(
-        "[async_local_executor]\nshutdown_timout = 5\non_stop = handover\nparalellism = 3\n"
+        "[async_local_executor]\nshutdown_timout = 5\non_stop = handover\nparalellism = 3\nzzz = 1\n"
         "[team_a=async_local_executor]\nhandover_timout = 4\n"
     )
     environ = {
@@ -397,7 +397,8 @@ def test_misspelt_options_are_found_in_airflow_cfg_and_the_environment_with_the_
     found = config.unknown_options(parser, environ, "team_a")  # type: ignore[arg-type]
     assert [(u.name, u.where, u.closest) for u in found] == [
         ("shutdown_timout", "airflow.cfg [async_local_executor]", "shutdown_timeout"),
-        ("paralellism", "airflow.cfg [async_local_executor]", None),  # Airflow's [core] option, not ours
+        ("paralellism", "airflow.cfg [async_local_executor]", "[core] parallelism"),  # Airflow's option
+        ("zzz", "airflow.cfg [async_local_executor]", None),
         ("handover_timout", "airflow.cfg [team_a=async_local_executor]", "handover_timeout"),
         ("prelod", "AIRFLOW__ASYNC_LOCAL_EXECUTOR__PRELOD", "preload"),
         ("task_timout", "AIRFLOW__TEAM_A___ASYNC_LOCAL_EXECUTOR__TASK_TIMOUT_CMD", "task_timeout"),
@@ -406,11 +407,13 @@ def test_misspelt_options_are_found_in_airflow_cfg_and_the_environment_with_the_
         "shutdown_timout (airflow.cfg [async_local_executor]) is not an option of [async_local_executor] "
         "and is ignored; did you mean shutdown_timeout?"
     )
-    assert "airflow config list --section async_local_executor" in found[1].describe()
+    assert found[1].describe().endswith("did you mean [core] parallelism?")
+    assert "airflow config list --section async_local_executor" in found[2].describe()
     # Without a team, neither the team's section nor its variables are this executor's.
     assert [u.name for u in config.unknown_options(parser, environ)] == [  # type: ignore[arg-type]
         "shutdown_timout",
         "paralellism",
+        "zzz",
         "prelod",
     ]
 

@@ -95,6 +95,7 @@ class Unknown:
         return f"{self.name} ({self.where}) is not an option of [{SECTION}] and is ignored; {hint}"
 
 
+_AIRFLOW_OPTIONS = ("parallelism",)
 # Airflow reads AIRFLOW__<SECTION>__<KEY>_CMD and _SECRET as KEY too.
 _ENV_SUFFIXES = ("_CMD", "_SECRET")
 
@@ -121,8 +122,14 @@ def unknown_options(file: OptionNames, environ: Mapping[str, str], team: str | N
                 for suffix in _ENV_SUFFIXES:
                     name = name.removesuffix(suffix)
                 found.append((name.lower(), variable))
+    # Airflow's options people look for here: the executor's limit is [core] parallelism.
+    candidates = {name: name for name in known} | {name: f"[core] {name}" for name in _AIRFLOW_OPTIONS}
     return [
-        Unknown(name, where, next(iter(difflib.get_close_matches(name, known, n=1)), None))
+        Unknown(
+            name,
+            where,
+            candidates[close[0]] if (close := difflib.get_close_matches(name, candidates, n=1)) else None,
+        )
         for name, where in found
         if name not in known
     ]
