@@ -104,7 +104,11 @@ def measure(shape: str, children: int, payload: bytes, custody_dir: str) -> Cost
                 code = body()
             finally:
                 os._exit(code)
-        _, _, usage = os.wait4(pid, 0)
+        _, status, usage = os.wait4(pid, 0)
+        if (code := os.waitstatus_to_exitcode(status)) != 0:  # a child cut short would measure cheap
+            raise RuntimeError(
+                f"a child of shape {shape!r} exited with {code}, not 0: its figures mean nothing"
+            )
         cpu.append(1000.0 * (usage.ru_utime + usage.ru_stime))
         faults.append(float(usage.ru_minflt))
     return Cost(statistics.median(cpu), statistics.median(faults))

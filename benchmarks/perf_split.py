@@ -15,7 +15,7 @@ Roles, from the recording's fork events:
 
 Usage, from a recording of a run that kept its homes::
 
-    perf record -a -g -F 499 -o build/perf.data -- python -m benchmarks --profile quick \\
+    perf record -e cpu-clock -a -g -F 499 -o build/perf.data -- python -m benchmarks --profile quick \\
         --scenarios ordinary --variants ours --repeat 1 --database postgres --keep-homes
     python -m benchmarks.perf_split build/perf.data /tmp/ale-bench-ours-*/logs/scheduler.log
 
@@ -46,8 +46,29 @@ KINDS: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
     ("other system calls", ("entry_SYSCALL_64", "do_syscall_64")),
 )
 USER: Final = "user code (the interpreter)"
+# A sample's period is in ns only for the software clocks; a hardware event's counts cycles or the like.
+CLOCK_EVENTS: Final = ("cpu-clock", "task-clock")
+# The title this executor's workload process takes (adapter/startup.py), as its comm shows it.
+WORKLOAD_TITLE: Final = "airflow worker"
 _FORK: Final = re.compile(r"PERF_RECORD_FORK\((\d+):(\d+)\):\((\d+):(\d+)\)")
-_HEADER: Final = re.compile(r"^\s*(?P<comm>.*?)\s+(?P<pid>\d+)/(?P<tid>\d+)\s+[\d.]+:\s+(?P<period>\d+)\s")
+_COMM: Final = re.compile(r"PERF_RECORD_COMM(?: exec)?: (?P<name>.*):(?P<pid>\d+)/(?P<tid>\d+)\s*$")
+_HEADER: Final = re.compile(
+    r"^\s*(?P<comm>.*?)\s+(?P<pid>\d+)/(?P<tid>\d+)\s+[\d.]+:\s+(?P<period>\d+)\s+(?P<event>[\w-]+)"
+)
+
+
+class WrongEvent(ValueError):
+    """The recording sampled another event than the CPU clock: its periods are not times."""
+
+
+@dataclass(eq=False)
+class _Life:
+    """One process between its fork and the next fork of its pid (pids are reused)."""
+
+    pid: int
+    parent: _Life | None
+    titled: bool = False  # took the workload's title
+    forked: bool = False  # forked a process of its own
 
 
 @dataclass(frozen=True)
@@ -56,6 +77,7 @@ class Split:
 
     seconds: Mapping[tuple[str, str], float]
     workloads: int
+    kernel_frames: bool  # whether any sample had a kernel frame this module knows (kptr_restrict hides them)
 
     def per_task_ms(self, role: str, kind: str | None = None) -> float:
         """Milliseconds per workload process of ``role`` (of one ``kind``, or all of them)."""
@@ -71,65 +93,121 @@ def _kind(frames: Sequence[str]) -> str:
     return USER
 
 
-def _samples(lines: Iterable[str]) -> Iterator[tuple[int, int, list[str]]]:
-    """(pid, period in ns, symbols of its call chain, innermost first) per sample of ``perf script``."""
-    current: tuple[int, int] | None = None
-    frames: list[str] = []
-    for line in lines:
-        if not line.strip():
-            if current is not None:
-                yield current[0], current[1], frames
-            current, frames = None, []
-            continue
-        if current is None:
-            match = _HEADER.match(line)
-            if match:
-                current = (int(match["pid"]), int(match["period"]))
-            continue
-        parts = line.split()
-        if len(parts) >= 2:
-            frames.append(parts[1])
-    if current is not None:
-        yield current[0], current[1], frames
+def _titles_a_workload(comm: re.Match[str]) -> bool:
+    # The main thread's name is the process's title; a thread naming itself says nothing of the process.
+    return comm["pid"] == comm["tid"] and comm["name"].startswith(WORKLOAD_TITLE)
 
 
-def split(script: Iterable[str], events: Iterable[str], helpers: Iterable[int]) -> Split:
-    """Split ``perf script``'s samples (``script``) by role and kind.
+class _Reader:
+    """Reads ``perf script`` output, samples and task events in time order, one line at a time."""
 
-    :param script: the output of ``perf script -F comm,pid,tid,time,period,ip,sym``
-    :param events: the lines of ``perf script --show-task-events`` (only the fork records are read)
+    def __init__(self) -> None:
+        self.lives: dict[int, _Life] = {}  # the current life of each pid
+        self.every: list[_Life] = []
+        self.spent: dict[tuple[_Life, str], float] = collections.defaultdict(float)
+        self.kernel_frames = False
+        self._sample: tuple[_Life, int, str] | None = None
+        self._frames: list[str] = []
+
+    def life(self, pid: int) -> _Life:
+        found = self.lives.get(pid)
+        if found is None:  # forked before the recording began
+            found = self._begin(_Life(pid, None))
+        return found
+
+    def _begin(self, life: _Life) -> _Life:
+        self.lives[life.pid] = life
+        self.every.append(life)
+        return life
+
+    def line(self, text: str) -> None:
+        if "PERF_RECORD_" in text:
+            self._end_sample()
+            self._event(text)
+        elif not text.strip():
+            self._end_sample()
+        elif self._sample is not None:
+            parts = text.split()
+            if len(parts) >= 2:
+                self._frames.append(parts[1])
+        elif (header := _HEADER.match(text)) is not None:
+            event = header["event"]
+            if event not in CLOCK_EVENTS:
+                raise WrongEvent(
+                    f"the recording sampled {event}, not the CPU clock: record with -e cpu-clock"
+                )
+            self._sample = (self.life(int(header["pid"])), int(header["period"]), event)
+
+    def _event(self, text: str) -> None:
+        if (fork := _FORK.search(text)) is not None:
+            if fork[1] == fork[2]:  # a new process (a new thread shares its pid)
+                parent = self.life(int(fork[3]))
+                parent.forked = True
+                self._begin(_Life(int(fork[1]), parent))
+        elif (comm := _COMM.search(text)) is not None and _titles_a_workload(comm):
+            self.life(int(comm["pid"])).titled = True
+
+    def _end_sample(self) -> None:
+        if self._sample is not None:
+            life, period, _ = self._sample
+            kind = _kind(self._frames)
+            self.kernel_frames = self.kernel_frames or kind != USER
+            self.spent[(life, kind)] += period / 1e9
+        self._sample, self._frames = None, []
+
+    def finish(self) -> None:
+        self._end_sample()
+
+
+def split(lines: Iterable[str], helpers: Iterable[int]) -> Split:
+    """Split the samples of ``perf script --show-task-events`` output by role and kind.
+
+    A helper's child is a workload process once it takes the workload's title or forks the task's
+    process; any other child of a helper (one forked to answer a check) is counted as the fork server's.
+    The fork events name the forking process as parent, so a workload forked with ``CLONE_PARENT`` (the
+    scheduler's child) is the helper's here.
+
+    :param lines: the output of ``perf script --show-task-events -F comm,pid,tid,time,period,event,ip,sym``
     :param helpers: the fork-server helpers' pids
+    :raises WrongEvent: when the samples are of another event than the CPU clock
     """
-    parent: dict[int, int] = {}
-    for line in events:
-        match = _FORK.search(line)
-        if match and match[1] == match[2]:  # a new process (a thread has its own tid)
-            parent[int(match[1])] = int(match[3])
+    reader = _Reader()
+    for text in lines:
+        reader.line(text)
+    reader.finish()
     helper_set = set(helpers)
-    role: dict[int, str] = dict.fromkeys(helper_set, "fork server")
-    # Fork events come in time order, so a process's parent has its role before the process does.
-    for pid, ppid in parent.items():
-        if ppid in helper_set:
-            role[pid] = "workload process"
-        elif role.get(ppid) in ("workload process", "task process"):
-            role[pid] = "task process"
+    roles: dict[_Life, str | None] = {}
+
+    def role(life: _Life) -> str | None:
+        if life not in roles:
+            parent = life.parent
+            above = role(parent) if parent is not None else None
+            if life.pid in helper_set and above is None:
+                roles[life] = "fork server"
+            elif above == "fork server":
+                roles[life] = "workload process" if life.titled or life.forked else "fork server"
+            elif above in ("workload process", "task process"):
+                roles[life] = "task process"
+            else:
+                roles[life] = None
+        return roles[life]
+
     seconds: dict[tuple[str, str], float] = collections.defaultdict(float)
-    for pid, period, frames in _samples(script):
-        if pid in role:
-            seconds[(role[pid], _kind(frames))] += period / 1e9
-    workloads = sum(1 for r in role.values() if r == "workload process")
-    return Split(dict(seconds), workloads)
+    for (life, kind), spent in reader.spent.items():
+        if (found := role(life)) is not None:
+            seconds[(found, kind)] += spent
+    workloads = sum(1 for life in reader.every if role(life) == "workload process")
+    return Split(dict(seconds), workloads, reader.kernel_frames)
 
 
-def _perf_script(data: Path, *args: str) -> list[str]:
-    result = subprocess.run(
-        ["perf", "script", "-i", str(data), *args],
-        check=True,
-        capture_output=True,
-        text=True,
-        errors="replace",
-    )
-    return result.stdout.splitlines()
+def _perf_script(data: Path) -> Iterator[str]:
+    fields = "comm,pid,tid,time,period,event,ip,sym"
+    command = ["perf", "script", "-i", str(data), "--show-task-events", "-F", fields]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True, errors="replace") as perf:
+        assert perf.stdout is not None
+        yield from perf.stdout
+    if perf.returncode:
+        raise subprocess.CalledProcessError(perf.returncode, command)
 
 
 def render(found: Split) -> str:
@@ -146,6 +224,11 @@ def render(found: Split) -> str:
         for kind in kinds
     )
     lines.append("| **total** | " + " | ".join(f"**{found.per_task_ms(r):.1f}**" for r in ROLES) + " |")
+    if not found.kernel_frames:
+        lines += [
+            "",
+            "No sample had a kernel frame this split knows (is kernel.kptr_restrict set?): all is user code.",
+        ]
     return "\n".join(lines)
 
 
@@ -153,16 +236,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.perf_split", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("data", type=Path, help="perf.data of a `perf record -a -g` over the run")
+    parser.add_argument(
+        "data", type=Path, help="perf.data of a `perf record -e cpu-clock -a -g` over the run"
+    )
     parser.add_argument("logs", type=Path, nargs="+", help="the scheduler logs that name the helpers")
     args = parser.parse_args(argv)
     helpers = {pid for log in args.logs for pid in helper_pids(log.read_text(errors="replace"))}
     if not helpers:
         print("no fork-server helper is named in those logs (fork server ready (pid N)", file=sys.stderr)
         return 2
-    events = [line for line in _perf_script(args.data, "--show-task-events", "-F", "pid") if "FORK" in line]
-    script = _perf_script(args.data, "-F", "comm,pid,tid,time,period,ip,sym")
-    print(render(split(script, events, helpers)))
+    try:
+        found = split(_perf_script(args.data), helpers)
+    except WrongEvent as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    print(render(found))
     return 0
 
 

@@ -374,7 +374,7 @@ def test_an_invalid_limit_of_a_task_names_it(ours: dict[str, object], message: s
         validation.task_limits({"async_local_executor": ours})
 
 
-def airflow_parser(text: str) -> object:
+def airflow_parser(text: str) -> config.OptionNames:
     """Airflow's own configuration parser, reading ``text`` as an airflow.cfg (nothing else of it runs)."""
     from airflow.configuration import AirflowConfigParser
 
@@ -383,44 +383,56 @@ def airflow_parser(text: str) -> object:
     return parser
 
 
-def test_misspelt_options_are_found_in_airflow_cfg_and_the_environment_with_the_closest_valid_one() -> None:
-    parser = airflow_parser(
-        "[async_local_executor]\nshutdown_timout = 5\non_stop = handover\nparalellism = 3\nzzz = 1\n"
-        "[team_a=async_local_executor]\nhandover_timout = 4\n"
-    )
-    environ = {
-        "AIRFLOW__ASYNC_LOCAL_EXECUTOR__PRELOD": "off",
-        "AIRFLOW__ASYNC_LOCAL_EXECUTOR__TASK_TIMEOUT": "5",  # valid: not reported
-        "AIRFLOW__TEAM_A___ASYNC_LOCAL_EXECUTOR__TASK_TIMOUT_CMD": "echo 5",
-        "AIRFLOW__CORE__PARALLELISM": "4",  # another section: not ours to judge
-    }
-    found = config.unknown_options(parser, environ, "team_a")  # type: ignore[arg-type]
+CFG = (
+    "[async_local_executor]\nshutdown_timout = 5\non_stop = handover\nparalellism = 3\nzzz = 1\n"
+    "Task_Timeout = 9\n[team_a=async_local_executor]\nhandover_timout = 4\n"
+)
+ENVIRON = {
+    "AIRFLOW__ASYNC_LOCAL_EXECUTOR__PRELOD": "off",
+    "AIRFLOW__ASYNC_LOCAL_EXECUTOR__TASK_TIMEOUT": "5",  # valid: not reported
+    "AIRFLOW__ASYNC_LOCAL_EXECUTOR__SHUTDOWN_TIMEOUT_CMD": "echo 5",  # Airflow runs it for secrets only
+    "AIRFLOW__ASYNC_LOCAL_EXECUTOR__state_dir": "/x",  # Airflow looks for STATE_DIR
+    "AIRFLOW__TEAM_A___ASYNC_LOCAL_EXECUTOR__TASK_TIMOUT": "5",
+    "AIRFLOW__CORE__PARALLELISM": "4",  # another section: not ours to judge
+}
+
+
+def test_what_airflow_would_not_read_as_an_option_is_found_with_the_closest_valid_one() -> None:
+    found = config.unknown_options(airflow_parser(CFG), ENVIRON)
     assert [(u.name, u.where, u.closest) for u in found] == [
         ("shutdown_timout", "airflow.cfg [async_local_executor]", "shutdown_timeout"),
         ("paralellism", "airflow.cfg [async_local_executor]", "[core] parallelism"),  # Airflow's option
         ("zzz", "airflow.cfg [async_local_executor]", None),
-        ("handover_timout", "airflow.cfg [team_a=async_local_executor]", "handover_timeout"),
-        ("prelod", "AIRFLOW__ASYNC_LOCAL_EXECUTOR__PRELOD", "preload"),
-        ("task_timout", "AIRFLOW__TEAM_A___ASYNC_LOCAL_EXECUTOR__TASK_TIMOUT_CMD", "task_timeout"),
+        ("Task_Timeout", "airflow.cfg [async_local_executor]", "task_timeout"),  # Airflow reads lower case
+        ("PRELOD", "AIRFLOW__ASYNC_LOCAL_EXECUTOR__PRELOD", "preload"),
+        ("SHUTDOWN_TIMEOUT_CMD", "AIRFLOW__ASYNC_LOCAL_EXECUTOR__SHUTDOWN_TIMEOUT_CMD", "shutdown_timeout"),
+        ("state_dir", "AIRFLOW__ASYNC_LOCAL_EXECUTOR__state_dir", "state_dir"),
     ]
     assert found[0].describe() == (
         "shutdown_timout (airflow.cfg [async_local_executor]) is not an option of [async_local_executor] "
         "and is ignored; did you mean shutdown_timeout?"
     )
     assert found[1].describe().endswith("did you mean [core] parallelism?")
-    assert "airflow config list --section async_local_executor" in found[2].describe()
-    # Without a team, neither the team's section nor its variables are this executor's.
-    assert [u.name for u in config.unknown_options(parser, environ)] == [  # type: ignore[arg-type]
-        "shutdown_timout",
-        "paralellism",
-        "zzz",
-        "prelod",
+    assert (
+        found[2]
+        .describe()
+        .endswith("the options are listed by `airflow config list --section async_local_executor`")
+    )
+
+
+def test_a_team_s_executor_judges_only_its_team_s_section_and_variables() -> None:
+    # Airflow reads a team's options from there alone: the global ones are the global executor's to judge.
+    found = config.unknown_options(airflow_parser(CFG), ENVIRON, "team_a")
+    assert [(u.name, u.where) for u in found] == [
+        ("handover_timout", "airflow.cfg [team_a=async_local_executor]"),
+        ("TASK_TIMOUT", "AIRFLOW__TEAM_A___ASYNC_LOCAL_EXECUTOR__TASK_TIMOUT"),
     ]
 
 
 def test_every_option_set_correctly_is_known() -> None:
     text = "[async_local_executor]\n" + "".join(f"{option.name} = {option.default}\n" for option in OPTIONS)
-    assert config.unknown_options(airflow_parser(text), {}) == []  # type: ignore[arg-type]
+    environ = {f"AIRFLOW__ASYNC_LOCAL_EXECUTOR__{option.name.upper()}": "1" for option in OPTIONS}
+    assert config.unknown_options(airflow_parser(text), environ) == []
 
 
 @pytest.mark.usefixtures("launcher")
@@ -433,11 +445,25 @@ def test_a_started_executor_warns_of_a_misspelt_option_and_runs_with_the_default
         ex.start()
     try:
         assert ex._config.shutdown_timeout == 60.0  # the default stays in force: the typo is only said
-        said = [r.getMessage() for r in caplog.records if "shutdown_timout" in r.getMessage()]
+        said = [r.getMessage() for r in caplog.records if "SHUTDOWN_TIMOUT" in r.getMessage()]
         expected = (
-            "shutdown_timout (AIRFLOW__ASYNC_LOCAL_EXECUTOR__SHUTDOWN_TIMOUT) is not an option of "
+            "SHUTDOWN_TIMOUT (AIRFLOW__ASYNC_LOCAL_EXECUTOR__SHUTDOWN_TIMOUT) is not an option of "
             "[async_local_executor] and is ignored; did you mean shutdown_timeout?"
         )
         assert said == [expected]
     finally:
         ex.end()
+
+
+@pytest.mark.usefixtures("launcher")
+def test_a_misspelt_option_is_said_even_when_another_value_stops_the_start(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The refusal names the bad value; the typo beside it may be why the operator set it at all.
+    monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__TERMINATION_GRACE_PERIOD", "soon")
+    monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__TERMINATION_GRACE", "5")
+    ex = RecordingExecutor(parallelism=1)
+    with caplog.at_level("WARNING", logger="async_local_executor"), pytest.raises(ValueError, match="soon"):
+        ex.start()
+    ex.end()
+    assert any("did you mean termination_grace_period?" in r.getMessage() for r in caplog.records)

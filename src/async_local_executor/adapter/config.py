@@ -82,7 +82,7 @@ class OptionNames(Protocol):
 class Unknown:
     """An option set where this executor reads its options that is none of them (a typo, most often)."""
 
-    name: str
+    name: str  # as written
     where: str  # the config file's section, or the environment variable
     closest: str | None  # the valid option it is closest to, if any is close
 
@@ -96,43 +96,37 @@ class Unknown:
 
 
 _AIRFLOW_OPTIONS = ("parallelism",)
-# Airflow reads AIRFLOW__<SECTION>__<KEY>_CMD and _SECRET as KEY too.
-_ENV_SUFFIXES = ("_CMD", "_SECRET")
 
 
 def unknown_options(file: OptionNames, environ: Mapping[str, str], team: str | None = None) -> list[Unknown]:
-    """The options set in ``[async_local_executor]`` (the config file's section, its team's section, and
-    ``AIRFLOW__[<TEAM>___]ASYNC_LOCAL_EXECUTOR__*``) that this executor does not have, in that order.
+    """What is set where this executor reads its options and is none of them, config file first.
 
-    Without a word, a misspelt option (``shutdown_timout``) leaves its default in force.
+    Where it reads them: ``[async_local_executor]`` and ``AIRFLOW__ASYNC_LOCAL_EXECUTOR__*``, or, for a
+    team's executor, only ``[<team>=async_local_executor]`` and ``AIRFLOW__<TEAM>___ASYNC_LOCAL_EXECUTOR__*``
+    (Airflow reads a team's options there alone). Airflow matches names exactly as it builds them:
+    lower case in the file, upper case in a variable; and it runs no ``_CMD`` nor ``_SECRET`` variable
+    for an option that is not a secret, which none of these is. Each of those is reported too.
     """
     known = [option.name for option in OPTIONS]
-    found: list[tuple[str, str]] = []
-    sections = [SECTION] + ([f"{team}={SECTION}"] if team else [])
-    for section in sections:
-        if file.has_section(section):
-            found.extend((name.lower(), f"airflow.cfg [{section}]") for name in file.options(section))
-    prefixes = ["AIRFLOW__" + SECTION.upper() + "__"]
-    if team:
-        prefixes.append(f"AIRFLOW__{team.upper()}___{SECTION.upper()}__")
+    section = f"{team}={SECTION}" if team else SECTION
+    found: list[tuple[str, str, bool]] = []  # (name as written, where, whether Airflow reads it)
+    if file.has_section(section):
+        found.extend((name, f"airflow.cfg [{section}]", name in known) for name in file.options(section))
+    prefix = f"AIRFLOW__{team.upper()}___" if team else "AIRFLOW__"
+    prefix += SECTION.upper() + "__"
     for variable in sorted(environ):
-        for prefix in prefixes:
-            if variable.startswith(prefix):
-                name = variable[len(prefix) :]
-                for suffix in _ENV_SUFFIXES:
-                    name = name.removesuffix(suffix)
-                found.append((name.lower(), variable))
+        if variable.startswith(prefix):
+            name = variable[len(prefix) :]
+            found.append((name, variable, name.lower() in known and name == name.upper()))
     # Airflow's options people look for here: the executor's limit is [core] parallelism.
     candidates = {name: name for name in known} | {name: f"[core] {name}" for name in _AIRFLOW_OPTIONS}
-    return [
-        Unknown(
-            name,
-            where,
-            candidates[close[0]] if (close := difflib.get_close_matches(name, candidates, n=1)) else None,
-        )
-        for name, where in found
-        if name not in known
-    ]
+    unknown = []
+    for name, where, read in found:
+        if read:
+            continue
+        close = difflib.get_close_matches(name.lower(), candidates, n=1)
+        unknown.append(Unknown(name, where, candidates[close[0]] if close else None))
+    return unknown
 
 
 # end() waits on threads for shutdown_timeout + termination_grace_period + this margin (for reaping).

@@ -104,8 +104,10 @@ def configuration_reference() -> str:
             f"Every option lives in the `[{SECTION}]` section of airflow.cfg, or in an environment variable "
             f"`AIRFLOW__{SECTION.upper()}__<OPTION>`. `airflow config list --section {SECTION} --show-values` shows the "
             "values in force. An invalid value stops the executor at start with an error naming the option. "
-            "An option it does not have (a misspelt one, such as `shutdown_timout`) is ignored, and the "
-            "scheduler log says so at start with a WARNING naming the closest option it has."
+            "An option it does not have (a misspelt one, such as `shutdown_timout`, or one Airflow does not "
+            "read as written: upper case in airflow.cfg, lower case or with `_CMD` in a variable) is "
+            "ignored, and the scheduler log says so at start with a WARNING naming the closest valid option "
+            "where one is close."
         ),
         "",
         "| option | type | default | example | since |",

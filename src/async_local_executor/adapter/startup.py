@@ -144,9 +144,10 @@ def prepare(
     :param parallelism: Airflow's; 0 (Airflow 2) means unlimited
     :raises ValueError: naming the option whose value is wrong
     """
-    config = ExecutorConfig.from_conf(conf)
+    # Said first: a misspelt option beside an invalid value is as much the operator's to know.
     for unknown in unknown_options(deployment, os.environ, team):
         log.warning("%s", unknown.describe())
+    config = ExecutorConfig.from_conf(conf)
     directory = state_dir.resolve(config.state_dir)
     made = plan(
         config,

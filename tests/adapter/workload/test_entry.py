@@ -175,13 +175,16 @@ def test_the_flags_the_executor_writes_are_read_back_whatever_surrounds_them() -
     # Written with "=" too, as a hand-written command line may have them; no flag at all: the defaults.
     assert entry.parse(["--parent-pid=7", "--path0=/p"]) == entry.EntryArgs(7, "normal", path0="/p")
     assert entry.parse([]) == entry.EntryArgs(0, "normal")
+    # A value is the next word, whatever it starts with; `--` is a word like any other.
+    assert entry.parse(["--", "--path0", "-odd", "--custody-dir", "--"]).path0 == "-odd"
+    assert entry.parse(["--path0", "-odd", "--custody-dir", "--"]).custody_dir == "--"
 
 
 @pytest.mark.parametrize(
     ("argv", "said"),
     [
-        (["--parent-pid", "seven"], "not a number"),
-        (["--handover-timeout=soon"], "not a number"),
+        (["--parent-pid", "seven"], "--parent-pid must be a number, got 'seven'"),
+        (["--handover-timeout=soon"], "--handover-timeout must be a number, got 'soon'"),
         (["--custody-dir"], "--custody-dir needs a value"),
     ],
 )

@@ -64,9 +64,12 @@ _FLAGS = (
 def parse(argv: Sequence[str] | None) -> EntryArgs:
     """The entry flags; anything else on the command line (the interpreter, ``-m module``) is ignored.
 
-    Read by hand, not with :mod:`argparse`: building a parser in a forked workload costs about 2 ms of
-    CPU and 370 page faults per task (its messages go through :mod:`gettext`, which looks for
-    translation files), as much as the rest of this module's work before the supervisor starts.
+    Read by hand, not with :mod:`argparse`: building a parser in a forked workload cost 1.7 ms of CPU
+    and 330 page faults per task (its messages go through :mod:`gettext`, which looks for translation
+    files), more than the rest of this module's work before the supervisor starts
+    (``python -m benchmarks.entry_cost``; docs/benchmarks.md, "Where each task's CPU goes, by role").
+    A value is the next word whatever it starts with (the executor writes each one), and ``--`` ends
+    nothing: the flags sit after the module the interpreter runs.
 
     :raises SystemExit: ``EXIT_BAD_INPUT``, said on stderr, for a flag without a value or a number
         that is not one (the executor writes these flags: only a hand-written command line has either)
@@ -85,17 +88,21 @@ def parse(argv: Sequence[str] | None) -> EntryArgs:
             value = words[index]
             index += 1
         found[flag] = value
+    return EntryArgs(
+        int(_number(found, "--parent-pid", int)),
+        found.get("--cpu-priority", cpu_priority.NORMAL),
+        found.get("--learn-imports", ""),
+        found.get("--path0"),
+        float(_number(found, "--handover-timeout", float)),
+        found.get("--custody-dir", ""),
+    )
+
+
+def _number(found: dict[str, str], flag: str, kind: type[int | float]) -> int | float:
     try:
-        return EntryArgs(
-            int(found.get("--parent-pid", "0")),
-            found.get("--cpu-priority", cpu_priority.NORMAL),
-            found.get("--learn-imports", ""),
-            found.get("--path0"),
-            float(found.get("--handover-timeout", "0")),
-            found.get("--custody-dir", ""),
-        )
-    except ValueError as exc:
-        _refuse(f"a flag's value is not a number: {exc}")
+        return kind(found.get(flag, "0"))
+    except ValueError:
+        _refuse(f"{flag} must be a number, got {found[flag]!r}")
 
 
 def _refuse(why: str) -> NoReturn:
