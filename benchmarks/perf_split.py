@@ -46,6 +46,8 @@ KINDS: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
     ("other system calls", ("entry_SYSCALL_64", "do_syscall_64")),
 )
 USER: Final = "user code (the interpreter)"
+# A helper's own start (its imports), before it forks anything: once per helper, not per task.
+START: Final = "fork server's start (imports), before its first fork"
 # A sample's period is in ns only for the software clocks; a hardware event's counts cycles or the like.
 CLOCK_EVENTS: Final = ("cpu-clock", "task-clock")
 # The title this executor's workload process takes (adapter/startup.py), as its comm shows it.
@@ -101,7 +103,8 @@ def _titles_a_workload(comm: re.Match[str]) -> bool:
 class _Reader:
     """Reads ``perf script`` output, samples and task events in time order, one line at a time."""
 
-    def __init__(self) -> None:
+    def __init__(self, helpers: set[int]) -> None:
+        self._helpers = helpers
         self.lives: dict[int, _Life] = {}  # the current life of each pid
         self.every: list[_Life] = []
         self.spent: dict[tuple[_Life, str], float] = collections.defaultdict(float)
@@ -152,6 +155,8 @@ class _Reader:
             life, period, _ = self._sample
             kind = _kind(self._frames)
             self.kernel_frames = self.kernel_frames or kind != USER
+            if life.pid in self._helpers and not life.forked:
+                kind = START
             self.spent[(life, kind)] += period / 1e9
         self._sample, self._frames = None, []
 
@@ -171,11 +176,11 @@ def split(lines: Iterable[str], helpers: Iterable[int]) -> Split:
     :param helpers: the fork-server helpers' pids
     :raises WrongEvent: when the samples are of another event than the CPU clock
     """
-    reader = _Reader()
+    helper_set = set(helpers)
+    reader = _Reader(helper_set)
     for text in lines:
         reader.line(text)
     reader.finish()
-    helper_set = set(helpers)
     roles: dict[_Life, str | None] = {}
 
     def role(life: _Life) -> str | None:
@@ -212,7 +217,7 @@ def _perf_script(data: Path) -> Iterator[str]:
 
 def render(found: Split) -> str:
     """The split as a Markdown table, ms per workload process."""
-    kinds = [k for k, _ in KINDS] + [USER]
+    kinds = [START] + [k for k, _ in KINDS] + [USER]
     lines = [
         f"ms of CPU per workload process ({found.workloads} forked), by what it was spent on:",
         "",
