@@ -64,8 +64,8 @@ _FLAGS = (
 def parse(argv: Sequence[str] | None) -> EntryArgs:
     """The entry flags; anything else on the command line (the interpreter, ``-m module``) is ignored.
 
-    Read by hand, not with :mod:`argparse`: building a parser in a forked workload cost 1.7 ms of CPU
-    and 330 page faults per task (its messages go through :mod:`gettext`, which looks for translation
+    Read by hand, not with :mod:`argparse`: building a parser in a forked workload cost 1.8 ms of CPU
+    and 320 page faults per task (its messages go through :mod:`gettext`, which looks for translation
     files), more than the rest of this module's work before the supervisor starts
     (``python -m benchmarks.entry_cost``; docs/benchmarks.md, "Where each task's CPU goes, by role").
     A value is the next word whatever it starts with (the executor writes each one), and ``--`` ends
