@@ -24,9 +24,7 @@ import os
 import statistics
 import sys
 import tempfile
-import uuid
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Final
 
 SHAPES: Final[tuple[str, ...]] = ("exit", "read", "entry", "entry + custody")
@@ -41,30 +39,10 @@ class Cost:
 
 
 def _payload() -> bytes:
-    from airflow.executors.workloads import BundleInfo, ExecuteTask, TaskInstanceDTO
-
     from async_local_executor.adapter.workload import airflow3
+    from benchmarks.scenarios.dispatch_driver import workload
 
-    ti = TaskInstanceDTO(
-        id=uuid.uuid4(),
-        task_id="t",
-        dag_id="d",
-        run_id="r",
-        try_number=1,
-        dag_version_id=uuid.uuid4(),
-        map_index=-1,
-        pool_slots=1,
-        priority_weight=1,
-        queue="default",
-    )
-    workload = ExecuteTask(
-        ti=ti,
-        dag_rel_path=Path("d.py"),
-        token="not-a-secret",  # noqa: S106 - nothing reads it: no supervisor runs
-        log_path=None,
-        bundle_info=BundleInfo(name="dags-folder"),
-    )
-    return airflow3.encode_payload(workload.model_dump_json(), "http://127.0.0.1:9/execution/", "t")
+    return airflow3.encode_payload(workload(0).model_dump_json(), "http://127.0.0.1:9/execution/", "t")
 
 
 def _child(shape: str, payload: bytes, custody_dir: str) -> Callable[[], int]:

@@ -32,7 +32,8 @@ from typing import IO, Any
 AIRFLOW2 = int(version("apache-airflow").split(".", 1)[0]) < 3
 
 
-def _workload(index: int) -> Any:
+def workload(index: int) -> Any:
+    """An Airflow 3 task workload as the scheduler builds one, minus the database row."""
     from airflow.executors.workloads import BundleInfo, ExecuteTask, TaskInstanceDTO
 
     ti = TaskInstanceDTO(
@@ -68,7 +69,7 @@ class _TaskInstance:
 
 def _queue(executor: Any, index: int) -> None:
     if not AIRFLOW2:
-        executor.queue_workload(_workload(index), session=None)
+        executor.queue_workload(workload(index), session=None)
         return
     ti = _TaskInstance(index)
     command = [
