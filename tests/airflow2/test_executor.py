@@ -217,3 +217,23 @@ def test_a_stop_during_the_first_adoption_after_start_is_held_until_the_heartbea
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
+
+
+def test_a_misspelt_option_is_warned_of_at_start_and_its_default_kept(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Airflow 2's configuration parser, read as the executor reads it at start.
+    monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__TERMINATION_GRACE_PERIOD_CMD", "echo 5")
+    executor = RecordingExecutor(parallelism=1)
+    with caplog.at_level("WARNING", logger="async_local_executor"):
+        executor.start()
+    try:
+        said = [r.getMessage() for r in caplog.records if "TERMINATION_GRACE_PERIOD_CMD" in r.getMessage()]
+        expected = (
+            "TERMINATION_GRACE_PERIOD_CMD (AIRFLOW__ASYNC_LOCAL_EXECUTOR__TERMINATION_GRACE_PERIOD_CMD) is not "
+            "an option of [async_local_executor] and is ignored; did you mean termination_grace_period?"
+        )
+        assert said == [expected]
+        assert executor._config.termination_grace_period == 10.0  # Airflow runs no command for it
+    finally:
+        executor.end()
