@@ -50,15 +50,15 @@ class EntryArgs:
         return self.handover_timeout > 0 and bool(self.custody_dir) and self.parent_pid > 0
 
 
-# The flags argv_flags() writes, each with its value in the next argument (or after "=").
-_FLAGS = (
-    "--parent-pid",
-    "--cpu-priority",
-    "--learn-imports",
-    "--path0",
-    "--handover-timeout",
-    "--custody-dir",
-)
+# The flags, written by argv_flags() and read by parse(), each with its value in the next word.
+PARENT_PID = "--parent-pid"
+CPU_PRIORITY = "--cpu-priority"
+LEARN_IMPORTS = "--learn-imports"
+PATH0 = "--path0"
+HANDOVER_TIMEOUT = "--handover-timeout"
+CUSTODY_DIR = "--custody-dir"
+_FLAGS = (PARENT_PID, CPU_PRIORITY, LEARN_IMPORTS, PATH0, HANDOVER_TIMEOUT, CUSTODY_DIR)
+N = TypeVar("N", int, float)
 
 
 def parse(argv: Sequence[str] | None) -> EntryArgs:
@@ -89,16 +89,16 @@ def parse(argv: Sequence[str] | None) -> EntryArgs:
             index += 1
         found[flag] = value
     return EntryArgs(
-        int(_number(found, "--parent-pid", int)),
-        found.get("--cpu-priority", cpu_priority.NORMAL),
-        found.get("--learn-imports", ""),
-        found.get("--path0"),
-        float(_number(found, "--handover-timeout", float)),
-        found.get("--custody-dir", ""),
+        _number(found, PARENT_PID, int),
+        found.get(CPU_PRIORITY, cpu_priority.NORMAL),
+        found.get(LEARN_IMPORTS, ""),
+        found.get(PATH0),
+        _number(found, HANDOVER_TIMEOUT, float),
+        found.get(CUSTODY_DIR, ""),
     )
 
 
-def _number(found: dict[str, str], flag: str, kind: type[int | float]) -> int | float:
+def _number(found: dict[str, str], flag: str, kind: type[N]) -> N:
     try:
         return kind(found.get(flag, "0"))
     except ValueError:
@@ -126,11 +126,11 @@ def argv_flags(
         seconds; 0 (and no ``custody_dir``) keeps it tied to the executor's life
     :param custody_dir: the directory of the custody files (``<state_dir>/custody``)
     """
-    learn = ("--learn-imports", learn_imports) if learn_imports else ()
-    first = ("--path0", path0) if path0 is not None else ()
-    handover = ("--handover-timeout", repr(float(handover_timeout))) if handover_timeout > 0 else ()
-    where = ("--custody-dir", custody_dir) if custody_dir else ()
-    return ("--parent-pid", str(parent_pid), "--cpu-priority", priority, *learn, *first, *handover, *where)
+    learn = (LEARN_IMPORTS, learn_imports) if learn_imports else ()
+    first = (PATH0, path0) if path0 is not None else ()
+    handover = (HANDOVER_TIMEOUT, repr(float(handover_timeout))) if handover_timeout > 0 else ()
+    where = (CUSTODY_DIR, custody_dir) if custody_dir else ()
+    return (PARENT_PID, str(parent_pid), CPU_PRIORITY, priority, *learn, *first, *handover, *where)
 
 
 def tie_to_executor(args: EntryArgs, *, tied: bool) -> tuple[bool, custody.Custody | None]:
