@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import signal
 import time
@@ -219,6 +220,28 @@ def test_an_adopted_task_revoked_is_stopped_without_an_event(start: StartCustody
     assert gate.exists()  # it did not end on its own: it was stopped
     # Its process group is gone with it (the stub leads it): nothing it started is left running.
     assert [pid for pid in _in_group(stub) if alive(pid)] == []
+
+
+def test_an_adopted_task_revoked_then_queued_again_is_reported_as_launched_here(
+    start: StartCustody, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Airflow 3 requeues a try stuck in queued under its try number: the same key, now launched here.
+    caplog.set_level(logging.INFO)
+    held, gate, stub, second = _held_by_a_successor(start, tmp_path, "requeued")
+    ti = workloads.Revoked(held.key)
+    assert second.try_adopt_task_instances([ti]) == []  # type: ignore[list-item]
+    second.until_reported(lambda: stub in second.adopted)
+    second.revoke_task(ti=ti)  # type: ignore[arg-type]
+    scheduler = Scheduler(second)
+    scheduler.run_until(lambda: not alive(stub))
+    again, _ = _held_task(tmp_path, "requeued")
+    assert again.key == held.key
+    _queue(second, again)
+    scheduler.run_until(lambda: len(_stub_pids(tmp_path)) == 2)
+    _succeeds(scheduler, held.key, gate)
+    assert _finals(second, held.key) == [TaskInstanceState.SUCCESS]
+    assert "adopted workload" not in caplog.text, caplog.text
+    assert not second._handovers.holding.was_claimed(held.key)
 
 
 def _in_group(pgid: int) -> list[int]:

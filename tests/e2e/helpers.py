@@ -312,13 +312,18 @@ def requeued_tries_run_once(
     assert sandbox.run_state(dag_id, run_id) == "success", rows
     assert [r.state for r in rows] == ["success"] * tries, rows
     assert marks(folder, ".start") == marks(folder, ".end")
-    # Each adopted try's end was the executor's to note, not to report: no executor event for it.
+    # Each revoked try's end was the executor's to note, not to report: no executor event for it. On a
+    # loaded host a requeued try can sit in queued past task_queued_timeout again (its first call to the
+    # api-server is slow), and the scheduler revokes it too: each revoke is noted once all the same.
     text = since(sandbox, offset)
-    assert len(re.findall(rf"revoked workload {re.escape(dag_id)}\.hold\S* try \d+ ended", text)) == tries, (
+    revokes = len(revoking(dag_id).findall(text))
+    assert revokes >= tries, text
+    assert len(re.findall(rf"revoked workload {re.escape(dag_id)}\.hold\S* try \d+ ended", text)) == revokes, (
         text
     )
     assert "Received executor event with state failed" not in text, text
-    assert len(revoking(dag_id).findall(text)) == tries, text  # nothing else was revoked
+    # The requeued tries were launched here, not handed over: none is reported as an adopted one.
+    assert "adopted workload" not in text, text
 
 
 # The escapers DAG (dags/escapers.py): tasks that leave processes behind, which escape the parent-death

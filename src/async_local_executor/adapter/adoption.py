@@ -206,6 +206,11 @@ class Adoptions:
         self._claimed_pids = self._claimed_pids | {held.pid}
         return True
 
+    def unclaim(self, key: TaskInstanceKey) -> None:
+        """Airflow handed ``key`` in again (a revoked try requeued under the same try number): the try it
+        runs now was launched here, not handed over, and is reported as any other."""
+        self._claimed.discard(key)
+
     def take_end(self, key: TaskInstanceKey) -> Outcome | None:
         """The end a claimed workload reached before its claim, once: None if it runs, or was taken."""
         held = self._held.get(key)
@@ -441,9 +446,11 @@ class Handovers:
         return record.to_json()
 
     def submitted(self, key: object) -> None:
-        """Airflow handed ``key`` in again: an earlier, revoked submission's record is not this one's."""
+        """Airflow handed ``key`` in again: an earlier, revoked submission's record is not this one's, nor
+        its claim."""
         if isinstance(key, TaskInstanceKey):
             self._records.pop(key, None)
+            self.holding.unclaim(key)
 
     def ended(self, key: object) -> None:
         """``key``'s end was given to Airflow, or its submission revoked."""
