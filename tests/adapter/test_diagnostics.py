@@ -266,15 +266,39 @@ def test_the_airflow_cli_command_runs_the_same_status(
     wait_for_health(executor, lambda h: h.verdict is Verdict.HEALTHY)
     Scheduler(executor).run_until(lambda: bool(read_all(state_dir)))
     [group] = RecordingExecutor.get_cli_commands()
-    [command] = group.subcommands
-    assert (group.name, command.name) == ("async-local-executor", "status")
-    parser = argparse.ArgumentParser()
-    for arg in command.args:
-        arg.add_to_parser(parser)
+    commands = {command.name: command for command in group.subcommands}
+    assert group.name == "async-local-executor"
+    assert sorted(commands) == ["drain", "pause", "resize", "resume", "status"]
+
+    def parse(name: str, argv: list[str]) -> argparse.Namespace:
+        parser = argparse.ArgumentParser()
+        for arg in commands[name].args:
+            arg.add_to_parser(parser)
+        return parser.parse_args(argv)
+
     capsys.readouterr()  # what was printed before (Airflow's own lines at start) is not the command's
-    command.func(parser.parse_args(["--json", "--state-dir", str(state_dir)]))
+    commands["status"].func(parse("status", ["--json", "--state-dir", str(state_dir)]))
     [shown] = json.loads(capsys.readouterr().out)
     assert shown["instance"] == executor._journal.instance  # type: ignore[union-attr]
+    # A control command through Airflow's CLI: it returns once the executor (whose heartbeat this loop
+    # runs) applied it, and a failure is its exit status.
+    done = threading.Event()
+
+    def pause() -> None:
+        try:
+            commands["pause"].func(parse("pause", ["--state-dir", str(state_dir), "--by", "ops"]))
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=pause)
+    thread.start()
+    Scheduler(executor).run_until(done.is_set)
+    thread.join()
+    assert executor.slots_available == 0
+    assert "pause: paused by ops at" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as refused:
+        commands["resize"].func(parse("resize", ["--parallelism", "0", "--state-dir", str(state_dir)]))
+    assert refused.value.code == 2
 
 
 def test_sigusr2_dump_logs_health_and_running_workloads(

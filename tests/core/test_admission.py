@@ -23,6 +23,7 @@ from collections.abc import Hashable, Iterator
 from pathlib import Path
 
 import anyio
+import anyio.abc
 import pytest
 
 from async_local_executor.core.admission import Admission
@@ -154,3 +155,115 @@ async def test_a_limit_back_up_as_credit_is_repaid_lets_through_only_what_fits_u
 def test_limit_must_be_positive() -> None:
     with pytest.raises(ValueError, match="limit must be >= 1"):
         Supervisor(SubprocessLauncher(), Recorder(), limit=0)
+
+
+class _Holding:
+    """Tasks that each hold a slot of ``admission`` until the test ends them; ``inside`` lists who holds one."""
+
+    def __init__(self, admission: Admission, tg: anyio.abc.TaskGroup) -> None:
+        self.admission = admission
+        self.inside: list[str] = []
+        self._ends: dict[str, anyio.Event] = {}
+        self._tg = tg
+
+    def start(self, key: str, *, pausable: bool = True, group: str = "") -> None:
+        self._ends[key] = anyio.Event()
+
+        async def hold() -> None:
+            async with self.admission.slot(LaunchRequest(key, ("x",), pausable=pausable, group=group)):
+                self.inside.append(key)
+                await self._ends[key].wait()
+                self.inside.remove(key)
+
+        self._tg.start_soon(hold)
+
+    async def now(self) -> list[str]:
+        await anyio.wait_all_tasks_blocked()
+        return sorted(self.inside)
+
+    async def end(self, key: str) -> list[str]:
+        self._ends[key].set()
+        return await self.now()
+
+
+@pytest.mark.asyncio
+async def test_a_pause_holds_new_starts_back_but_not_what_holds_a_slot_nor_what_is_not_pausable() -> None:
+    admission = Admission(limit=3)
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            held = _Holding(admission, tg)
+            held.start("running")
+            assert await held.now() == ["running"]
+            admission.pause()
+            assert admission.paused
+            held.start("task")
+            held.start("callback", pausable=False)
+            # What runs goes on; a callback is not held; the task waits, holding no slot.
+            assert await held.now() == ["callback", "running"]
+            assert admission.held == 2
+            admission.resume()
+            assert await held.now() == ["callback", "running", "task"]
+            for key in ("running", "callback", "task"):
+                await held.end(key)
+
+
+@pytest.mark.asyncio
+async def test_a_task_handed_a_slot_while_paused_gives_it_to_the_next_in_line() -> None:
+    # Limit 1: a task and then a callback wait for the one slot; the pause comes; the slot frees. The task
+    # (first in line) is handed it, gives it back, and the callback gets it.
+    admission = Admission(limit=1)
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            held = _Holding(admission, tg)
+            held.start("first")
+            assert await held.now() == ["first"]
+            held.start("task")
+            held.start("callback", pausable=False)
+            await held.now()
+            admission.pause()
+            assert await held.end("first") == ["callback"]
+            admission.resume()
+            assert await held.end("callback") == ["task"]
+            await held.end("task")
+
+
+@pytest.mark.asyncio
+async def test_a_resize_up_lets_waiters_through_and_down_stops_nothing_that_holds_a_slot() -> None:
+    admission = Admission(limit=2, group_limits={"q": 1})
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            held = _Holding(admission, tg)
+            for key in ("a", "b", "c", "d"):
+                held.start(key)
+            assert await held.now() == ["a", "b"]
+            admission.resize(4, {})
+            assert await held.now() == ["a", "b", "c", "d"]
+            assert admission.limit == 4
+            # Down to 1: all four go on; the next starts only once fewer than 1 hold a slot.
+            admission.resize(1, {"q": 2})
+            held.start("e")
+            assert await held.now() == ["a", "b", "c", "d"]
+            for key in ("a", "b", "c"):
+                await held.end(key)
+            assert await held.now() == ["d"]
+            assert await held.end("d") == ["e"]
+            assert admission.group_limits == {"q": 2}
+            # A group's limit, raised live, lets its waiters through.
+            held.start("q1", group="q")
+            held.start("q2", group="q")
+            held.start("q3", group="q")
+            admission.resize(None, {})
+            assert await held.now() == ["e", "q1", "q2"]
+            admission.resize(None, {"q": 3})
+            assert await held.now() == ["e", "q1", "q2", "q3"]
+            for key in ("e", "q1", "q2", "q3"):
+                await held.end(key)
+
+
+def test_a_resize_below_one_is_refused_and_changes_nothing() -> None:
+    admission = Admission(limit=2, group_limits={"q": 1})
+    with pytest.raises(ValueError, match="must be >= 1"):
+        admission.resize(0, {})
+    with pytest.raises(ValueError, match="group 'q' must be >= 1"):
+        admission.resize(3, {"q": -1})
+    assert (admission.limit, admission.group_limits) == (2, {"q": 1})

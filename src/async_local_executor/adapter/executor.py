@@ -34,6 +34,7 @@ from async_local_executor.adapter.compat import AIRFLOW_V3, executor_conf
 from async_local_executor.adapter.config import SECTION, SHUTDOWN_MARGIN, ExecutorConfig
 from async_local_executor.adapter.diagnostics import Diagnostics
 from async_local_executor.adapter.intake import Incoming
+from async_local_executor.adapter.live_control import LiveControl
 from async_local_executor.adapter.metadata_db import (
     ExecutorScope,
     requeue_unreachable,
@@ -143,6 +144,8 @@ class AsyncLocalExecutor(BaseExecutor):
         self._containment: Containment | None = None
         self._metrics = Metrics()
         self._ignored_keys: set[str] = set()  # unknown executor_config keys already warned about
+        self._live: LiveControl | None = None  # pause, drain and resize (adapter/live_control)
+        self._unstarted: set[WorkloadKey] = set()  # task workloads handed to the loop, not started yet
         # Workloads handed over to this executor and by it (see adapter/adoption).
         self._handovers = adoption.Handovers(self.clock, self._submissions, self._new_ticket)
         self._cleared_exits = ClearedExitGate(
@@ -165,6 +168,15 @@ class AsyncLocalExecutor(BaseExecutor):
         self._task_log_folder = settings.task_log_folder
         if settings.timeout is not None:
             log.info("%s", settings.timeout.describe())
+        self._live = live = LiveControl(
+            settings.state_dir,
+            self.team_name,
+            parallelism=self.parallelism,
+            queues=dict(config.queue_limits),
+            terminates=not config.hands_over,
+            stop_running=self._stop_running_tasks,
+            clock=self.clock,
+        )
         built = startup.build(
             settings,
             startup.Callbacks(
@@ -173,6 +185,7 @@ class AsyncLocalExecutor(BaseExecutor):
                 self._on_report,
                 self._handovers.launch_record,
                 self._handovers.holding.claimed_pid,
+                live.fields,
             ),
             team=self.team_name,
             executor=type(self).__name__,
@@ -197,6 +210,8 @@ class AsyncLocalExecutor(BaseExecutor):
         self._diagnostics.thresholds = wired.thresholds
         self._runtime = wired.runtime
         self._runtime.start()
+        live.start(self._runtime)  # before the first heartbeat can hand a task over
+        self.parallelism = self._prefetch.budget.parallelism = live.parallelism
         self._handovers.hold(built.held, self._runtime)
         room = settings.room
         self.log.info(
@@ -312,6 +327,7 @@ class AsyncLocalExecutor(BaseExecutor):
             return None
         ticket = self._new_ticket(incoming.key)
         self._handovers.submitted(incoming.key)
+        task = isinstance(incoming.key, TaskInstanceKey)
         self._submissions[incoming.key] = Submission(
             ticket,
             incoming.running,
@@ -323,6 +339,10 @@ class AsyncLocalExecutor(BaseExecutor):
             incoming.ti_id,
             checked.timeout,
         )
+        if task:
+            self._unstarted.add(incoming.key)
+            if self._live is not None and self._live.holds_starts:
+                self._tell_held_back(incoming.key)
         return LaunchRequest(
             key=ticket,
             argv=self._argv,
@@ -332,6 +352,8 @@ class AsyncLocalExecutor(BaseExecutor):
             group=checked.group,
             limits=checked.limits,
             source=checked.source,
+            # A pause holds tasks back; a callback or a connection test is short, and must not wait on it.
+            pausable=task,
         )
 
     def _checked(self, incoming: Incoming) -> Checked | None:
@@ -376,6 +398,7 @@ class AsyncLocalExecutor(BaseExecutor):
         except Exception as exc:
             log.error("internal error taking in workload %s; failing it", label, exc_info=exc)
             self._submissions.pop(key, None)  # accepted but never submitted: no event will come for it
+            self._unstarted.discard(key)
             if key not in self.running:  # it already has its final event
                 return
             reason = f"internal error: {shown(exc)}"
@@ -389,6 +412,10 @@ class AsyncLocalExecutor(BaseExecutor):
 
     @property
     def slots_available(self) -> int:
+        live = self._live
+        if live is not None and live.holds_starts:
+            # Paused or draining: Airflow keeps its task instances scheduled, out of task_queued_timeout.
+            return 0
         return int(super().slots_available) + self._prefetch.allowed()
 
     # The scheduler itself queues no more than [core] parallelism minus what every executor holds
@@ -403,8 +430,36 @@ class AsyncLocalExecutor(BaseExecutor):
         # inside one is delivered here, before and after this executor's own work (stop_signals).
         stop_signals.hold()
         stop_signals.deliver_held()
+        self._follow_control()
         super().heartbeat()
         stop_signals.deliver_held()
+
+    def _follow_control(self) -> None:
+        """Apply a change of live control (adapter/live_control); a pause tells each task it holds back."""
+        live, runtime = self._live, self._runtime
+        if live is None or runtime is None or not runtime.alive:
+            return
+        if live.poll(runtime, runtime.report):
+            self.parallelism = self._prefetch.budget.parallelism = live.parallelism
+            self._metrics.control(live.control.mode, live.parallelism)
+            if live.holds_starts:
+                for key in self._unstarted:
+                    self._tell_held_back(key)
+
+    def _tell_held_back(self, key: WorkloadKey) -> None:
+        live, submission = self._live, self._submissions.get(key)
+        if live is not None and submission is not None:
+            log.info("workload %s waits: the executor is %s", submission.label, live.control.describe())
+            self._tell(key, live.waiting_note(), submission.log_path)
+
+    def _stop_running_tasks(self) -> None:
+        """At a drain's deadline (on_stop = terminate): stop every task workload that has started."""
+        runtime = self._runtime
+        if runtime is None:
+            return
+        for key, submission in list(self._submissions.items()):
+            if isinstance(key, TaskInstanceKey) and key not in self._unstarted:
+                runtime.stop(submission.ticket, "stopped at the drain's deadline (on_stop = terminate)")
 
     def trigger_tasks(self, open_slots: int) -> None:
         super().trigger_tasks(open_slots + self._prefetch.allowed())
@@ -440,6 +495,8 @@ class AsyncLocalExecutor(BaseExecutor):
         ended = self._prefetch.note(ticket, event)
         tail = [] if isinstance(event, Started) else self._output.pop(ticket)
         submission = self._submissions.get(key)
+        if submission is not None and submission.ticket == ticket:
+            self._unstarted.discard(key)
         if submission is None or submission.ticket != ticket:
             # A revoked submission: the scheduler already decided this try's fate, and Airflow's
             # revoke_task contract forbids an executor event for it.
@@ -558,6 +615,7 @@ class AsyncLocalExecutor(BaseExecutor):
         if not final or submission is None or submission.ticket != ticket:
             return  # a start, a revoked submission, or one whose final event was given
         del self._submissions[key]
+        self._unstarted.discard(key)
         if key in self.running:
             self.change_state(key, submission.failure, info=f"internal error: {shown(exc)}")
 
@@ -619,6 +677,7 @@ class AsyncLocalExecutor(BaseExecutor):
             self.log.info("revoked %s before it reached the executor's loop", describe(key))
             return
         submission = self._submissions.pop(key, None)
+        self._unstarted.discard(key)
         self.running.discard(key)
         self._handovers.ended(key)
         if submission is None or self._runtime is None:

@@ -68,6 +68,12 @@ class Metrics:
         if cleanup.oom_kills:
             stats.incr(self.name("workload.oom_kills"), count=cleanup.oom_kills, tags=tags)
 
+    def control(self, mode: str, parallelism: int) -> None:
+        """A change of live control: which mode is in force (one gauge each, 0 or 1), and the limit."""
+        for each in ("paused", "draining"):
+            stats.gauge(self.name(f"control.{each}"), int(mode == each), tags=self._tags)
+        stats.gauge(self.name("parallelism"), parallelism, tags=self._tags)
+
     def report(self, report: Report) -> None:
         """Gauges from one health probe; on the loop thread, every probe."""
         state, tags = report.state, self._tags
@@ -76,6 +82,9 @@ class Metrics:
         stats.gauge(self.name("memory_guard_holding"), int(state.memory_low), tags=tags)
         stats.gauge(self.name("descriptors_holding"), int(state.descriptors_full is not None), tags=tags)
         stats.gauge(self.name("healthy"), int(report.health.verdict is Verdict.HEALTHY), tags=tags)
+        stats.gauge(self.name("paused"), int(state.paused), tags=tags)
+        if state.limit is not None:
+            stats.gauge(self.name("parallelism"), state.limit, tags=tags)
         if waits := state.memory_waits_total - self._memory_waits_seen:
             self._memory_waits_seen = state.memory_waits_total
             stats.incr(self.name("memory_guard_waits"), waits, tags=tags)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from async_local_executor import __version__
 from async_local_executor.adapter.config import OPTIONS, SECTION
-from async_local_executor.ops.cli_options import STATUS_HELP, STATUS_OPTIONS
+from async_local_executor.ops.cli_options import COMMANDS
 
 if TYPE_CHECKING:
     from airflow.cli.cli_config import GroupCommand
@@ -58,29 +58,36 @@ def get_provider_info() -> dict[str, Any]:
 
 
 def get_cli_commands() -> list[GroupCommand]:
-    """``airflow async-local-executor status``: the ``async-local-executor`` console script's commands."""
+    """``airflow async-local-executor status | pause | resume | drain | resize``: the ``async-local-executor``
+    console script's commands."""
     from airflow.cli.cli_config import ActionCommand, Arg, GroupCommand
 
-    def run_status(args: argparse.Namespace) -> None:
-        from async_local_executor.ops import cli
+    def runner(name: str) -> Callable[[argparse.Namespace], None]:
+        def run(args: argparse.Namespace) -> None:
+            from async_local_executor.ops import cli
 
-        code = cli.status(args)
-        if code:
-            raise SystemExit(code)
+            args.command = name
+            code = cli.run(args)
+            if code:
+                raise SystemExit(code)
+
+        return run
 
     arg = cast("Callable[..., Any]", Arg)  # Airflow's Arg is untyped
-    status_args = tuple(arg((option.flag,), help=option.help, **option.settings) for option in STATUS_OPTIONS)
     return [
         GroupCommand(
             name="async-local-executor",
-            help="Inspect AsyncLocalExecutor",
-            subcommands=(
+            help="Inspect and control AsyncLocalExecutor",
+            subcommands=tuple(
                 ActionCommand(
-                    name="status",
-                    help=STATUS_HELP,
-                    func=run_status,
-                    args=status_args,
-                ),
+                    name=command.name,
+                    help=command.help,
+                    func=runner(command.name),
+                    args=tuple(
+                        arg((option.flag,), help=option.help, **option.settings) for option in command.options
+                    ),
+                )
+                for command in COMMANDS
             ),
         )
     ]

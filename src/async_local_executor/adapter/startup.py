@@ -41,6 +41,7 @@ from async_local_executor.core.health import Report
 from async_local_executor.core.wiring import Plan, Wired, wire
 from async_local_executor.ops import custody_dir, journal, recovery, state_dir, status
 from async_local_executor.ops.instance_cgroups import open_containment
+from async_local_executor.ops.status_format import ControlFields
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +203,8 @@ class Callbacks:
     """A task launch's record for a successor (:meth:`~adoption.Handovers.launch_record`)."""
     claimed: Callable[[int], bool]
     """Whether a held workload's process was adopted (:meth:`~adoption.Adoptions.claimed_pid`)."""
+    control: Callable[[], ControlFields]
+    """The live control applied (:meth:`~live_control.LiveControl.fields`)."""
 
 
 @dataclass(frozen=True)
@@ -261,6 +264,7 @@ def build(
         # Descendants the status walk sees (workloads without a cgroup) are journalled for a reclaim.
         on_seen=launches.seen,
         claimed=callbacks.claimed,
+        control=callbacks.control,
     )
     timeout = settings.timeout
     wired = wire(

@@ -84,6 +84,15 @@ class Slots:
 
     def release(self) -> None:
         self.held -= 1
+        self._hand_on()
+
+    def set_limit(self, limit: float) -> None:
+        """A new limit, live: raised, it hands slots to waiters at once; lowered, what holds slots keeps
+        them, and waiters get one only once the count is under the new limit."""
+        self.limit = limit
+        self._hand_on()
+
+    def _hand_on(self) -> None:
         # Counted as held when handed on, not when the waiter runs: nothing that asks in between can
         # take it too.
         while self._waiters and self.held < self.limit:
@@ -166,6 +175,7 @@ class Admission:
         self._held_back = 0  # launches waiting now for descriptors
         self.descriptors_full: descriptors.Table | None = None  # the table when a launch last found it full
         self.descriptor_waits_total = 0  # launches that found the table full and waited
+        self._resumed: anyio.Event | None = None  # set while paused; set (and dropped) on resume
 
     @contextlib.asynccontextmanager
     async def slot(self, request: LaunchRequest, *, running: bool = False) -> AsyncIterator[None]:
@@ -181,12 +191,75 @@ class Admission:
             with _taken(group), _taken(self._slots):
                 yield
             return
-        # The group's slot before the executor-wide one, so a workload held back by its group's limit
-        # does not also hold a slot another group could use.
-        if group is not None:
-            self._note_saturation(request.group, group)
-        async with _held(group), _held(self._slots):
-            yield
+        while True:
+            if request.pausable:
+                await self._unpaused()
+            # The group's slot before the executor-wide one, so a workload held back by its group's limit
+            # does not also hold a slot another group could use.
+            if group is not None:
+                self._note_saturation(request.group, group)
+            async with _held(group), _held(self._slots):
+                if request.pausable and self._resumed is not None:
+                    # Paused while it waited for its slots: they go to the next in line (a workload the
+                    # pause does not hold), and it waits for the resume again.
+                    continue
+                yield
+                return
+
+    @property
+    def paused(self) -> bool:
+        """No pausable workload starts: the pause or a drain is in force."""
+        return self._resumed is not None
+
+    @property
+    def held(self) -> int:
+        """Workloads holding an executor-wide slot: launching or running."""
+        return self._slots.held
+
+    @property
+    def limit(self) -> int | None:
+        """The executor-wide limit in force; None for none."""
+        limit = self._slots.limit
+        return None if limit == math.inf else int(limit)
+
+    @property
+    def group_limits(self) -> dict[str, int]:
+        """Each group's limit in force."""
+        return {name: int(slots.limit) for name, slots in self._group_slots.items()}
+
+    def pause(self) -> None:
+        """No pausable workload launches from now until :meth:`resume`; what runs goes on, and what was
+        launching already (past its slots) finishes its launch."""
+        if self._resumed is None:
+            self._resumed = anyio.Event()
+
+    def resume(self) -> None:
+        resumed, self._resumed = self._resumed, None
+        if resumed is not None:
+            resumed.set()
+
+    async def _unpaused(self) -> None:
+        while (resumed := self._resumed) is not None:
+            await resumed.wait()
+
+    def resize(self, limit: int | None, group_limits: Mapping[str, int]) -> None:
+        """New limits, live (see :meth:`Slots.set_limit`): lowering one stops nothing that runs.
+
+        :param group_limits: each group's new limit; a group not named keeps its own, and one not limited
+            before is limited from its next workload on
+        :raises ValueError: a limit below 1
+        """
+        for name, value in {"": 1 if limit is None else limit, **group_limits}.items():
+            if value < 1:
+                raise ValueError(f"limit of {'group ' + repr(name) if name else 'the executor'} must be >= 1")
+        self._slots.set_limit(math.inf if limit is None else limit)
+        for name, value in group_limits.items():
+            slots = self._group_slots.get(name)
+            if slots is None:
+                self._group_slots[name] = Slots(value)
+            else:
+                slots.set_limit(value)
+                self._saturated.discard(name)
 
     def _note_saturation(self, name: str, group: Slots) -> None:
         if group.free < 1:

@@ -161,7 +161,8 @@ def assess(state: SupervisorState, lag: float, thresholds: Thresholds, now: floa
     if state.descriptors_full is not None:
         said = f"launches held back: descriptor table full ({state.descriptors_full.describe()})"
         found.append((said, "descriptors_full"))
-    if state.oldest_waiting_since is not None:
+    # Held back by an operator's pause, waiting is what they asked for.
+    if state.oldest_waiting_since is not None and not state.paused:
         waited = now - state.oldest_waiting_since
         if waited > thresholds.max_wait:
             said = (

@@ -22,7 +22,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 
 import anyio
 import anyio.abc
@@ -168,6 +168,22 @@ class Runtime:
     def adopt(self, request: LaunchRequest) -> None:
         """Hand the loop a running process to supervise (see :meth:`Supervisor.adopt`); returns at once."""
         self._post(lambda supervisor, _: supervisor.adopt(request))
+
+    def control(self, *, paused: bool, limit: int | None, group_limits: Mapping[str, int]) -> None:
+        """Hold pausable launches back or let them go, and set the limits in force; returns at once.
+
+        :raises ValueError: a limit below 1 (checked here, before anything changes)
+        """
+        for value in (1 if limit is None else limit, *group_limits.values()):
+            if value < 1:
+                raise ValueError(f"a limit must be >= 1, got {value}")
+        limits = dict(group_limits)
+
+        def apply(supervisor: Supervisor, _: anyio.abc.TaskGroup) -> None:
+            supervisor.resize(limit, limits)
+            supervisor.hold_starts(paused)
+
+        self._post(apply)
 
     def stop(self, key: Hashable, reason: str) -> None:
         """Ask the loop to stop the workload(s) with ``key``; returns at once."""

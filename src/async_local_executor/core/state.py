@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from async_local_executor.core.admission import Admission
 from async_local_executor.core.cgroups.group import WorkloadCgroup
@@ -70,6 +70,10 @@ class SupervisorState:
     # The descriptor table when a launch found it full, while launches are held back for it; else None.
     descriptors_full: Table | None = None
     descriptor_waits_total: int = 0  # launches that found the descriptor table full and waited
+    paused: bool = False  # pausable workloads are held back (a pause or a drain)
+    held: int = 0  # workloads holding a slot: launching or running (adopted ones too)
+    limit: int | None = None  # the executor-wide limit in force; None: none
+    group_limits: Mapping[str, int] = field(default_factory=dict)  # each group's limit in force
 
 
 class Tally:
@@ -131,4 +135,8 @@ def snapshot(
         preload=launcher.preload,
         descriptors_full=admission.descriptors_full,
         descriptor_waits_total=admission.descriptor_waits_total,
+        paused=admission.paused,
+        held=admission.held,
+        limit=admission.limit,
+        group_limits=admission.group_limits,
     )

@@ -200,6 +200,17 @@ class Supervisor:
         request = workload.request
         self._tg.start_soon(self._supervise, serial, workload, name=f"{kind} {request.label or request.key}")
 
+    def hold_starts(self, paused: bool) -> None:
+        """Pause (True) or resume (False) the launch of pausable workloads (:meth:`Admission.pause`)."""
+        if paused:
+            self._admission.pause()
+        else:
+            self._admission.resume()
+
+    def resize(self, limit: int | None, group_limits: Mapping[str, int]) -> None:
+        """New limits, live (:meth:`Admission.resize`); lowering one stops nothing that runs."""
+        self._admission.resize(limit, group_limits)
+
     def stop(self, key: Hashable, reason: str) -> int:
         """Stop every workload with ``key``: drop it if it has no slot yet, else terminate it.
 
@@ -213,6 +224,11 @@ class Supervisor:
     async def shutdown(self, wait: float) -> None:
         """Stop accepting, give running workloads ``wait`` seconds to finish, then stop the rest."""
         self._accepting = False
+        if self._admission.paused:
+            # What a pause holds back would never start within the wait: it ends unlaunched now.
+            for workload in list(self._workloads.values()):
+                if workload.lifecycle.phase is Phase.QUEUED and workload.request.pausable:
+                    self._stop(workload, "executor shut down")
         with self._clock.move_on_after(wait):
             await self._idle.wait()
         for workload in list(self._workloads.values()):

@@ -1,16 +1,19 @@
-"""``async-local-executor status``: what each executor on this host is doing, from its status file.
+"""``async-local-executor``: ``status``, what each executor on this host is doing, from its status file;
+``pause``, ``resume``, ``drain`` and ``resize``, live control of the running executors
+(:mod:`~async_local_executor.ops.control`).
 
-Also reachable as ``airflow async-local-executor status`` where Airflow loads the executor's CLI
+Also reachable as ``airflow async-local-executor <command>`` where Airflow loads the executor's CLI
 commands (:meth:`AsyncLocalExecutor.get_cli_commands`).
 """
 
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -18,14 +21,15 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from async_local_executor.ops import state_dir
-from async_local_executor.ops.cli_options import STATUS_HELP, STATUS_OPTIONS
+from async_local_executor.ops import control, state_dir
+from async_local_executor.ops.cli_options import COMMANDS, STATUS_OPTIONS, Command
+from async_local_executor.ops.control import Control, ControlError, NotRunning
 from async_local_executor.ops.status import ADOPTION_ADOPTED, ADOPTION_HELD, Found, read_all
 from async_local_executor.ops.status_read import adoption_of
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    for option in STATUS_OPTIONS:
+def add_arguments(parser: argparse.ArgumentParser, command: Command | None = None) -> None:
+    for option in command.options if command is not None else STATUS_OPTIONS:
         parser.add_argument(option.flag, help=option.help, **option.settings)
 
 
@@ -104,6 +108,17 @@ def render(found: list[Found], directory: Path) -> Group | Text:
         parts.append(head)
         if health.get("reason"):
             parts.append(Text(f"  {health['reason']}", style=style))
+        live = data.get("control")
+        if isinstance(live, dict) and live.get("note"):
+            parts.append(Text(f"  live control: {live['note']}; {_limits(live)}", style="yellow"))
+            if live.get("overdue"):
+                parts.append(
+                    Text(
+                        "  the drain passed its deadline while these ran: "
+                        + (", ".join(map(str, live.get("still_running") or [])) or "none"),
+                        style="red",
+                    )
+                )
         containment = data.get("containment")
         if isinstance(containment, dict) and containment.get("detail"):
             parts.append(Text(f"  containment: {containment['detail']}"))
@@ -156,16 +171,146 @@ def preload_lines(preload: object) -> list[Text]:
     return lines
 
 
+# Live control. Exit statuses: 0 applied by every running executor (drain --wait: drained); 1 none runs,
+# or one did not apply it in time; 2 bad input (nothing changed); 3 drain --wait: the deadline came first.
+NOT_APPLIED, BAD_INPUT, OVERDUE = 1, 2, 3
+
+
+def pause(args: argparse.Namespace) -> int:
+    return _change(args, lambda by, at: lambda _p, _q: control.pause(by, at))
+
+
+def resume(args: argparse.Namespace) -> int:
+    return _change(args, lambda by, at: lambda _p, _q: control.resume(by, at))
+
+
+def drain(args: argparse.Namespace) -> int:
+    code = _change(args, lambda by, at: lambda _p, _q: control.drain(by, at, args.deadline))
+    if code or not args.wait:
+        return code
+    return _wait_drained(args)
+
+
+def resize(args: argparse.Namespace) -> int:
+    try:
+        queues = dict(_queue_limit(item) for item in args.queue)
+    except ControlError as exc:
+        return _bad(exc)
+    if args.parallelism is None and not queues:
+        return _bad(ControlError("resize needs --parallelism N or --queue NAME=N"))
+    return _change(
+        args,
+        lambda by, at: (
+            lambda configured, configured_queues: control.resize(
+                by,
+                at,
+                parallelism=args.parallelism,
+                queues=queues,
+                configured_parallelism=configured,
+                configured_queues=configured_queues,
+            )
+        ),
+    )
+
+
+def _queue_limit(item: str) -> tuple[str, int]:
+    name, sep, value = item.partition("=")
+    try:
+        if not sep or not name:
+            raise ValueError
+        return name, int(value)
+    except ValueError:
+        raise ControlError(f"--queue takes NAME=N with N a whole number, got {item!r}") from None
+
+
+Edit = Callable[[int, Mapping[str, int]], Callable[[Control], Control]]
+
+
+def _change(args: argparse.Namespace, make: Callable[[str, float], Edit]) -> int:
+    directory: Path = args.state_dir or state_dir.from_airflow_config()
+    by = args.by or getpass.getuser()
+    try:
+        done = control.request(directory, args.team, make(by, time.time()), timeout=args.timeout)
+    except NotRunning as exc:
+        print(exc, file=sys.stderr)
+        return NOT_APPLIED
+    except ControlError as exc:
+        return _bad(exc)
+    print(f"{args.command}: {done.control.describe()} (change {done.control.serial})")
+    for _, fields in sorted(done.applied.items()):
+        print(f"  scheduler pid {fields.get('pid')}: applied; {_limits(fields)}")
+    for instance in done.pending:
+        print(f"  executor {instance}: has not applied it within {args.timeout:g}s", file=sys.stderr)
+    return NOT_APPLIED if done.pending else 0
+
+
+def _bad(exc: Exception) -> int:
+    print(f"error: {exc}; nothing was changed", file=sys.stderr)
+    return BAD_INPUT
+
+
+def _limits(fields: Mapping[str, object]) -> str:
+    said = f"parallelism {fields.get('parallelism')} (configured {fields.get('configured_parallelism')})"
+    live, configured = fields.get("queue_limits"), fields.get("configured_queue_limits")
+    if isinstance(live, dict) and isinstance(configured, dict) and live:
+        said += ", queue limits " + ", ".join(
+            f"{name}:{value} (configured {configured.get(name)})" for name, value in sorted(live.items())
+        )
+    return said
+
+
+def _wait_drained(args: argparse.Namespace) -> int:
+    """Until each running executor of the team says drained, or that its drain passed its deadline."""
+    directory: Path = args.state_dir or state_dir.from_airflow_config()
+    shown: tuple[str, ...] | None = None
+    try:
+        while True:
+            found = control.running(directory, args.team)
+            fields = [f.data.get("control") or {} for f in found]
+            if not found:
+                print("drain: the executor stopped before it was drained", file=sys.stderr)
+                return NOT_APPLIED
+            overdue = [name for f in fields if f.get("overdue") for name in f.get("still_running") or []]
+            if any(f.get("overdue") for f in fields):
+                print(f"drain: the deadline passed while these still ran: {', '.join(overdue) or 'none'}")
+                return OVERDUE
+            if all(f.get("mode") == "drained" for f in fields):
+                print("drained: no task runs")
+                return 0
+            still = tuple(sorted(str(row.get("key")) for f in found for row in f.data.get("running") or []))
+            if still != shown:
+                shown = still
+                print(f"draining: {len(still)} still running: {', '.join(still) or '(launches finishing)'}")
+            time.sleep(control.ACK_POLL * 5)  # how often the status files are looked at again
+    except KeyboardInterrupt:
+        print("stopped waiting; the drain goes on", file=sys.stderr)
+        return NOT_APPLIED
+
+
+HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "status": status,
+    "pause": pause,
+    "resume": resume,
+    "drain": drain,
+    "resize": resize,
+}
+
+
+def run(args: argparse.Namespace) -> int:
+    return HANDLERS[args.command](args)
+
+
 def parser() -> argparse.ArgumentParser:
     """The ``async-local-executor`` command line."""
     top = argparse.ArgumentParser(prog="async-local-executor")
     commands = top.add_subparsers(dest="command", required=True)
-    add_arguments(commands.add_parser("status", help=STATUS_HELP))
+    for command in COMMANDS:
+        add_arguments(commands.add_parser(command.name, help=command.help, description=command.help), command)
     return top
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return status(parser().parse_args(argv))
+    return run(parser().parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -118,6 +118,7 @@ def health(found: Sequence[Found], hostname: str, now: float) -> dict[str, Any]:
                 "reasons": list(j.public),
                 "reason_codes": list(j.codes),
                 **_times(j.found, now),
+                **_control(j.found),
             }
             for j in judged
         ],
@@ -125,6 +126,20 @@ def health(found: Sequence[Found], hostname: str, now: float) -> dict[str, Any]:
     if not judged:
         document["reason"] = no_status_reason(hostname)
     return document
+
+
+# A drain that passed its deadline with work still running: a warning, not a verdict (the executor works).
+OVERDUE = "a drain passed its deadline with workloads still running"
+
+
+def _control(found: Found) -> dict[str, Any]:
+    """Live control as the health document gives it: the mode, who set it and when (an operator's own
+    action, not a task's words), and a drain past its deadline as a warning. Paused is not unhealthy."""
+    fields = found.data.get("control")
+    if not isinstance(fields, dict):
+        return {}
+    shown = {"control": str(fields.get("mode")), "control_note": fields.get("note")}
+    return {**shown, "warnings": [OVERDUE] if fields.get("overdue") else []}
 
 
 def status(found: Sequence[Found], hostname: str, now: float, directory: Path) -> dict[str, Any]:
@@ -135,6 +150,9 @@ def status(found: Sequence[Found], hostname: str, now: float, directory: Path) -
         data = j.found.data
         running = [_with_task(row) for row in data.get("running", [])]
         parallelism = data.get("parallelism")
+        live = data.get("control")
+        if isinstance(live, dict) and _int(live.get("parallelism")):
+            parallelism = live["parallelism"]  # the limit in force (a resize), not the configured one
         waiting = data.get("waiting", 0)
         prefetched = None
         if _int(parallelism) and _int(waiting):

@@ -45,6 +45,7 @@ from async_local_executor.ops.status_format import (
     SUFFIX,
     Adoption,
     ContainmentFields,
+    ControlFields,
     DescriptorFields,
     RunningRow,
     StatusFile,
@@ -228,6 +229,7 @@ def document(
     history: Sequence[Sequence[float]] = (),
     claimed: Callable[[int], bool] | None = None,
     cgroups: CgroupOf = cgroup_of,
+    control: ControlFields | None = None,
 ) -> StatusFile:
     """What the status file holds, from one health report plus who wrote it.
 
@@ -236,6 +238,7 @@ def document(
     :param claimed: whether the adopted workload of that pid has had its task instance claimed; None
         when that is not known (see the module docstring)
     :param cgroups: where each running workload is accounted (:func:`cgroup_of`)
+    :param control: the live control the executor applied (see :mod:`~async_local_executor.ops.control`)
     """
     now = time.time() if now is None else now
     state = report.state
@@ -300,6 +303,7 @@ def document(
             "descriptor_waits": state.descriptor_waits_total,
             **state.outcomes_total,
         },
+        "control": control,
     }
 
 
@@ -327,6 +331,8 @@ class StatusWriter:
     (in memory only: a new executor starts a new history).
     ``claimed``, if given, says whether the adopted workload of a pid has had its task instance claimed
     (called from :meth:`write`'s thread; see the module docstring): until then it is shown held.
+    ``control``, if given, gives the live control the executor applied (called from :meth:`write`'s
+    thread).
     """
 
     def __init__(
@@ -335,8 +341,10 @@ class StatusWriter:
         meta: Meta,
         on_seen: Callable[[Descendants], None] | None = None,
         claimed: Callable[[int], bool] | None = None,
+        control: Callable[[], ControlFields] | None = None,
     ) -> None:
         self.path = path
+        self._control = control
         self._on_seen = on_seen
         self._claimed = claimed
         # An adopted workload's cgroup, found once from where its process is: it never moves, and a
@@ -366,6 +374,7 @@ class StatusWriter:
                 history=history,
                 claimed=self._claimed,
                 cgroups=self._cgroup_of,
+                control=None if self._control is None else self._control(),
             ),
             indent=1,
         ).encode()

@@ -94,6 +94,23 @@ class ContainmentFields(TypedDict):
     detail: str
 
 
+class ControlFields(TypedDict):
+    """The live control an executor applied (:mod:`~async_local_executor.ops.control`)."""
+
+    mode: Required[str]  # running, paused, draining or drained
+    by: str | None
+    at: float | None
+    deadline: float | None  # a drain's, wall clock
+    overdue: bool  # a drain past its deadline with workloads still running then
+    still_running: list[str]  # those workloads
+    serial: Required[Annotated[int, COUNT]]  # of the change applied
+    parallelism: Annotated[int, COUNT]  # in force
+    configured_parallelism: Annotated[int, COUNT]
+    queue_limits: dict[str, Annotated[int, COUNT]]  # in force
+    configured_queue_limits: dict[str, Annotated[int, COUNT]]
+    note: str | None  # for people: "paused by alice at ..."; None when nothing was ever set
+
+
 class StatusFile(TypedDict):
     # Who wrote it: without its host, its pid, its start and the time of writing, neither its writer nor
     # its age can be told.
@@ -124,3 +141,4 @@ class StatusFile(TypedDict):
     history: list[Annotated[list[float], SAMPLE]]  # the oldest first
     recent_launch_failures: list[FailureRow]
     totals: dict[str, Annotated[int, COUNT]]  # launched, memory and descriptor waits, outcomes by kind
+    control: ControlFields | None  # live control as applied; None: not known (an older writer)

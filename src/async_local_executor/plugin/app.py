@@ -5,6 +5,12 @@
 - ``GET /status``: everything ``async-local-executor status`` shows, for a user Airflow's auth manager
   lets see the Jobs view (the page that lists schedulers); 401 without a credential, 403 with an invalid
   one or without that permission.
+- ``POST /control/{pause,resume,drain,resize}``: live control of the executors of this host
+  (:mod:`~async_local_executor.ops.control`), for a user Airflow's auth manager lets change the
+  configuration (a viewer reads, an operator or admin changes); a JSON body only (a cross-site form
+  cannot send one), which names the team and the change. 200 once every running executor applied it,
+  202 if one had not within ``CONTROL_WAIT`` seconds, 400 for bad input and 409 when none runs, nothing
+  changed either way.
 - ``GET /ui``: the executor page (the UI's "Executor" entry), and ``/static/``: its script, style,
   icons and the dashboard card's bundle, all shipped in the package (no build step).
 
@@ -17,21 +23,25 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable, Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from fastapi import Depends, FastAPI
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, Field
 
-from async_local_executor.ops import overview, state_dir
+from async_local_executor.ops import control, overview, state_dir
+from async_local_executor.ops.control import Control, ControlError, NotRunning
 from async_local_executor.ops.status_read import read_all
 
 STATIC = Path(str(resources.files("async_local_executor.plugin") / "static"))
 # The page runs no inline script and loads nothing from elsewhere; it may be framed by Airflow's UI only.
 PAGE_POLICY = "default-src 'self'; img-src 'self' data:; frame-ancestors 'self'"
 NO_STORE = {"Cache-Control": "no-store"}
+CONTROL_WAIT = 10.0  # seconds a control request waits for the executors to apply it (their heartbeat)
 
 
 @functools.cache
@@ -49,6 +59,54 @@ def _viewer() -> Any:
     from airflow.api_fastapi.core_api.security import requires_access_view
 
     return requires_access_view(AccessView.JOBS)
+
+
+def _operator() -> Any:
+    """The dependency that lets through a user allowed to change Airflow's configuration (an operator or
+    an admin; not a viewer), and gives who it is."""
+    from airflow.api_fastapi.core_api.security import get_user, requires_access_configuration
+
+    check = requires_access_configuration("PUT")
+
+    def allowed(request: Request, user: Any = Depends(get_user)) -> str:  # noqa: B008 - FastAPI's idiom
+        check(request, user)
+        return str(user.get_name())
+
+    return allowed
+
+
+class ControlBody(BaseModel):
+    """What one control request changes (each action reads the fields it needs)."""
+
+    team: str | None = Field(None, description="the team whose executors to act on; none: those without one")
+    deadline: float | None = Field(None, description="drain: seconds from now, then on_stop applies")
+    parallelism: int | None = Field(None, description="resize: the executor-wide limit")
+    queues: dict[str, int] = Field(default_factory=dict, description="resize: limits of named queues")
+
+
+Action = Literal["pause", "resume", "drain", "resize"]
+
+
+def _edit(
+    action: Action, body: ControlBody, by: str
+) -> Callable[[int, Mapping[str, int]], Callable[[Control], Control]]:
+    at = time.time()
+    if action == "pause":
+        return lambda _p, _q: control.pause(by, at)
+    if action == "resume":
+        return lambda _p, _q: control.resume(by, at)
+    if action == "drain":
+        return lambda _p, _q: control.drain(by, at, body.deadline)
+    if body.parallelism is None and not body.queues:
+        raise ControlError("resize needs parallelism or queues")
+    return lambda configured, queues: control.resize(
+        by,
+        at,
+        parallelism=body.parallelism,
+        queues=body.queues,
+        configured_parallelism=configured,
+        configured_queues=queues,
+    )
 
 
 def create_app(directory: Path | None = None) -> FastAPI:
@@ -76,6 +134,28 @@ def create_app(directory: Path | None = None) -> FastAPI:
         folder = where()
         document = overview.status(read_all(folder), _hostname(), time.time(), folder)
         return JSONResponse(document, headers=NO_STORE)
+
+    @app.post(
+        "/control/{action}", summary="Pause, resume, drain or resize this host's executors (authenticated)"
+    )
+    def change(
+        action: Action, body: ControlBody, request: Request, by: str = Depends(_operator())
+    ) -> JSONResponse:
+        if not request.headers.get("content-type", "").startswith("application/json"):
+            return JSONResponse({"detail": "a JSON body is required"}, status_code=415, headers=NO_STORE)
+        try:
+            done = control.request(where(), body.team, _edit(action, body, by), timeout=CONTROL_WAIT)
+        except NotRunning as exc:
+            return JSONResponse({"detail": str(exc)}, status_code=409, headers=NO_STORE)
+        except ControlError as exc:
+            return JSONResponse({"detail": f"{exc}; nothing was changed"}, status_code=400, headers=NO_STORE)
+        document = {
+            "control": done.control.to_json(),
+            "said": done.control.describe(),
+            "applied": done.applied,
+            "pending": list(done.pending),
+        }
+        return JSONResponse(document, status_code=202 if done.pending else 200, headers=NO_STORE)
 
     @app.get("/ui", include_in_schema=False)
     def page() -> FileResponse:

@@ -67,6 +67,8 @@ class LaunchRequest:
         launcher runs from its ``exec`` on: it must read its stdin before it starts anything
     :param takeover: the workload runs already, launched by another executor: the launch path takes its
         process instead of starting one (see :class:`Takeover`)
+    :param pausable: a pause of new starts holds it back (see :meth:`Admission.pause`); False for what
+        must not wait on an operator's pause (a callback, a connection test)
     """
 
     key: Hashable
@@ -81,6 +83,7 @@ class LaunchRequest:
     low_cpu: bool = False
     before_start: Callable[[int], Awaitable[None]] | None = field(default=None, compare=False, repr=False)
     takeover: Takeover | None = field(default=None, compare=False, repr=False)
+    pausable: bool = True
 
     def __post_init__(self) -> None:
         if not self.argv:

@@ -145,6 +145,7 @@ function drawExecutor(data, now) {
   const state = data.gone ? "stopped" : data.stale ? "stale" : data.verdict;
   q(".title").textContent = `${data.hostname}: scheduler pid ${data.pid}${team} (${state})`;
   fillReasons(q(".instance-reasons"), data.reasons);
+  drawControl(section, data);
   const running = data.running || [];
   q(".slots").textContent = `${running.length} / ${data.parallelism ?? "-"}`;
   q(".waiting").textContent = data.waiting ?? 0;
@@ -198,6 +199,83 @@ function drawExecutor(data, now) {
     emptyRow(done, 7, "nothing finished yet");
   }
   return section;
+}
+
+// Live control: the state in force, who set it and when, and the buttons that change it (each asks for
+// confirmation first). Only a user Airflow lets change the configuration gets past the api-server.
+function drawControl(section, data) {
+  const live = data.control;
+  const box = section.querySelector(".control");
+  if (!live || data.gone || data.stale) {
+    box.hidden = true;
+    return;
+  }
+  const state = section.querySelector(".control-state");
+  state.textContent = live.note || "running";
+  state.className = `control-state mode-${live.mode}`;
+  const queues = Object.entries(live.queue_limits || {})
+    .map(([name, n]) => `${name}:${n} (configured ${(live.configured_queue_limits || {})[name] ?? "-"})`)
+    .join(", ");
+  section.querySelector(".control-limits").textContent =
+    `parallelism ${live.parallelism} (configured ${live.configured_parallelism})${queues ? `, queues ${queues}` : ""}` +
+    (live.overdue ? `; drain past its deadline, still running then: ${(live.still_running || []).join(", ") || "none"}` : "");
+  const paused = live.mode !== "running";
+  section.querySelector('[data-action="pause"]').disabled = paused;
+  section.querySelector('[data-action="drain"]').disabled = live.mode === "draining" || live.mode === "drained";
+  section.querySelector('[data-action="resume"]').disabled = !paused;
+  section.querySelectorAll("button[data-action]").forEach((button) => {
+    button.addEventListener("click", () => act(button.dataset.action, data));
+  });
+}
+
+function ask(action, data) {
+  const who = `the executor of scheduler pid ${data.pid}${data.team ? `, team ${data.team}` : ""}`;
+  const body = { team: data.team || null };
+  if (action === "pause") {
+    return window.confirm(`Pause ${who}? Running tasks go on; no new task starts until you resume.`) ? body : null;
+  }
+  if (action === "resume") {
+    return window.confirm(`Resume ${who}? Tasks start again.`) ? body : null;
+  }
+  if (action === "drain") {
+    const answer = window.prompt(
+      `Drain ${who}: no new task starts, drained once none runs. Deadline in seconds (empty: none)?`,
+      "",
+    );
+    if (answer === null) return null;
+    if (answer.trim() !== "") body.deadline = Number(answer);
+    return body;
+  }
+  const live = data.control || {};
+  const answer = window.prompt(`New parallelism for ${who} (configured ${live.configured_parallelism})?`, `${live.parallelism}`);
+  if (answer === null) return null;
+  body.parallelism = Number(answer);
+  return body;
+}
+
+async function act(action, data) {
+  const body = ask(action, data);
+  if (body === null) return;
+  const result = document.getElementById("control-result");
+  result.hidden = false;
+  result.textContent = `${action}: sending`;
+  try {
+    const response = await fetch(`control/${action}`, {
+      method: "POST",
+      credentials: "same-origin",
+      cache: "no-store",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify(body),
+    });
+    const answer = await response.json().catch(() => ({}));
+    if (response.status === 200) result.textContent = `${action}: applied: ${answer.said}`;
+    else if (response.status === 202) result.textContent = `${action}: written, not applied yet by ${answer.pending.join(", ")}: ${answer.said}`;
+    else if (response.status === 401 || response.status === 403) result.textContent = `${action}: not allowed (it needs Airflow's permission to change the configuration)`;
+    else result.textContent = `${action}: refused (HTTP ${response.status}): ${answer.detail ?? ""}`;
+  } catch (error) {
+    result.textContent = `${action}: cannot reach the api-server: ${error.message}`;
+  }
+  refresh();
 }
 
 function showNotice(text) {
