@@ -73,14 +73,17 @@ def test_a_pause_holds_new_task_starts_running_ones_go_on_callbacks_run_and_resu
     scheduler.loop_once()
     _waiting(ex, 1)
     assert holding(gate) == 1
-    assert "workload adapter_dag.hold" in caplog.text and "waits: the executor is paused by alice" in caplog.text
+    assert "workload adapter_dag.hold" in caplog.text
+    assert "waits: the executor is paused by alice" in caplog.text
     # A callback is not held back by a pause.
     callback = workloads.callback()
     queue(ex, callback)
     scheduler.run_until(lambda: final_events(ex)[callback.key] == 1)
     assert [s for k, s, _, _ in ex.changes if k == callback.key][-1] == CallbackState.SUCCESS
     fields = ex._live.fields() if ex._live else None
-    assert fields is not None and fields["mode"] == "paused" and fields["by"] == "alice"
+    assert fields is not None
+    assert fields["mode"] == "paused"
+    assert fields["by"] == "alice"
 
     resumed = _set(state, control.resume("bob", time.time()))
     _applied(ex, scheduler, resumed.serial)
@@ -106,7 +109,9 @@ def test_a_resize_down_stops_nothing_and_new_starts_wait_under_it_then_a_resize_
 
     down = _set(
         state,
-        control.resize("alice", time.time(), parallelism=1, queues={}, configured_parallelism=4, configured_queues={}),
+        control.resize(
+            "alice", time.time(), parallelism=1, queues={}, configured_parallelism=4, configured_queues={}
+        ),
     )
     _applied(ex, scheduler, down.serial)
     assert ex.parallelism == 1
@@ -125,7 +130,9 @@ def test_a_resize_down_stops_nothing_and_new_starts_wait_under_it_then_a_resize_
 
     up = _set(
         state,
-        control.resize("alice", time.time(), parallelism=4, queues={}, configured_parallelism=4, configured_queues={}),
+        control.resize(
+            "alice", time.time(), parallelism=4, queues={}, configured_parallelism=4, configured_queues={}
+        ),
     )
     assert up.parallelism is None  # back to the configured value: no override is kept
     _applied(ex, scheduler, up.serial)
@@ -138,7 +145,9 @@ def test_a_resize_down_stops_nothing_and_new_starts_wait_under_it_then_a_resize_
     assert [scheduler.events[t.key][0] for t in tasks] == [TaskInstanceState.SUCCESS] * 4
 
 
-def test_a_drain_says_drained_once_nothing_runs(start_executor: StartExecutor, state: Path, gate: Path) -> None:
+def test_a_drain_says_drained_once_nothing_runs(
+    start_executor: StartExecutor, state: Path, gate: Path
+) -> None:
     ex = start_executor(parallelism=2)
     scheduler = Scheduler(ex)
     task = workloads.task(f"hold:{gate}")
@@ -172,7 +181,8 @@ def test_at_a_drains_deadline_what_still_runs_is_terminated_and_named(
     assert gate.exists()  # it did not end on its own: it was stopped
     assert ex._live is not None
     fields = ex._live.fields()
-    assert fields["overdue"] and fields["still_running"] == ["adapter_dag.hold:" + str(gate) + " try 1"]
+    assert fields["overdue"]
+    assert fields["still_running"] == ["adapter_dag.hold:" + str(gate) + " try 1"]
     assert "drain deadline passed with 1 workload(s) running; stopping them" in caplog.text
 
 
@@ -184,7 +194,9 @@ def test_a_control_set_before_the_start_is_in_force_from_it(
     _set(state, control.pause("alice", time.time()))
     _set(
         state,
-        control.resize("alice", time.time(), parallelism=2, queues={}, configured_parallelism=8, configured_queues={}),
+        control.resize(
+            "alice", time.time(), parallelism=2, queues={}, configured_parallelism=8, configured_queues={}
+        ),
     )
     ex = start_executor(parallelism=8)
     assert "live control in force since before this start: paused by alice at" in caplog.text
@@ -288,7 +300,8 @@ def test_bad_input_is_refused_with_why_and_changes_nothing(
     ex.until_reported(lambda: any(state.glob("status.*.json")))
     result = _run(scheduler, [*argv, "--state-dir", str(state)])
     assert result["code"] == cli.BAD_INPUT, result
-    assert said in str(result["err"]) and "nothing was changed" in str(result["err"])
+    assert said in str(result["err"])
+    assert "nothing was changed" in str(result["err"])
     assert not (state / "control.json").exists()
 
 

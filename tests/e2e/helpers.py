@@ -318,9 +318,9 @@ def requeued_tries_run_once(
     text = since(sandbox, offset)
     revokes = len(revoking(dag_id).findall(text))
     assert revokes >= tries, text
-    assert len(re.findall(rf"revoked workload {re.escape(dag_id)}\.hold\S* try \d+ ended", text)) == revokes, (
-        text
-    )
+    assert (
+        len(re.findall(rf"revoked workload {re.escape(dag_id)}\.hold\S* try \d+ ended", text)) == revokes
+    ), text
     assert "Received executor event with state failed" not in text, text
     # The requeued tries were launched here, not handed over: none is reported as an adopted one.
     assert "adopted workload" not in text, text
