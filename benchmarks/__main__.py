@@ -48,6 +48,13 @@ KEY_FIGURES = {
         "makespan_s",
     ),
     "chaos": ("sequences_failed", "violations", "task_instances_run_twice", "seconds_per_sequence"),
+    "control": (
+        "tasks_succeeded",
+        "task_instances_run_twice",
+        "started_while_held",
+        "starts_over_limit",
+        "drain_s",
+    ),
 }
 NOTES_BEGIN, NOTES_END = "<!-- observations -->", "<!-- /observations -->"
 

@@ -351,6 +351,40 @@ METRICS: Final[dict[str, dict[str, Metric]]] = {
             "the first task's start (its execution's file) to the DAG run's end (dag_run.end_date)",
         ),
     },
+    "control": {
+        "tasks_succeeded": Metric("", "higher", "task instances that ended success"),
+        "tasks_failed": Metric(
+            "", "none", "task instances that ended failed (a terminate drain's on purpose)"
+        ),
+        "task_instances_run_twice": Metric("", "lower", "task instances with more than one execution"),
+        "started_while_held": Metric("", "lower", "pause: executions that started while the pause held"),
+        "queued_while_paused": Metric(
+            "",
+            "lower",
+            "pause: most task instances queued or running at once while paused (sampled every 1 s)",
+        ),
+        "requeued_stuck_in_queued": Metric(
+            "",
+            "lower",
+            "pause: 'Task stuck in queued' lines in the scheduler log (a revoke and requeue each)",
+        ),
+        "resume_to_run_end_s": Metric("s", "lower", "pause: from the resume command to the DAG run's end"),
+        "drain_s": Metric(
+            "s", "none", "drain: from the drain command to drained, or to its deadline passing"
+        ),
+        "drain_overdue": Metric("", "none", "drain: 1 when the deadline passed with tasks still running"),
+        "named_at_deadline": Metric("", "none", "drain: tasks the command named as running at its deadline"),
+        "starts_over_limit": Metric(
+            "",
+            "lower",
+            "resize: status samples (every 0.25 s) where the running count grew past the limit in force",
+        ),
+        "peak_running_first_limit": Metric("", "none", "resize: most running under the first limit"),
+        "peak_running_raised": Metric("", "none", "resize: most running once raised"),
+        "peak_running_lowered": Metric(
+            "", "none", "resize: most running once lowered, from when the count first fell to the limit"
+        ),
+    },
     "chaos": {
         "seed": Metric(
             "", "none", "the seed the sequences were drawn from (ALE_CHAOS_SEED replays it)", word=True

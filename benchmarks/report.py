@@ -617,6 +617,8 @@ $ .venv/bin/python -m benchmarks --profile full --scenarios restart \\
       --variants stock,ours --repeat 1 --out build/bench/restart.jsonl     # scheduler SIGTERM / kill -9
 $ .venv/bin/python -m benchmarks --profile full --scenarios chaos \\
       --variants ours --repeat 1 --out build/bench/chaos.jsonl             # restart chaos, seeded
+$ .venv/bin/python -m benchmarks --profile full --scenarios control \\
+      --variants ours --repeat 1 --out build/bench/control.jsonl           # pause, drain, resize
 $ .venv/bin/python -m benchmarks --profile full --scenarios burst --variants ours --repeat 1 \
       --profile-scheduler build/profile --out build/bench/profiled.jsonl  # where the scheduler's threads go"""
     )
@@ -796,6 +798,14 @@ Scenarios:
   gone within 10 s. Default: 20 sequences of 100 tasks at parallelism 16 over the host's crowd
   threshold; `ALE_CHAOS_SEQUENCES`, `ALE_CHAOS_TASKS`, `ALE_CHAOS_PARALLELISM`, `ALE_CHAOS_STEPS`
   and `ALE_CHAOS_SEED` change it. The notes hold the seed and the first violations.
+- **control**: live control (`airflow async-local-executor pause | resume | drain | resize`) at full
+  size, on PostgreSQL, full profile only, this executor only (stock is recorded `n/a`: it has none).
+  One run of `bench_control` per case, whose tasks record each execution: a pause held 300 s over 40
+  task instances with `task_queued_timeout = 120` (what started, was queued, failed or was requeued while
+  paused, then every task after the resume); 16 tasks of 60 s drained with a 30 s deadline under
+  `on_stop = handover` and `terminate`, and with 120 s (how long the drain took, whether it passed its
+  deadline, how many it named); 40 tasks of 30 s at parallelism 4 raised to 16 and lowered to 2, the
+  status file sampled every 0.25 s for the running count beside the limit in force (starts past it).
 
 How the executor heartbeat is timed in a deployment: Airflow 3.3 only emits
 `scheduler.executor_heartbeat_duration` to StatsD/OpenTelemetry, so the deployment runs

@@ -25,6 +25,7 @@ from benchmarks.deployment import REPO_ROOT, Variant
 from benchmarks.scenarios import (
     burst,
     chaos,
+    control,
     dispatch,
     footprint,
     imports,
@@ -49,6 +50,8 @@ SCENARIOS: Final[dict[str, Callable[[str], list[Case]]]] = {
     "restart": restart.cases,
     # Full profile only: the restart chaos test (tests/e2e/chaos.py) at full size.
     "chaos": chaos.cases,
+    # Full profile only: live control (pause, drain, resize) at full size.
+    "control": control.cases,
 }
 PROFILES: Final[tuple[str, ...]] = ("smoke", "quick", "full")
 DEFAULT_REPEAT: Final[dict[str, int]] = {"smoke": 1, "quick": 1, "full": 3}

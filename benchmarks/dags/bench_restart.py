@@ -1,4 +1,4 @@
-"""The restart case: long sleeping tasks that record every execution of theirs in a directory.
+"""The restart and control cases: long sleeping tasks that record every execution of theirs in a directory.
 
 The scheduler is stopped or killed while these run and a new one started (benchmarks/scenarios/restart.py).
 What happened to each task is then read from files the tasks wrote, not from Airflow's database alone:
@@ -7,6 +7,11 @@ leaves no trace there. Each execution writes ``<map_index>-<try_number>-<pid>.js
 ``ALE_BENCH_EXECUTIONS_DIR`` when it starts (its task instance's key, its process and its start time)
 and writes it again with its end time when its sleep is over; an execution killed part-way never
 records an end. Sizes come from the environment at parse time (see bench_dags.py); no retries, no XCom.
+
+``bench_control`` is the same task for the control case (benchmarks/scenarios/control.py), sized by
+``ALE_BENCH_CONTROL_TASKS`` and ``ALE_BENCH_CONTROL_SLEEP``: an operator pauses, drains or resizes the
+executor while they run, and the files tell what started while starts were held, how many ran at once,
+and whether a task instance ran twice.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ START = datetime(2024, 1, 1)
 TASKS = int(os.environ.get("ALE_BENCH_RESTART_TASKS", "24"))
 SLEEP = float(os.environ.get("ALE_BENCH_RESTART_SLEEP", "90"))
 EXECUTIONS_DIR = os.environ.get("ALE_BENCH_EXECUTIONS_DIR", "")
+CONTROL_TASKS = int(os.environ.get("ALE_BENCH_CONTROL_TASKS", "40"))
+CONTROL_SLEEP = float(os.environ.get("ALE_BENCH_CONTROL_SLEEP", "20"))
 
 
 def start_ticks(pid: int) -> int | None:
@@ -90,3 +97,23 @@ def bench_restart() -> None:
 
 
 bench_restart()
+
+
+@dag(
+    dag_id="bench_control",
+    schedule=None,
+    start_date=START,
+    catchup=False,
+    max_active_runs=1,
+    max_active_tasks=512,
+    tags=["benchmark"],
+)
+def bench_control() -> None:
+    @task(do_xcom_push=False, retries=0)
+    def sleep(i: int) -> None:
+        sleep_and_record(get_current_context()["ti"], CONTROL_SLEEP, EXECUTIONS_DIR)
+
+    sleep.expand(i=list(range(CONTROL_TASKS)))
+
+
+bench_control()

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from airflow.models.connection_test import ConnectionTestState
 from airflow.utils.state import CallbackState, TaskInstanceState
 
 from async_local_executor.ops import cli, control
@@ -75,11 +76,12 @@ def test_a_pause_holds_new_task_starts_running_ones_go_on_callbacks_run_and_resu
     assert holding(gate) == 1
     assert "workload adapter_dag.hold" in caplog.text
     assert "waits: the executor is paused by alice" in caplog.text
-    # A callback is not held back by a pause.
-    callback = workloads.callback()
-    queue(ex, callback)
-    scheduler.run_until(lambda: final_events(ex)[callback.key] == 1)
+    # Neither a callback nor a connection test is held back by a pause.
+    callback, probe = workloads.callback(), workloads.connection_test("ok")
+    queue(ex, callback, probe)
+    scheduler.run_until(lambda: final_events(ex)[callback.key] == final_events(ex)[probe.key] == 1)
     assert [s for k, s, _, _ in ex.changes if k == callback.key][-1] == CallbackState.SUCCESS
+    assert [s for k, s, _, _ in ex.changes if k == probe.key][-1] == ConnectionTestState.SUCCESS
     fields = ex._live.fields() if ex._live else None
     assert fields is not None
     assert fields["mode"] == "paused"
@@ -91,7 +93,7 @@ def test_a_pause_holds_new_task_starts_running_ones_go_on_callbacks_run_and_resu
     assert ex.slots_available > 0
     gate.unlink()
     scheduler.run_until(lambda: {first.key, second.key} <= scheduler.events.keys())
-    assert final_events(ex) == {first.key: 1, second.key: 1, callback.key: 1}
+    assert final_events(ex) == {first.key: 1, second.key: 1, callback.key: 1, probe.key: 1}
     assert {scheduler.events[k][0] for k in (first.key, second.key)} == {TaskInstanceState.SUCCESS}
 
 
@@ -178,12 +180,37 @@ def test_at_a_drains_deadline_what_still_runs_is_terminated_and_named(
     _applied(ex, scheduler, drain.serial)
     scheduler.run_until(lambda: task.key in scheduler.events)
     assert scheduler.events[task.key][0] == TaskInstanceState.FAILED
-    assert gate.exists()  # it did not end on its own: it was stopped
     assert ex._live is not None
     fields = ex._live.fields()
     assert fields["overdue"]
     assert fields["still_running"] == ["adapter_dag.hold:" + str(gate) + " try 1"]
-    assert "drain deadline passed with 1 workload(s) running; stopping them" in caplog.text
+    assert "drain deadline passed with 1 workload(s) left; stopping them" in caplog.text
+
+
+def test_a_drain_lets_what_was_handed_over_start_and_is_drained_only_once_that_has_ended_too(
+    start_executor: StartExecutor, state: Path, tmp_path: Path
+) -> None:
+    # Parallelism 1: the second task waits for the slot inside the executor (Airflow has it queued). A
+    # drain takes no new work, but lets it start when the first ends: held, it would be reset and run
+    # again after the stop a drain prepares.
+    ex = start_executor(parallelism=1)
+    scheduler = Scheduler(ex)
+    gates = [tmp_path / "one", tmp_path / "two"]
+    for g in gates:
+        g.touch()
+    first, second = (workloads.task(f"hold:{g}") for g in gates)
+    queue(ex, first, second)
+    scheduler.run_until(lambda: holding(gates[0]) == 1)
+    _waiting(ex, 1)
+    drain = _set(state, control.drain("alice", time.time(), None))
+    _applied(ex, scheduler, drain.serial)
+    gates[0].unlink()
+    scheduler.run_until(lambda: holding(gates[1]) == 1)
+    assert ex._live is not None
+    assert ex._live.fields()["mode"] == "draining"
+    gates[1].unlink()
+    scheduler.run_until(lambda: ex._live is not None and ex._live.fields()["mode"] == "drained")
+    assert [scheduler.events[t.key][0] for t in (first, second)] == [TaskInstanceState.SUCCESS] * 2
 
 
 def test_a_control_set_before_the_start_is_in_force_from_it(

@@ -103,8 +103,14 @@ def test_metrics_reach_statsd(listener: socket.socket, launcher: str) -> None:
         "airflow.async_local_executor.healthy|g",
         "airflow.async_local_executor.memory_guard_holding|g",
         "airflow.async_local_executor.memory_guard_waits|c",
+        "airflow.async_local_executor.paused|g",
+        "airflow.async_local_executor.parallelism|g",
+        "airflow.async_local_executor.control.paused|g",
+        "airflow.async_local_executor.control.draining|g",
     }
     assert expected - names == set(), sorted(names)
+    assert "airflow.async_local_executor.control.paused:1|g" in lines
+    assert "airflow.async_local_executor.control.paused:0|g" in lines
     assert "airflow.async_local_executor.memory_guard_holding:1|g" in lines
     assert "airflow.async_local_executor.memory_guard_waits:1|c" in lines
 

@@ -237,3 +237,112 @@ def test_a_misspelt_option_is_warned_of_at_start_and_its_default_kept(
         assert executor._config.termination_grace_period == 10.0  # Airflow runs no command for it
     finally:
         executor.end()
+
+
+def test_pause_resume_and_drain_on_a_started_2_11_executor(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The Airflow CLI's commands (Airflow 2's cli_config builds them), acting on a started executor
+    # whose heartbeat this loop runs; its own state directory, as a pause lasts until resumed.
+    import argparse
+    import threading
+
+    state = tmp_path / "state"
+    monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__STATE_DIR", str(state))
+    [group] = RecordingExecutor.get_cli_commands()
+    commands = {command.name: command for command in group.subcommands}
+    executor = RecordingExecutor(parallelism=2)
+    executor.start()
+    scheduler = Scheduler(executor)
+
+    def run(name: str, *argv: str) -> None:
+        parser = argparse.ArgumentParser()
+        for arg in commands[name].args:
+            arg.add_to_parser(parser)
+        done = threading.Event()
+
+        def call() -> None:
+            try:
+                commands[name].func(parser.parse_args([*argv, "--state-dir", str(state)]))
+            finally:
+                done.set()
+
+        thread = threading.Thread(target=call)
+        thread.start()
+        scheduler.run_until(done.is_set)
+        thread.join()
+
+    try:
+        executor.until_reported(lambda: any(state.glob("status.*.json")))
+        run("pause")
+        assert executor.slots_available == 0
+        gate = tmp_path / "gate"
+        gate.touch()
+        ti = queue(executor, f"hold:{gate}")
+        scheduler.loop_once()
+        runtime = executor._runtime
+        assert runtime is not None
+        executor.until_reported(lambda: runtime.report is not None and runtime.report.state.waiting == 1)
+        assert holding(gate) == 0
+        run("resume")
+        scheduler.run_until(lambda: holding(gate) == 1)
+        run("drain")
+        assert executor.slots_available == 0
+        gate.unlink()
+        scheduler.run_until(
+            lambda: executor._live is not None and executor._live.fields()["mode"] == "drained"
+        )
+        assert scheduler.events[ti.key][0] == TaskInstanceState.SUCCESS
+    finally:
+        executor.end()
+
+
+def test_with_no_limit_a_pause_holds_and_a_resize_sets_one_then_goes_back_to_none(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # parallelism 0 is no limit on Airflow 2 (Airflow 3 refuses it): live control works beside it.
+    import time
+
+    from async_local_executor.ops import control
+
+    state = tmp_path / "state"
+    monkeypatch.setenv("AIRFLOW__ASYNC_LOCAL_EXECUTOR__STATE_DIR", str(state))
+    executor = RecordingExecutor(parallelism=0)
+    executor.start()
+    scheduler = Scheduler(executor)
+
+    def applied(edit: Any) -> None:
+        serial = control.change(state, None, edit).serial
+        scheduler.run_until(lambda: executor._live is not None and executor._live.control.serial == serial)
+
+    try:
+        applied(control.pause("alice", time.time()))
+        assert "the control file asks for" not in caplog.text
+        assert executor.slots_available == 0
+        gate = tmp_path / "gate"
+        gate.touch()
+        ti = queue(executor, f"hold:{gate}")
+        scheduler.loop_once()
+        runtime = executor._runtime
+        assert runtime is not None
+        executor.until_reported(lambda: runtime.report is not None and runtime.report.state.waiting == 1)
+        for limit in (3, 0):
+            applied(
+                control.resize(
+                    "alice",
+                    time.time(),
+                    parallelism=limit,
+                    queues={},
+                    configured_parallelism=0,
+                    configured_queues={},
+                )
+            )
+            assert executor.parallelism == limit
+        assert executor.parallelism == 0
+        applied(control.resume("alice", time.time()))
+        scheduler.run_until(lambda: holding(gate) == 1)
+        gate.unlink()
+        scheduler.run_until(lambda: ti.key in scheduler.events)
+        assert scheduler.events[ti.key][0] == TaskInstanceState.SUCCESS
+    finally:
+        executor.end()

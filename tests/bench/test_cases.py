@@ -557,3 +557,32 @@ def test_the_restart_chart_draws_every_case_and_variant(tmp_path: Path) -> None:
     written = report.write_charts(records, ["stock", "ours"], tmp_path)
     assert tmp_path / report.RESTART_CHART in written
     assert (tmp_path / report.RESTART_CHART).read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_the_control_cases_are_full_profile_postgres_and_their_dag_parses(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from airflow.dag_processing.dagbag import DagBag
+
+    from benchmarks.scenarios import control
+
+    cases = select_cases("full", ["control"])
+    assert [case.name for case in cases] == [
+        "pause-40-held300s-qt120",
+        "drain-16x60s-deadline30s-handover",
+        "drain-16x60s-deadline30s-terminate",
+        "drain-16x60s-deadline120s-handover",
+        "resize-40x30s-4-16-2",
+    ]
+    assert {case.database for case in cases} == {"postgres"}
+    # Held past task_queued_timeout, and the drain's short deadline inside its tasks' sleep.
+    assert cases[0].config["hold"] > cases[0].config["queued_timeout"]
+    assert cases[1].config["deadline"] < cases[1].config["sleep"] < cases[3].config["deadline"]
+    assert select_cases("smoke", ["control"]) == select_cases("quick", ["control"]) == []
+    monkeypatch.setenv("ALE_BENCH_CONTROL_TASKS", "7")
+    bag = DagBag(dag_folder=str(deployment_module.DAGS_FOLDER / "bench_restart.py"))
+    assert bag.import_errors == {}
+    assert control.DAG_ID in bag.dag_ids
+    dag = _restart_dag(monkeypatch, tmp_path).bench_control()
+    assert [task.task_id for task in dag.tasks] == ["sleep"]
+    assert all(task.retries == 0 for task in dag.tasks)

@@ -33,6 +33,7 @@ TEST_DIR_ENVS = (
     "ALE_HANDOVER_DIR",
     "ALE_CHAOS_DIR",
     "ALE_DESCRIPTORS_DIR",
+    "ALE_CONTROL_DIR",
 )
 SWITCH_TASKS = 4  # the switch DAG's mapped tasks (dags/switch.py)
 # A restarted scheduler resets a dead one's task instances within seconds, not minutes.

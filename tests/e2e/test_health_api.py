@@ -26,7 +26,18 @@ from tests.e2e.helpers import SWITCH_TASKS, cmdline, open_the_gate, poll
 
 USERS = {"admin": "admin", "viewer": "viewer"}
 pytestmark = [pytest.mark.e2e, pytest.mark.sandbox(users=USERS)]
-INSTANCE_KEYS = {"hostname", "instance", "verdict", "reasons", "reason_codes", "updated_at", "age_s"}
+INSTANCE_KEYS = {
+    "hostname",
+    "instance",
+    "verdict",
+    "reasons",
+    "reason_codes",
+    "updated_at",
+    "age_s",
+    "control",
+    "control_note",
+    "warnings",
+}
 
 
 def get(sandbox: AirflowSandbox, path: str, token: str | None = None) -> tuple[int, Any]:

@@ -264,3 +264,59 @@ def test_switching_back_straight_after_a_handover_stop_runs_two_tries_at_once_an
     ]
     assert len([n for n in left if n.startswith(f"{custody_dir.DIRECTORY}/")]) >= TASKS, left
     assert marked_processes(sandbox) == {}
+
+
+OURS = {"AIRFLOW__CORE__EXECUTOR": "async_local_executor.AsyncLocalExecutor"}
+
+
+def test_a_drain_before_the_switch_hands_nothing_over_and_back_the_drain_is_in_force_until_resumed(
+    sandbox: AirflowSandbox, tmp_path: Path
+) -> None:
+    # docs/migrating.md's "Drain, then switch": no new start, the running tasks end on their own, a stop
+    # with nothing to hand over; under LocalExecutor the waiting runs go on; back under this executor the
+    # drain is still in force until an operator resumes.
+    sandbox.wait_for_dag(DAG, timeout=120)
+    first_run = sandbox.trigger(DAG)
+    poll("every task running under this executor", lambda: len(executions(tmp_path)) == TASKS)
+    drained = sandbox.airflow("async-local-executor", "drain")
+    assert "drain: draining by" in drained.stdout, drained.stdout
+    waiting_run = sandbox.trigger(DAG)  # made while draining: its tasks stay scheduled
+    (tmp_path / "gate").touch()
+    assert sandbox.wait_for_run(DAG, first_run, timeout=180) == "success"
+    waited = sandbox.airflow("async-local-executor", "drain", "--wait")
+    assert "drained: no task runs" in waited.stdout, waited.stdout
+    assert [r.state for r in sandbox.task_instances(DAG, waiting_run)] == ["scheduled"] * TASKS
+    assert len(executions(tmp_path)) == TASKS
+
+    stopped = stop_scheduler(sandbox, timeout=120)
+    assert "stopping: no workload runs, nothing to hand over" in stopped, stopped
+    assert state_dir_leftovers(sandbox) == []
+    assert marked_processes(sandbox) == {}
+
+    sandbox.reconfigure(LOCAL)
+    start_scheduler(sandbox)
+    assert sandbox.wait_for_run(DAG, waiting_run, timeout=180) == "success"
+    under_local = [e for e in executions(tmp_path) if e.instance is None]
+    assert len(under_local) == TASKS, under_local
+    stop_scheduler(sandbox, timeout=120)
+
+    sandbox.reconfigure(OURS)
+    offset = start_scheduler(sandbox)
+    poll("this executor's start", lambda: "AsyncLocalExecutor started" in since(sandbox, offset))
+    assert "live control in force since before this start: draining by" in since(sandbox, offset)
+    back = sandbox.trigger(DAG)
+    poll(
+        "the new run's tasks scheduled",
+        lambda: [r.state for r in sandbox.task_instances(DAG, back)] == ["scheduled"] * TASKS,
+    )
+    assert len(executions(tmp_path)) == 2 * TASKS  # held back by the drain still in force
+    resumed = sandbox.airflow("async-local-executor", "resume")
+    assert "resume: running by" in resumed.stdout, resumed.stdout
+    assert sandbox.wait_for_run(DAG, back, timeout=180) == "success"
+
+    done = executions(tmp_path)
+    assert len(done) == 3 * TASKS, done
+    assert not any(e.overlap for e in done), done
+    assert [
+        r.try_number for run in (first_run, waiting_run, back) for r in sandbox.task_instances(DAG, run)
+    ] == [1] * (3 * TASKS)

@@ -250,3 +250,64 @@ def test_a_writer_not_told_which_are_claimed_marks_every_handed_over_workload_ad
     [shown] = overview.status([found], HOST, time.time(), tmp_path)["executors"]
     assert shown["running"][0]["adoption"] == "adopted"
     assert "etl.load[3] try 2 (adopted)" in rendered([found], tmp_path)
+
+
+def _controlled(directory: Path, fields: dict[str, object]) -> list[Found]:
+    base: dict[str, object] = {
+        "by": "alice",
+        "at": 1000.0,
+        "deadline": None,
+        "overdue": False,
+        "still_running": [],
+        "serial": 3,
+        "parallelism": 8,
+        "configured_parallelism": 4,
+        "queue_limits": {},
+        "configured_queue_limits": {},
+    }
+    control = {**base, **fields}
+    writer = StatusWriter(
+        status_path(directory, "a"),
+        meta("a", pid=os.getpid(), hostname=HOST),
+        control=lambda: control,  # type: ignore[arg-type,return-value]
+    )
+    writer.write(Report(time.monotonic(), 0.0, 0.0, Health(Verdict.HEALTHY), quiet()))
+    return read_all(directory)
+
+
+def test_a_paused_executor_is_healthy_and_says_who_paused_it_and_an_overdue_drain_is_a_warning(
+    tmp_path: Path,
+) -> None:
+    found = _controlled(tmp_path, {"mode": "paused", "note": "paused by alice at 1970-01-01 00:16:40 UTC"})
+    health = overview.health(found, HOST, time.time())
+    [instance] = health["instances"]
+    assert health["status"] == "healthy"
+    assert (instance["control"], instance["control_note"], instance["warnings"]) == (
+        "paused",
+        "paused by alice at 1970-01-01 00:16:40 UTC",
+        [],
+    )
+    # The live limit, not the configured one, is what the page's slots count against.
+    [executor] = overview.status(found, HOST, time.time(), tmp_path)["executors"]
+    assert executor["control"]["parallelism"] == 8
+    console = Console(file=io.StringIO(), width=200)
+    console.print(cli.render(found, tmp_path))
+    shown = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "live control: paused by alice at 1970-01-01 00:16:40 UTC; parallelism 8 (configured 4)" in shown
+
+    late = _controlled(
+        tmp_path,
+        {
+            "mode": "draining",
+            "note": "draining by alice",
+            "overdue": True,
+            "still_running": ["etl.load try 1"],
+        },
+    )
+    [instance] = overview.health(late, HOST, time.time())["instances"]
+    assert instance["verdict"] == "healthy"
+    assert instance["warnings"] == [overview.OVERDUE]
+    assert "etl.load" not in json.dumps(overview.health(late, HOST, time.time()))
+    console = Console(file=io.StringIO(), width=200)
+    console.print(cli.render(late, tmp_path))
+    assert "the drain passed its deadline while these ran: etl.load try 1" in console.file.getvalue()  # type: ignore[attr-defined]

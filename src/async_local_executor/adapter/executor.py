@@ -146,6 +146,8 @@ class AsyncLocalExecutor(BaseExecutor):
         self._ignored_keys: set[str] = set()  # unknown executor_config keys already warned about
         self._live: LiveControl | None = None  # pause, drain and resize (adapter/live_control)
         self._unstarted: set[WorkloadKey] = set()  # task workloads handed to the loop, not started yet
+        self._last_start = 0.0  # monotonic: when a start was last read from the loop
+        self._probing = False  # Airflow asks for slots to start connection tests, which no pause holds
         # Workloads handed over to this executor and by it (see adapter/adoption).
         self._handovers = adoption.Handovers(self.clock, self._submissions, self._new_ticket)
         self._cleared_exits = ClearedExitGate(
@@ -174,7 +176,7 @@ class AsyncLocalExecutor(BaseExecutor):
             parallelism=self.parallelism,
             queues=dict(config.queue_limits),
             terminates=not config.hands_over,
-            stop_running=self._stop_running_tasks,
+            stop_running=self._stop_tasks,
             clock=self.clock,
         )
         built = startup.build(
@@ -341,7 +343,7 @@ class AsyncLocalExecutor(BaseExecutor):
         )
         if task:
             self._unstarted.add(incoming.key)
-            if self._live is not None and self._live.holds_starts:
+            if self._live is not None and self._live.holds_back:
                 self._tell_held_back(incoming.key)
         return LaunchRequest(
             key=ticket,
@@ -413,7 +415,7 @@ class AsyncLocalExecutor(BaseExecutor):
     @property
     def slots_available(self) -> int:
         live = self._live
-        if live is not None and live.holds_starts:
+        if live is not None and live.holds_starts and not self._probing:
             # Paused or draining: Airflow keeps its task instances scheduled, out of task_queued_timeout.
             return 0
         return int(super().slots_available) + self._prefetch.allowed()
@@ -421,9 +423,14 @@ class AsyncLocalExecutor(BaseExecutor):
     # The scheduler itself queues no more than [core] parallelism minus what every executor holds
     # (slots_occupied). Prefetched workloads wait for one of our slots and hold none of parallelism's,
     # so up to the prefetch they are not counted; counted, the prefetch could never fill.
+    # A live resize above the configured parallelism is room the scheduler's own cap ([core] parallelism
+    # over every executor together) would not give: it is reported as room here too.
     @property
     def slots_occupied(self) -> int:
-        return max(0, int(super().slots_occupied) - self._prefetch.allowed())
+        live = self._live
+        # parallelism 0 is no limit: nothing to raise it over
+        raised = max(0, live.parallelism - live.configured) if live is not None and live.configured else 0
+        return max(0, int(super().slots_occupied) - self._prefetch.allowed() - raised)
 
     def heartbeat(self) -> None:
         # The scheduler loop calls this between its database calls: a stop signal held while it was
@@ -432,6 +439,7 @@ class AsyncLocalExecutor(BaseExecutor):
         stop_signals.deliver_held()
         self._follow_control()
         super().heartbeat()
+        self._follow_drain()
         stop_signals.deliver_held()
 
     def _follow_control(self) -> None:
@@ -439,12 +447,24 @@ class AsyncLocalExecutor(BaseExecutor):
         live, runtime = self._live, self._runtime
         if live is None or runtime is None or not runtime.alive:
             return
-        if live.poll(runtime, runtime.report):
+        if live.poll(runtime):
             self.parallelism = self._prefetch.budget.parallelism = live.parallelism
             self._metrics.control(live.control.mode, live.parallelism)
-            if live.holds_starts:
+            if live.holds_back:
                 for key in self._unstarted:
                     self._tell_held_back(key)
+
+    def _follow_drain(self) -> None:
+        """After the scheduler's events were read (sync): a drain's end, or its deadline."""
+        live, runtime = self._live, self._runtime
+        if live is None or runtime is None or not runtime.alive:
+            return
+        running: list[str] = []
+        waiting: list[str] = []
+        for key, submission in self._submissions.items():
+            if isinstance(key, TaskInstanceKey):
+                (waiting if key in self._unstarted else running).append(submission.label)
+        live.follow_drain(runtime.report, running, waiting, since=self._last_start)
 
     def _tell_held_back(self, key: WorkloadKey) -> None:
         live, submission = self._live, self._submissions.get(key)
@@ -452,17 +472,28 @@ class AsyncLocalExecutor(BaseExecutor):
             log.info("workload %s waits: the executor is %s", submission.label, live.control.describe())
             self._tell(key, live.waiting_note(), submission.log_path)
 
-    def _stop_running_tasks(self) -> None:
-        """At a drain's deadline (on_stop = terminate): stop every task workload that has started."""
+    def _stop_tasks(self) -> None:
+        """At a drain's deadline (on_stop = terminate): stop every task workload, started or waiting."""
         runtime = self._runtime
         if runtime is None:
             return
         for key, submission in list(self._submissions.items()):
-            if isinstance(key, TaskInstanceKey) and key not in self._unstarted:
+            if isinstance(key, TaskInstanceKey):
                 runtime.stop(submission.ticket, "stopped at the drain's deadline (on_stop = terminate)")
 
     def trigger_tasks(self, open_slots: int) -> None:
-        super().trigger_tasks(open_slots + self._prefetch.allowed())
+        live = self._live
+        # Tasks a pause holds back hold no slot of the loop's: a callback may still go past them.
+        held = len(self._unstarted) if live is not None and live.holds_back else 0
+        super().trigger_tasks(open_slots + self._prefetch.allowed() + held)
+
+    def trigger_connection_tests(self) -> None:
+        # Airflow 3 starts connection tests only while slots_available is positive: no pause holds them.
+        self._probing = True
+        try:
+            super().trigger_connection_tests()
+        finally:
+            self._probing = False
 
     # Events back to the scheduler.
 
@@ -497,6 +528,8 @@ class AsyncLocalExecutor(BaseExecutor):
         submission = self._submissions.get(key)
         if submission is not None and submission.ticket == ticket:
             self._unstarted.discard(key)
+            if isinstance(event, Started):
+                self._last_start = self.clock.monotonic()
         if submission is None or submission.ticket != ticket:
             # A revoked submission: the scheduler already decided this try's fate, and Airflow's
             # revoke_task contract forbids an executor event for it.

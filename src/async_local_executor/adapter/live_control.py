@@ -3,12 +3,15 @@ control file on every heartbeat, applies a change to the event loop's admission,
 line, and keeps what it applied for the status file, where the command line and the REST API see that it
 took.
 
-- ``paused`` and ``draining`` hold every new task start back (callbacks and connection tests are not
-  held: they are short, and a callback that must run should not wait behind a pause); the executor then
-  reports no open slots, so Airflow leaves task instances ``scheduled`` rather than queueing them where
-  they would run into ``task_queued_timeout``.
-- A drain is done (``drained``) once no workload holds a slot. At its deadline, what still runs is
-  handled as ``on_stop`` says: terminated now, or left running to be handed over at the scheduler's stop;
+- ``paused`` and ``draining`` take no new work: the executor reports no open slots, so Airflow leaves task
+  instances ``scheduled`` rather than queueing them where they would run into ``task_queued_timeout``.
+- ``paused`` also holds back the start of the tasks Airflow had already handed over (each says why in
+  its log); callbacks and connection tests are not held: they are short, and a callback that must run
+  should not wait behind a pause.
+- ``draining`` lets what was already handed over start (Airflow has it ``queued``: held, it would be
+  reset and run again after the stop a drain prepares), and is done (``drained``) once none of it is
+  left, waiting or running. At its deadline, what is still there is handled as ``on_stop`` says:
+  terminated now (and what waits, dropped), or left to run and be handed over at the scheduler's stop;
   either way the operator is told which tasks those are, and the drain counts as overdue.
 - A resize sets the limits in force; lowering one stops nothing that runs.
 
@@ -19,7 +22,7 @@ thread (one reference to a dict replaced whole).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from async_local_executor.core.clock import Clock
@@ -42,7 +45,8 @@ class LiveControl:
     :param queues: the configured queue limits
     :param terminates: at a drain's deadline, what still runs is terminated (``on_stop = terminate``);
         else it is left running, for the scheduler's stop to hand over
-    :param stop_running: stops every running task workload (the executor knows their submissions)
+    :param stop_running: stops every task workload, started or waiting (the executor knows their
+        submissions)
     """
 
     def __init__(
@@ -74,6 +78,11 @@ class LiveControl:
         return self.control.holds_starts
 
     @property
+    def configured(self) -> int:
+        """The configured executor-wide limit."""
+        return self._configured
+
+    @property
     def parallelism(self) -> int:
         """The executor-wide limit in force."""
         return self.control.parallelism or self._configured
@@ -87,35 +96,37 @@ class LiveControl:
         """What the status file says of it; safe from any thread."""
         return self._fields
 
+    @property
+    def holds_back(self) -> bool:
+        """Tasks handed over already wait to start: a pause (a drain lets them start)."""
+        return self.control.mode == control.PAUSED
+
     def start(self, runtime: Runtime) -> None:
         """Read the control file and apply it before the first task can start; say so if it is in force."""
-        self.poll(runtime, None, starting=True)
+        self.poll(runtime, starting=True)
 
-    def poll(self, runtime: Runtime, report: Report | None, *, starting: bool = False) -> bool:
-        """Apply a change of the control file, then follow a drain; True when what is in force changed.
-
-        :param report: the event loop's latest health report (how many workloads hold slots)
-        """
-        changed = False
+    def poll(self, runtime: Runtime, *, starting: bool = False) -> bool:
+        """Apply a change of the control file; True when what is in force changed. Never raises: the
+        scheduler's loop calls it, and what a control file holds must not stop that loop."""
         try:
             new = self._watcher.changed()
         except ControlError as exc:
             if str(exc) != self._broken:
                 self._broken = str(exc)
                 log.error("the control file cannot be read, so the control in force stays as it was: %s", exc)
-            new = None
-        if new is not None and (starting or new.serial != self.control.serial):
-            self._broken = None
-            changed = self._apply(runtime, new, starting=starting)
-        self._follow_drain(report)
-        return changed
+            return False
+        if new is None or (not starting and new.serial == self.control.serial and new.at == self.control.at):
+            return False
+        self._broken = None
+        return self._apply(runtime, new, starting=starting)
 
     def _apply(self, runtime: Runtime, new: Control, *, starting: bool) -> bool:
         before = self.control
         try:
             runtime.control(
-                paused=new.holds_starts,
-                limit=new.parallelism or self._configured,
+                paused=new.mode == control.PAUSED,
+                # parallelism 0 (Airflow 2) is no limit at all
+                limit=new.parallelism or self._configured or None,
                 group_limits={
                     name: value
                     for name, value in {**self._queues, **new.queues}.items()
@@ -148,33 +159,41 @@ class LiveControl:
             )
         return said
 
-    def _follow_drain(self, report: Report | None) -> None:
-        if self.control.mode != control.DRAINING or report is None:
+    def follow_drain(
+        self, report: Report | None, running: Sequence[str], waiting: Sequence[str], *, since: float
+    ) -> None:
+        """After the scheduler's events were read: say drained once nothing is left, or act at the deadline.
+
+        :param report: the event loop's latest health report (how many workloads hold a slot)
+        :param running: the labels of the task workloads that started and have not ended
+        :param waiting: those handed over that have not started
+        :param since: when the executor last learnt of a start (monotonic): an older report could have
+            been taken while that workload waited for its slot, before it held one
+        """
+        if self.control.mode != control.DRAINING or report is None or self._drained:
             return
-        state = report.state
-        if report.at <= self._applied_at or not state.paused:
-            return  # taken before the loop held starts back: a launch may have got past since
-        if not self._drained and state.held == 0:
+        fresh = report.at > max(self._applied_at, since)
+        if fresh and not running and not waiting and report.state.held == 0:
             self._drained = True
-            log.info("drained: no workload runs (%s)", self.control.describe())
+            log.info("drained: no workload runs or waits (%s)", self.control.describe())
             self._fields = self._snapshot()
             return
         deadline = self.control.deadline
-        if self._drained or self._overdue is not None or deadline is None or self._clock.time() < deadline:
+        if self._overdue is not None or deadline is None or self._clock.time() < deadline:
             return
-        still = tuple(sorted(w.label for w in state.running))
+        still = tuple(sorted(running)) + tuple(sorted(f"{label} (waiting)" for label in waiting))
         self._overdue = still
         if self._terminates:
             log.warning(
-                "drain deadline passed with %d workload(s) running; stopping them (on_stop = terminate): %s",
+                "drain deadline passed with %d workload(s) left; stopping them (on_stop = terminate): %s",
                 len(still),
                 ", ".join(still),
             )
             self._stop_running()
         else:
             log.warning(
-                "drain deadline passed with %d workload(s) running; they run on, and are handed over when "
-                "the scheduler stops (on_stop = handover): %s",
+                "drain deadline passed with %d workload(s) left; they run on, and those running when the "
+                "scheduler stops are handed over (on_stop = handover): %s",
                 len(still),
                 ", ".join(still),
             )

@@ -199,12 +199,16 @@ class Admission:
             if group is not None:
                 self._note_saturation(request.group, group)
             async with _held(group), _held(self._slots):
-                if request.pausable and self._resumed is not None:
+                if self.holds(request):
                     # Paused while it waited for its slots: they go to the next in line (a workload the
                     # pause does not hold), and it waits for the resume again.
                     continue
                 yield
                 return
+
+    def holds(self, request: LaunchRequest) -> bool:
+        """Whether the pause holds ``request`` back now (after a wait, before its launch)."""
+        return request.pausable and self._resumed is not None
 
     @property
     def paused(self) -> bool:

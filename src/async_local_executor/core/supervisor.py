@@ -313,19 +313,24 @@ class Supervisor:
     async def _supervise(self, serial: int, workload: Workload) -> None:
         try:
             with workload.scope:
-                # An adopted one runs already: neither a slot nor memory is a reason to wait.
-                async with self._admission.slot(workload.request, running=workload.adopted):
-                    if workload.lifecycle.finished:  # dropped before this task first ran
-                        return
-                    if not workload.adopted:
-                        await self._admission.wait_for_memory(workload.request)
-                    workload.lifecycle.advance(Step.ADMIT)
-                    child = await self._launch(workload)
-                    if child is not None:
-                        workload.exit_awaited = True
-                        status = await reap(child)
-                        workload.exited.set()
-                        self._end(workload, status, Step.EXIT)
+                admitted = False
+                while not admitted:
+                    # An adopted one runs already: neither a slot nor memory is a reason to wait.
+                    async with self._admission.slot(workload.request, running=workload.adopted):
+                        if workload.lifecycle.finished:  # dropped before this task first ran
+                            return
+                        if not workload.adopted:
+                            await self._admission.wait_for_memory(workload.request)
+                            if self._admission.holds(workload.request):
+                                continue  # paused while it waited for memory: its slot goes on
+                        admitted = True
+                        workload.lifecycle.advance(Step.ADMIT)
+                        child = await self._launch(workload)
+                        if child is not None:
+                            workload.exit_awaited = True
+                            status = await reap(child)
+                            workload.exited.set()
+                            self._end(workload, status, Step.EXIT)
         except Released:
             # Handed over alive (release() moved it to RELEASED): nothing to report, nothing to kill.
             if workload.lifecycle.phase is not Phase.RELEASED:

@@ -275,8 +275,14 @@ def _wait_drained(args: argparse.Namespace) -> int:
                 print(f"drain: the deadline passed while these still ran: {', '.join(overdue) or 'none'}")
                 return OVERDUE
             if all(f.get("mode") == "drained" for f in fields):
-                print("drained: no task runs")
+                print("drained: no task runs or waits")
                 return 0
+            if any(f.get("mode") not in ("draining", "drained") for f in fields):
+                print(
+                    f"drain: ended by another change: {fields[0].get('note') or fields[0].get('mode')}",
+                    file=sys.stderr,
+                )
+                return NOT_APPLIED
             still = tuple(sorted(str(row.get("key")) for f in found for row in f.data.get("running") or []))
             if still != shown:
                 shown = still

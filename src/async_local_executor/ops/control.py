@@ -21,6 +21,7 @@ import json
 import math
 import os
 import re
+import stat
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -156,24 +157,40 @@ def read(directory: Path, team: str | None) -> Control:
     """
     path = directory / file_name(team)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        # Not followed if a link, and never waited on if a FIFO: a planted name cannot stall the scheduler.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return Control()
     except OSError as exc:
-        raise ControlError(f"cannot open {path}: {exc.strerror}") from exc
+        raise ControlError(f"cannot open {path}: {exc.strerror or exc}") from exc
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ControlError(f"{path} is not a regular file")
         data = os.read(fd, READ_LIMIT)
+    except OSError as exc:
+        raise ControlError(f"cannot read {path}: {exc.strerror or exc}") from exc
     finally:
         os.close(fd)
     try:
         return Control.from_json(json.loads(data))
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise ControlError(f"{path}: {exc}") from exc
 
 
 @contextlib.contextmanager
 def _locked(directory: Path) -> Iterator[None]:
-    fd = os.open(directory / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        owner = os.stat(directory).st_uid
+        if owner != os.geteuid():
+            # A file made by another user (root, say) would be one the scheduler cannot read, or one it
+            # could not replace: the change must be made as the state directory's owner.
+            raise ControlError(
+                f"the state directory {directory} belongs to uid {owner}, not to this user (uid "
+                f"{os.geteuid()}): run this as the scheduler's user"
+            )
+        fd = os.open(directory / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise ControlError(f"cannot lock the control file in {directory}: {exc.strerror or exc}") from exc
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -190,7 +207,12 @@ def change(directory: Path, team: str | None, edit: Callable[[Control], Control]
         now = read(directory, team)
         new = dataclasses.replace(edit(now), serial=now.serial + 1)
         data = json.dumps(new.to_json(), sort_keys=True).encode()
-        replace_atomically(directory / file_name(team), data, TMP_INFIX)
+        try:
+            replace_atomically(directory / file_name(team), data, TMP_INFIX)
+        except OSError as exc:
+            raise ControlError(
+                f"cannot write the control file in {directory}: {exc.strerror or exc}"
+            ) from exc
     return new
 
 
@@ -227,7 +249,7 @@ def resize(
 
     :raises ControlError: a limit below 1, or a queue without a configured limit
     """
-    if parallelism is not None and not _limit(parallelism):
+    if parallelism is not None and parallelism != configured_parallelism and not _limit(parallelism):
         raise ControlError(f"parallelism must be a whole number of at least 1, got {parallelism!r}")
     for name, value in queues.items():
         if name not in configured_queues:
@@ -278,6 +300,8 @@ class Watcher:
             seen: tuple[int, int, int] = (st.st_ino, st.st_mtime_ns, st.st_size)
         except FileNotFoundError:
             seen = (0, 0, 0)
+        except OSError as exc:
+            raise ControlError(f"cannot look at {self._path}: {exc.strerror or exc}") from exc
         if seen == self._seen:
             return None
         control = read(self._directory, self._team)
@@ -326,6 +350,15 @@ def configured(found: Sequence[Found]) -> tuple[int, dict[str, int]]:
     return int(fields.get("configured_parallelism") or 0), dict(fields.get("configured_queue_limits") or {})
 
 
+def _took(fields: Mapping[str, Any], new: Control) -> bool:
+    """Whether an executor's applied control is ``new``, or a change made after it (by another operator,
+    meanwhile); a serial alone could be an older file's (one deleted, and counted again from 1)."""
+    serial, at = fields.get("serial"), fields.get("at")
+    if serial == new.serial:
+        return at == new.at
+    return isinstance(serial, int) and serial > new.serial and isinstance(at, (int, float)) and at >= new.at
+
+
 def request(
     directory: Path,
     team: str | None,
@@ -356,11 +389,7 @@ def request(
     while True:
         for f in running(directory, team):
             instance, fields = str(f.data.get("instance")), f.data.get("control")
-            if (
-                instance in pending
-                and isinstance(fields, dict)
-                and int(fields.get("serial", -1)) >= new.serial
-            ):
+            if instance in pending and isinstance(fields, dict) and _took(fields, new):
                 pending.discard(instance)
                 applied[instance] = {**fields, "pid": f.data.get("pid")}
         if not pending or time.monotonic() >= end:

@@ -6,11 +6,11 @@
   lets see the Jobs view (the page that lists schedulers); 401 without a credential, 403 with an invalid
   one or without that permission.
 - ``POST /control/{pause,resume,drain,resize}``: live control of the executors of this host
-  (:mod:`~async_local_executor.ops.control`), for a user Airflow's auth manager lets change the
-  configuration (a viewer reads, an operator or admin changes); a JSON body only (a cross-site form
-  cannot send one), which names the team and the change. 200 once every running executor applied it,
-  202 if one had not within ``CONTROL_WAIT`` seconds, 400 for bad input and 409 when none runs, nothing
-  changed either way.
+  (:mod:`~async_local_executor.ops.control`), for a user Airflow's auth manager lets edit every DAG of
+  the team named (what an executor runs is every DAG's; a viewer may not); a JSON body only (FastAPI
+  refuses any other with 422, and a cross-site form cannot send one), which names the team and the
+  change. 200 once every running executor applied it, 202 if one had not within ``CONTROL_WAIT``
+  seconds, 400 for bad input and 409 when none runs, nothing changed either way.
 - ``GET /ui``: the executor page (the UI's "Executor" entry), and ``/static/``: its script, style,
   icons and the dashboard card's bundle, all shipped in the package (no build step).
 
@@ -28,7 +28,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field
@@ -61,18 +61,23 @@ def _viewer() -> Any:
     return requires_access_view(AccessView.JOBS)
 
 
-def _operator() -> Any:
-    """The dependency that lets through a user allowed to change Airflow's configuration (an operator or
-    an admin; not a viewer), and gives who it is."""
-    from airflow.api_fastapi.core_api.security import get_user, requires_access_configuration
+def _user() -> Any:
+    """The dependency that gives the authenticated user (401 without a credential)."""
+    from airflow.api_fastapi.core_api.security import get_user
 
-    check = requires_access_configuration("PUT")
+    return get_user
 
-    def allowed(request: Request, user: Any = Depends(get_user)) -> str:  # noqa: B008 - FastAPI's idiom
-        check(request, user)
-        return str(user.get_name())
 
-    return allowed
+def _may_control(user: Any, team: str | None) -> bool:
+    """Whether Airflow's auth manager lets ``user`` edit every DAG of ``team`` (none: of the deployment):
+    what an executor runs is every DAG's. Simple auth manager: a user, op or admin, not a viewer; FAB:
+    ``can edit on DAGs``."""
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
+
+    return bool(
+        get_auth_manager().is_authorized_dag(method="PUT", details=DagDetails(team_name=team), user=user)
+    )
 
 
 class ControlBody(BaseModel):
@@ -138,13 +143,17 @@ def create_app(directory: Path | None = None) -> FastAPI:
     @app.post(
         "/control/{action}", summary="Pause, resume, drain or resize this host's executors (authenticated)"
     )
-    def change(
-        action: Action, body: ControlBody, request: Request, by: str = Depends(_operator())
-    ) -> JSONResponse:
-        if not request.headers.get("content-type", "").startswith("application/json"):
-            return JSONResponse({"detail": "a JSON body is required"}, status_code=415, headers=NO_STORE)
+    def change(action: Action, body: ControlBody, user: Any = Depends(_user())) -> JSONResponse:  # noqa: B008
+        if not _may_control(user, body.team):
+            return JSONResponse(
+                {"detail": "changing the executor needs the permission to edit every DAG"},
+                status_code=403,
+                headers=NO_STORE,
+            )
         try:
-            done = control.request(where(), body.team, _edit(action, body, by), timeout=CONTROL_WAIT)
+            done = control.request(
+                where(), body.team, _edit(action, body, str(user.get_name())), timeout=CONTROL_WAIT
+            )
         except NotRunning as exc:
             return JSONResponse({"detail": str(exc)}, status_code=409, headers=NO_STORE)
         except ControlError as exc:

@@ -243,13 +243,25 @@ function ask(action, data) {
       "",
     );
     if (answer === null) return null;
-    if (answer.trim() !== "") body.deadline = Number(answer);
+    if (answer.trim() !== "") {
+      const seconds = Number(answer);
+      if (!Number.isFinite(seconds) || seconds < 0) {
+        window.alert(`A deadline is a number of seconds, at least 0; got "${answer}". Nothing was changed.`);
+        return null;
+      }
+      body.deadline = seconds;
+    }
     return body;
   }
   const live = data.control || {};
   const answer = window.prompt(`New parallelism for ${who} (configured ${live.configured_parallelism})?`, `${live.parallelism}`);
   if (answer === null) return null;
-  body.parallelism = Number(answer);
+  const limit = Number(answer);
+  if (!Number.isInteger(limit) || limit < 1) {
+    window.alert(`Parallelism is a whole number of at least 1; got "${answer}". Nothing was changed.`);
+    return null;
+  }
+  body.parallelism = limit;
   return body;
 }
 
@@ -270,8 +282,11 @@ async function act(action, data) {
     const answer = await response.json().catch(() => ({}));
     if (response.status === 200) result.textContent = `${action}: applied: ${answer.said}`;
     else if (response.status === 202) result.textContent = `${action}: written, not applied yet by ${answer.pending.join(", ")}: ${answer.said}`;
-    else if (response.status === 401 || response.status === 403) result.textContent = `${action}: not allowed (it needs Airflow's permission to change the configuration)`;
-    else result.textContent = `${action}: refused (HTTP ${response.status}): ${answer.detail ?? ""}`;
+    else if (response.status === 401 || response.status === 403) result.textContent = `${action}: not allowed (it needs Airflow's permission to edit every DAG)`;
+    else {
+      const detail = typeof answer.detail === "string" ? answer.detail : JSON.stringify(answer.detail ?? "");
+      result.textContent = `${action}: refused (HTTP ${response.status}): ${detail}`;
+    }
   } catch (error) {
     result.textContent = `${action}: cannot reach the api-server: ${error.message}`;
   }
