@@ -4,8 +4,8 @@ Headless Chromium from Debian's packages (/usr/bin/chromium, installed by `make 
 driven by Playwright, which is told to use that binary (it downloads no browser). The test logs in
 through Airflow's own login form, finds the health card on the home dashboard, opens the "Executor"
 entry of the navigation and reads the page Airflow frames there: the verdict, and a row per running
-task; then it pauses the executor with the page's button (a dismissed confirmation changes nothing, an
-accepted one pauses) and resumes it. The screenshots it takes go to $ALE_SCREENSHOTS when set (`make screenshots` refreshes the ones in
+task; then it pauses the executor with the page's button (a cancelled confirmation changes nothing, a
+confirmed one pauses), tries a resize to a limit that is not one, and resumes it. The screenshots it takes go to $ALE_SCREENSHOTS when set (`make screenshots` refreshes the ones in
 docs/images), else beside the test's other files.
 """
 
@@ -82,18 +82,28 @@ def test_the_executor_page_shows_the_verdict_and_the_running_tasks(
                 if scheme == "light":
                     # Live control from the page: each button asks first; the page then shows who paused.
                     expect(frame.get_by_test_id("control-state")).to_have_text("running")
-                    page.once("dialog", lambda dialog: dialog.dismiss())
                     frame.get_by_test_id("pause").click()
+                    expect(frame.get_by_test_id("confirm")).to_contain_text(
+                        "Pause the executor of scheduler pid"
+                    )
+                    frame.get_by_test_id("confirm-no").click()
+                    expect(frame.get_by_test_id("confirm")).to_be_hidden()
                     expect(frame.get_by_test_id("control-state")).to_have_text("running")
-                    page.once("dialog", lambda dialog: dialog.accept())
                     frame.get_by_test_id("pause").click()
+                    frame.get_by_test_id("confirm-yes").click()
                     expect(frame.get_by_test_id("control-result")).to_contain_text(
                         "pause: applied: paused by admin at"
                     )
                     expect(frame.get_by_test_id("control-state")).to_contain_text("paused by admin at")
                     expect(frame.get_by_test_id("pause")).to_be_disabled()
-                    page.once("dialog", lambda dialog: dialog.accept())
+                    # A resize asks for the new limit, and refuses one that is not a whole number.
+                    frame.get_by_test_id("resize").click()
+                    frame.get_by_test_id("confirm-input").fill("2.5")
+                    frame.get_by_test_id("confirm-yes").click()
+                    expect(frame.get_by_test_id("confirm")).to_contain_text("Parallelism is a whole number")
+                    frame.get_by_test_id("confirm-no").click()
                     frame.get_by_test_id("resume").click()
+                    frame.get_by_test_id("confirm-yes").click()
                     expect(frame.get_by_test_id("control-state")).to_contain_text("running by admin at")
                 context.close()
         finally:

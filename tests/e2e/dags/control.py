@@ -1,6 +1,6 @@
 """Tasks held at a gate, each recording its executions: live control's pause, resize and drain.
 
-Each execution writes ``<dir>/t<i>.try<N>.pid<P>.start`` when it begins and the matching ``.end`` once
+Each execution writes ``<dir>/hold<i>.try<N>.pid<P>.start`` when it begins and the matching ``.end`` once
 the gate file ``<dir>/gate`` appears, so a test counts how many run at once and whether any ran twice.
 """
 
@@ -21,7 +21,7 @@ def control() -> None:
     def hold(i: int) -> int:
         folder = Path(os.environ["ALE_CONTROL_DIR"])
         ti = get_current_context()["ti"]
-        mark = f"t{i}.try{ti.try_number}.pid{os.getpid()}"
+        mark = f"hold{i}.try{ti.try_number}.pid{os.getpid()}"
         (folder / f"{mark}.start").write_text("")
         while not (folder / "gate").exists():  # a file the test creates; no clock decides anything
             time.sleep(0.2)

@@ -202,7 +202,7 @@ function drawExecutor(data, now) {
 }
 
 // Live control: the state in force, who set it and when, and the buttons that change it (each asks for
-// confirmation first). Only a user Airflow lets change the configuration gets past the api-server.
+// confirmation first, see ask()). Only a user Airflow lets change the configuration gets past the api-server.
 function drawControl(section, data) {
   const live = data.control;
   const box = section.querySelector(".control");
@@ -228,45 +228,58 @@ function drawControl(section, data) {
   });
 }
 
+// Each change asks first, in the page (outside the sections the refresh redraws): what it does, and for a
+// drain its deadline, for a resize the new parallelism.
 function ask(action, data) {
   const who = `the executor of scheduler pid ${data.pid}${data.team ? `, team ${data.team}` : ""}`;
-  const body = { team: data.team || null };
-  if (action === "pause") {
-    return window.confirm(`Pause ${who}? Running tasks go on; no new task starts until you resume.`) ? body : null;
-  }
-  if (action === "resume") {
-    return window.confirm(`Resume ${who}? Tasks start again.`) ? body : null;
-  }
-  if (action === "drain") {
-    const answer = window.prompt(
-      `Drain ${who}: no new task starts, drained once none runs. Deadline in seconds (empty: none)?`,
-      "",
-    );
-    if (answer === null) return null;
-    if (answer.trim() !== "") {
-      const seconds = Number(answer);
-      if (!Number.isFinite(seconds) || seconds < 0) {
-        window.alert(`A deadline is a number of seconds, at least 0; got "${answer}". Nothing was changed.`);
-        return null;
-      }
-      body.deadline = seconds;
-    }
-    return body;
-  }
   const live = data.control || {};
-  const answer = window.prompt(`New parallelism for ${who} (configured ${live.configured_parallelism})?`, `${live.parallelism}`);
-  if (answer === null) return null;
-  const limit = Number(answer);
-  if (!Number.isInteger(limit) || limit < 1) {
-    window.alert(`Parallelism is a whole number of at least 1; got "${answer}". Nothing was changed.`);
-    return null;
-  }
-  body.parallelism = limit;
-  return body;
+  const questions = {
+    pause: [`Pause ${who}? Running tasks go on; no new task starts until you resume.`, null],
+    resume: [`Resume ${who}? Tasks start again.`, null],
+    drain: [`Drain ${who}: it takes no new task and is drained once none is left. Deadline in seconds (empty: none):`, ""],
+    resize: [`New parallelism for ${who} (configured ${live.configured_parallelism}):`, `${live.parallelism ?? ""}`],
+  };
+  const [text, value] = questions[action];
+  const box = document.getElementById("confirm");
+  const input = document.getElementById("confirm-input");
+  document.getElementById("confirm-text").textContent = text;
+  input.hidden = value === null;
+  input.value = value ?? "";
+  box.hidden = false;
+  return new Promise((resolve) => {
+    const done = (answer) => {
+      box.hidden = true;
+      document.getElementById("confirm-yes").onclick = null;
+      document.getElementById("confirm-no").onclick = null;
+      resolve(answer);
+    };
+    document.getElementById("confirm-no").onclick = () => done(null);
+    document.getElementById("confirm-yes").onclick = () => {
+      const body = { team: data.team || null };
+      const answer = input.value.trim();
+      if (action === "drain" && answer !== "") {
+        const seconds = Number(answer);
+        if (!Number.isFinite(seconds) || seconds < 0) {
+          document.getElementById("confirm-text").textContent = `A deadline is a number of seconds, at least 0; got "${answer}". ${text}`;
+          return;
+        }
+        body.deadline = seconds;
+      }
+      if (action === "resize") {
+        const limit = Number(answer);
+        if (!Number.isInteger(limit) || limit < 1) {
+          document.getElementById("confirm-text").textContent = `Parallelism is a whole number of at least 1; got "${answer}". ${text}`;
+          return;
+        }
+        body.parallelism = limit;
+      }
+      done(body);
+    };
+  });
 }
 
 async function act(action, data) {
-  const body = ask(action, data);
+  const body = await ask(action, data);
   if (body === null) return;
   const result = document.getElementById("control-result");
   result.hidden = false;
