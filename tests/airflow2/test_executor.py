@@ -239,6 +239,19 @@ def test_a_misspelt_option_is_warned_of_at_start_and_its_default_kept(
         executor.end()
 
 
+def _held_while_paused(executor: RecordingExecutor, scheduler: Scheduler, folder: Path) -> tuple[TI, Path]:
+    """A task handed to the paused executor: it waits inside it, not started. Its task and gate."""
+    gate = folder / "gate"
+    gate.touch()
+    ti = queue(executor, f"hold:{gate}")
+    scheduler.loop_once()
+    runtime = executor._runtime
+    assert runtime is not None
+    executor.until_reported(lambda: runtime.report is not None and runtime.report.state.waiting == 1)
+    assert holding(gate) == 0
+    return ti, gate
+
+
 def test_pause_resume_and_drain_on_a_started_2_11_executor(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -276,14 +289,7 @@ def test_pause_resume_and_drain_on_a_started_2_11_executor(
         executor.until_reported(lambda: any(state.glob("status.*.json")))
         run("pause")
         assert executor.slots_available == 0
-        gate = tmp_path / "gate"
-        gate.touch()
-        ti = queue(executor, f"hold:{gate}")
-        scheduler.loop_once()
-        runtime = executor._runtime
-        assert runtime is not None
-        executor.until_reported(lambda: runtime.report is not None and runtime.report.state.waiting == 1)
-        assert holding(gate) == 0
+        ti, gate = _held_while_paused(executor, scheduler, tmp_path)
         run("resume")
         scheduler.run_until(lambda: holding(gate) == 1)
         run("drain")
@@ -319,13 +325,7 @@ def test_with_no_limit_a_pause_holds_and_a_resize_sets_one_then_goes_back_to_non
         applied(control.pause("alice", time.time()))
         assert "the control file asks for" not in caplog.text
         assert executor.slots_available == 0
-        gate = tmp_path / "gate"
-        gate.touch()
-        ti = queue(executor, f"hold:{gate}")
-        scheduler.loop_once()
-        runtime = executor._runtime
-        assert runtime is not None
-        executor.until_reported(lambda: runtime.report is not None and runtime.report.state.waiting == 1)
+        ti, gate = _held_while_paused(executor, scheduler, tmp_path)
         for limit in (3, 0):
             applied(
                 control.resize(

@@ -10,6 +10,8 @@ import sqlite3
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -385,3 +387,36 @@ def final_events(log: str, dag_id: str) -> list[tuple[str, int, int]]:
         for state, attempt, index in events
         if state not in ("queued", "running")
     ]
+
+
+def call(
+    sandbox: AirflowSandbox, path: str, token: str | None = None, body: object | None = None
+) -> tuple[int, Any]:
+    """(HTTP status, decoded JSON) of a GET, or of a POST of ``body`` as JSON, on the sandbox's own
+    api-server."""
+    headers = {"Accept": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    data = None
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+        data = json.dumps(body).encode()
+    # Always the sandbox's own http://127.0.0.1 api-server.
+    request = urllib.request.Request(f"{sandbox.api_url}{path}", data=data, headers=headers)  # noqa: S310
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:  # noqa: S310
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+def get(sandbox: AirflowSandbox, path: str, token: str | None = None) -> tuple[int, Any]:
+    return call(sandbox, path, token)
+
+
+def health(sandbox: AirflowSandbox) -> dict[str, Any]:
+    """The plugin's public health document."""
+    code, body = get(sandbox, "/async-local-executor/health")
+    assert code == 200
+    assert isinstance(body, dict)
+    return body

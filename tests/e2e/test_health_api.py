@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +20,7 @@ import psutil
 import pytest
 
 from harness.sandbox import AirflowSandbox
-from tests.e2e.helpers import SWITCH_TASKS, cmdline, open_the_gate, poll
+from tests.e2e.helpers import SWITCH_TASKS, cmdline, get, health, open_the_gate, poll
 
 USERS = {"admin": "admin", "viewer": "viewer"}
 pytestmark = [pytest.mark.e2e, pytest.mark.sandbox(users=USERS)]
@@ -38,27 +36,6 @@ INSTANCE_KEYS = {
     "control_note",
     "warnings",
 }
-
-
-def get(sandbox: AirflowSandbox, path: str, token: str | None = None) -> tuple[int, Any]:
-    """(HTTP status, decoded JSON) of a GET on the sandbox's own api-server."""
-    headers = {"Accept": "application/json"}
-    if token is not None:
-        headers["Authorization"] = f"Bearer {token}"
-    # Always the sandbox's own http://127.0.0.1 api-server.
-    request = urllib.request.Request(f"{sandbox.api_url}{path}", headers=headers)  # noqa: S310
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"null")
-
-
-def health(sandbox: AirflowSandbox) -> dict[str, Any]:
-    code, body = get(sandbox, "/async-local-executor/health")
-    assert code == 200
-    assert isinstance(body, dict)
-    return body
 
 
 def executor(sandbox: AirflowSandbox, token: str) -> dict[str, Any]:

@@ -10,10 +10,7 @@ the benchmark suite's; this one holds the pause past a short ``task_queued_timeo
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +20,7 @@ from async_local_executor.ops import overview
 from async_local_executor.ops.status_read import read_all
 from harness.sandbox import AirflowSandbox
 from tests.e2e.dags.control import TASKS
-from tests.e2e.helpers import QUICK_ORPHANS, marks, poll, since, stop_scheduler
+from tests.e2e.helpers import QUICK_ORPHANS, call, health, marks, poll, since, stop_scheduler
 
 USERS = {"admin": "admin", "viewer": "viewer"}
 QUEUED_TIMEOUT = 20  # seconds; the pause is held past it, and past the scheduler's checks after it
@@ -45,28 +42,8 @@ pytestmark = [
 
 
 def post(sandbox: AirflowSandbox, action: str, body: object, token: str | None) -> tuple[int, Any]:
-    """(HTTP status, decoded JSON) of a control request to the sandbox's own api-server."""
-    headers = {"Content-Type": "application/json", "Accept": "application/json"}
-    if token is not None:
-        headers["Authorization"] = f"Bearer {token}"
-    request = urllib.request.Request(  # noqa: S310 - the sandbox's own http://127.0.0.1 api-server
-        f"{sandbox.api_url}/async-local-executor/control/{action}",
-        data=json.dumps(body).encode(),
-        headers=headers,
-        method="POST",
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:  # noqa: S310
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"null")
-
-
-def health(sandbox: AirflowSandbox) -> dict[str, Any]:
-    with urllib.request.urlopen(f"{sandbox.api_url}/async-local-executor/health", timeout=30) as response:  # noqa: S310
-        body = json.loads(response.read())
-    assert isinstance(body, dict)
-    return body
+    """(HTTP status, decoded JSON) of a control request."""
+    return call(sandbox, f"/async-local-executor/control/{action}", token, body)
 
 
 def control(sandbox: AirflowSandbox) -> dict[str, Any]:
