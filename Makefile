@@ -74,7 +74,7 @@ $(CHROMIUM):
 # "Tests", has the timings.
 TEST_JOBS ?= 3
 XDIST ?= 2
-E2E_LATE ?= tests/e2e/test_restart_chaos.py tests/e2e/test_switch_to_local.py
+E2E_LATE ?= tests/e2e/test_restart_chaos.py tests/e2e/test_switch_to_local.py tests/e2e/test_live_control.py
 
 # Every virtualenv first, side by side (make_venv builds the package one at a time): a build leaves
 # src/*.egg-info on the other virtualenvs' sys.path for a moment (see make_venv), where an Airflow the
