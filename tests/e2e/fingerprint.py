@@ -12,6 +12,7 @@ summary of each of :data:`VARIANT_NAMES`' runs, from :func:`observe_all`).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from harness.sandbox import AirflowSandbox
+from harness.sandbox import AirflowSandbox, SandboxError
 from tests.e2e.helpers import poll, preload, preloaded
 
 DAG_FILE = Path(__file__).with_name("dags_fingerprint") / "fingerprint_dag.py"
@@ -161,13 +162,32 @@ def observe_all(kind: type[AirflowSandbox], folders: pytest.TempPathFactory) -> 
     with kind(executor=executor, dags_folder=dags, parallelism=TASKS, extra_config=config) as sandbox:
         sandbox.wait_for_dag(DAG_ID, timeout=300)
         runs = {first: observe(sandbox, learns=False)}
+        previous = first
         for name, (executor, config) in rest:
-            assert sandbox.signal_and_wait("scheduler", signal.SIGTERM, STOP_WAIT) == 0
+            stop_between_runs(sandbox, previous)
+            previous = name
             sandbox.reconfigure({"AIRFLOW__CORE__EXECUTOR": executor, **config})
             sandbox.restart("scheduler")
             sandbox.wait_healthy()
             runs[name] = observe(sandbox, learns=name == "defaults")
     return runs
+
+
+def stop_between_runs(sandbox: AirflowSandbox, variant: str) -> None:
+    """Stop the scheduler of ``variant``'s run (its tasks have all ended): SIGTERM, exit 0.
+
+    The stock LocalExecutor's ``end()`` joins its worker processes without a bound, and on a loaded host
+    a worker can stay blocked on its result queue (the pipe this project's executor does away with), so
+    its scheduler may not exit at all. Its stop is not what these tests observe: past the wait, its whole
+    process group (the scheduler and its workers) is killed, and the next run goes on.
+    """
+    try:
+        assert sandbox.signal_and_wait("scheduler", signal.SIGTERM, STOP_WAIT) == 0
+    except SandboxError:
+        if variant != "stock":
+            raise
+        os.killpg(sandbox.pids["scheduler"], signal.SIGKILL)
+        sandbox.kill("scheduler")
 
 
 @pytest.mark.parametrize("variant", VARIANT_NAMES)
