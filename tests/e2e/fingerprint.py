@@ -12,7 +12,6 @@ summary of each of :data:`VARIANT_NAMES`' runs, from :func:`observe_all`).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 from pathlib import Path
@@ -20,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from harness.sandbox import AirflowSandbox, SandboxError
-from tests.e2e.helpers import poll, preload, preloaded
+from harness.sandbox import AirflowSandbox
+from tests.e2e.helpers import poll, preload, preloaded, stop_stock_scheduler
 
 DAG_FILE = Path(__file__).with_name("dags_fingerprint") / "fingerprint_dag.py"
 # Six tasks are enough to tell a generator shared between them from one of their own. The DAG file
@@ -174,20 +173,12 @@ def observe_all(kind: type[AirflowSandbox], folders: pytest.TempPathFactory) -> 
 
 
 def stop_between_runs(sandbox: AirflowSandbox, variant: str) -> None:
-    """Stop the scheduler of ``variant``'s run (its tasks have all ended): SIGTERM, exit 0.
-
-    The stock LocalExecutor's ``end()`` joins its worker processes without a bound, and on a loaded host
-    a worker can stay blocked on its result queue (the pipe this project's executor does away with), so
-    its scheduler may not exit at all. Its stop is not what these tests observe: past the wait, its whole
-    process group (the scheduler and its workers) is killed, and the next run goes on.
-    """
-    try:
-        assert sandbox.signal_and_wait("scheduler", signal.SIGTERM, STOP_WAIT) == 0
-    except SandboxError:
-        if variant != "stock":
-            raise
-        os.killpg(sandbox.pids["scheduler"], signal.SIGKILL)
-        sandbox.kill("scheduler")
+    """Stop the scheduler of ``variant``'s run (its tasks have all ended): SIGTERM, exit 0; the stock
+    one with a bound (:func:`~tests.e2e.helpers.stop_stock_scheduler`)."""
+    if variant == "stock":
+        stop_stock_scheduler(sandbox)
+        return
+    assert sandbox.signal_and_wait("scheduler", signal.SIGTERM, STOP_WAIT) == 0
 
 
 @pytest.mark.parametrize("variant", VARIANT_NAMES)

@@ -21,7 +21,7 @@ import psutil
 
 from async_local_executor.core.proc_identity import start_ticks
 from async_local_executor.ops.status_read import read_all
-from harness.sandbox import AirflowSandbox
+from harness.sandbox import AirflowSandbox, SandboxError
 from tests import waits
 from tests.core.helpers import alive
 
@@ -420,3 +420,22 @@ def health(sandbox: AirflowSandbox) -> dict[str, Any]:
     assert code == 200
     assert isinstance(body, dict)
     return body
+
+
+# How long a stock scheduler gets to exit after SIGTERM once its tasks have ended.
+STOCK_STOP_WAIT = 60.0
+
+
+def stop_stock_scheduler(sandbox: AirflowSandbox) -> None:
+    """Stop a scheduler running the stock LocalExecutor whose tasks have all ended: SIGTERM, exit 0.
+
+    Its ``end()`` joins its worker processes without a bound, and on a loaded host a worker can stay
+    blocked on its result queue (the pipe this project's executor does away with), so the scheduler may
+    not exit at all. Its stop is not what the tests that call this observe: past the wait, its whole
+    process group (the scheduler and its workers) is killed.
+    """
+    try:
+        assert sandbox.signal_and_wait("scheduler", signal.SIGTERM, STOCK_STOP_WAIT) == 0
+    except SandboxError:
+        os.killpg(sandbox.pids["scheduler"], signal.SIGKILL)
+        sandbox.kill("scheduler")

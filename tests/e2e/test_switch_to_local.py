@@ -35,7 +35,7 @@ from async_local_executor.ops.journal_file import SUFFIX as JOURNAL_SUFFIX
 from harness.environment import SANDBOX_MARKER_ENV
 from harness.sandbox import AirflowSandbox
 from tests.core.helpers import alive
-from tests.e2e.helpers import poll, since, stop_scheduler
+from tests.e2e.helpers import poll, since, stop_scheduler, stop_stock_scheduler
 
 DAG = "switch_back"
 TASKS = 3  # dags/switch_back.py
@@ -298,7 +298,7 @@ def test_a_drain_before_the_switch_hands_nothing_over_and_back_the_drain_is_in_f
     assert sandbox.wait_for_run(DAG, waiting_run, timeout=180) == "success"
     under_local = [e for e in executions(tmp_path) if e.instance is None]
     assert len(under_local) == TASKS, under_local
-    stop_scheduler(sandbox, timeout=120)
+    stop_stock_scheduler(sandbox)
 
     sandbox.reconfigure(OURS)
     offset = start_scheduler(sandbox)
