@@ -14,8 +14,6 @@ fork-server launcher, real task processes.
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,39 +23,19 @@ from tests.e2e.helpers import adopted_while_queued_then_revoked, marks, requeued
 
 pytestmark = pytest.mark.e2e
 
-DAGS = Path(__file__).with_name("dags")
-EXECUTOR = "async_local_executor.executor.AsyncLocalExecutor"
 DAG_ID = "revoke2"
 TASKS = 2
 
 
-@pytest.fixture
-def sandbox(tmp_path: Path) -> Iterator[Airflow2Sandbox]:
-    sb = Airflow2Sandbox(
-        executor=EXECUTOR, dags_folder=DAGS, parallelism=4, extra_config={"ALE_HANDOVER_DIR": str(tmp_path)}
-    )
-    sb.start()
-    try:
-        yield sb
-    finally:
-        # What a failure is read from outlives the sandbox's home: the scheduler's log, the tasks' logs.
-        for name, path in sb.process_logs.items():
-            if path.exists():
-                shutil.copyfile(path, tmp_path / f"{name}.log")
-        if (sb.home / "logs").is_dir():
-            shutil.copytree(sb.home / "logs", tmp_path / "home" / "logs", dirs_exist_ok=True)
-        sb.stop()
-
-
 def test_an_adopted_task_still_queued_is_revoked_by_the_next_scheduler_and_its_process_stopped(
-    sandbox: Airflow2Sandbox, tmp_path: Path
+    gated_sandbox: Airflow2Sandbox, tmp_path: Path
 ) -> None:
     hold_import = tmp_path / "hold-import"
     hold_import.write_text("")
-    sandbox.wait_for_dag(DAG_ID, timeout=120)
-    run_id = sandbox.trigger(DAG_ID)
-    offset = adopted_while_queued_then_revoked(sandbox, DAG_ID, run_id, TASKS)
+    gated_sandbox.wait_for_dag(DAG_ID, timeout=120)
+    run_id = gated_sandbox.trigger(DAG_ID)
+    offset = adopted_while_queued_then_revoked(gated_sandbox, DAG_ID, run_id, TASKS)
     # The adopted tries never started their task. Requeued, each runs once its DAG file imports.
     assert marks(tmp_path, ".start") == []
     hold_import.unlink()
-    requeued_tries_run_once(sandbox, tmp_path, DAG_ID, run_id, offset, TASKS)
+    requeued_tries_run_once(gated_sandbox, tmp_path, DAG_ID, run_id, offset, TASKS)

@@ -8,8 +8,6 @@ itself) on PostgreSQL, the default fork-server launcher, real task processes.
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,48 +17,31 @@ from tests.e2e.helpers import marks, poll
 
 pytestmark = pytest.mark.e2e
 
-DAGS = Path(__file__).with_name("dags")
-EXECUTOR = "async_local_executor.executor.AsyncLocalExecutor"
 DAG_ID = "handover2"
 TASKS = 2
 
 
-@pytest.fixture
-def sandbox(tmp_path: Path) -> Iterator[Airflow2Sandbox]:
-    sb = Airflow2Sandbox(
-        executor=EXECUTOR, dags_folder=DAGS, parallelism=4, extra_config={"ALE_HANDOVER_DIR": str(tmp_path)}
-    )
-    sb.start()
-    try:
-        yield sb
-    finally:
-        for name, path in sb.process_logs.items():
-            if path.exists():
-                shutil.copyfile(path, tmp_path / f"{name}.log")
-        sb.stop()
-
-
 def test_pause_resume_and_drain_from_airflows_cli_on_a_2_11_scheduler(
-    sandbox: Airflow2Sandbox, tmp_path: Path
+    gated_sandbox: Airflow2Sandbox, tmp_path: Path
 ) -> None:
-    sandbox.wait_for_dag(DAG_ID, timeout=120)
-    paused = sandbox.airflow("async-local-executor", "pause", "--by", "ops")
+    gated_sandbox.wait_for_dag(DAG_ID, timeout=120)
+    paused = gated_sandbox.airflow("async-local-executor", "pause", "--by", "ops")
     assert "pause: paused by ops at" in paused.stdout, paused.stdout
-    run_id = sandbox.trigger(DAG_ID)
+    run_id = gated_sandbox.trigger(DAG_ID)
     poll(
         "the tasks scheduled",
-        lambda: [r.state for r in sandbox.task_instances(DAG_ID, run_id)] == ["scheduled"] * TASKS,
+        lambda: [r.state for r in gated_sandbox.task_instances(DAG_ID, run_id)] == ["scheduled"] * TASKS,
     )
     assert marks(tmp_path, ".start") == []
-    resumed = sandbox.airflow("async-local-executor", "resume", "--by", "ops")
+    resumed = gated_sandbox.airflow("async-local-executor", "resume", "--by", "ops")
     assert "resume: running by ops at" in resumed.stdout, resumed.stdout
     poll("both tasks running", lambda: len(marks(tmp_path, ".start")) == TASKS)
-    drain = sandbox.airflow("async-local-executor", "drain")
+    drain = gated_sandbox.airflow("async-local-executor", "drain")
     assert "drain: draining by" in drain.stdout, drain.stdout
     (tmp_path / "gate").touch()
-    waited = sandbox.airflow("async-local-executor", "drain", "--wait")
+    waited = gated_sandbox.airflow("async-local-executor", "drain", "--wait")
     assert "drained: no task runs or waits" in waited.stdout, waited.stdout
-    assert sandbox.wait_for_run(DAG_ID, run_id, timeout=180) == "success"
+    assert gated_sandbox.wait_for_run(DAG_ID, run_id, timeout=180) == "success"
     # Each task ran once, at try 1, to its end.
     started = marks(tmp_path, ".start")
     assert [stem.split(".")[:2] for stem in started] == [["hold0", "try1"], ["hold1", "try1"]], started

@@ -457,7 +457,8 @@ class AsyncLocalExecutor(BaseExecutor):
     def _follow_drain(self) -> None:
         """After the scheduler's events were read (sync): a drain's end, or its deadline."""
         live, runtime = self._live, self._runtime
-        if live is None or runtime is None or not runtime.alive:
+        # Every heartbeat calls this: without a drain to follow, it looks at nothing.
+        if live is None or not live.following or runtime is None or not runtime.alive:
             return
         running: list[str] = []
         waiting: list[str] = []

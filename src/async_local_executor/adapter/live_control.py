@@ -159,6 +159,11 @@ class LiveControl:
             )
         return said
 
+    @property
+    def following(self) -> bool:
+        """A drain is in force and not done yet: :meth:`follow_drain` has something to look at."""
+        return self.control.mode == control.DRAINING and not self._drained
+
     def follow_drain(
         self, report: Report | None, running: Sequence[str], waiting: Sequence[str], *, since: float
     ) -> None:
@@ -170,7 +175,7 @@ class LiveControl:
         :param since: when the executor last learnt of a start (monotonic): an older report could have
             been taken while that workload waited for its slot, before it held one
         """
-        if self.control.mode != control.DRAINING or report is None or self._drained:
+        if not self.following or report is None:
             return
         fresh = report.at > max(self._applied_at, since)
         if fresh and not running and not waiting and report.state.held == 0:
