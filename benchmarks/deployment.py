@@ -95,7 +95,6 @@ class Deployment:
             self.scheduler_pid,
             others,
             self.sandbox.process_logs["scheduler"],
-            self.sandbox.home,
         )
 
     @property

@@ -27,6 +27,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from typing import Final
 
+_PR_GET_DUMPABLE: Final = 3  # a prctl that changes nothing
 SHAPES: Final[tuple[str, ...]] = ("exit", "read", "entry", "entry + custody")
 
 
@@ -99,8 +100,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--children", type=int, default=40, help="children per shape (default 40)")
     args = parser.parse_args(argv)
     from async_local_executor.adapter.workload import airflow3
+    from async_local_executor.core import lifeline
 
     airflow3.preload()  # what the helper imports for every workload (no learned modules)
+    lifeline.prctl(_PR_GET_DUMPABLE, 0)  # libc, loaded once as the helper's own prctl loads it
     payload = _payload()
     gc.collect()
     gc.freeze()  # as the helper does before its first fork

@@ -54,10 +54,18 @@ _ROLES: Final[dict[str, Metric]] = {
     roles.metric(role): Metric(
         "s",
         "lower",
-        f"CPU seconds per task ran of the {roles.LABELS[role]} over the measured phase (process accounting; "
-        "none when the run could not have it, as its notes say)",
+        f"CPU seconds per task ran of the {roles.LABELS[role]} over the measured phase (the kernel's exit "
+        "records; none when the run could not have them, as its notes say)",
     )
     for role in roles.ROLES
+} | {
+    roles.EXITS: Metric(
+        "s",
+        "lower",
+        "CPU seconds per task ran of the exits' teardowns the kernel's exit records miss, in the subtrees "
+        "the scheduler reaped: counted in the workload process's figure, though the task process's own "
+        "is part of it (none under the stock executor, whose workers reap their tasks)",
+    )
 }
 
 _LOOP: Final[dict[str, Metric]] = {

@@ -9,17 +9,18 @@ account reads, over the measured phase:
   (``/proc``), less what they had at its start; the scheduler's threads one by one
   (``/proc/<pid>/task``);
 - for the children the scheduler reaped, the exact total of each subtree from the scheduler's own
-  ``children`` times, split between the roles by the kernel's process accounting (``acct(2)``: one
-  ``acct_v3`` record per exited process, with its pid, its parent's pid and its CPU time in 10 ms units).
-  The kernel samples user and system time by the clock tick, where ``/proc`` splits the exact run time,
-  so a record counts a process that runs in short wake-ups low (a watchdog thread's): the records give
-  the time of the processes below the scheduler's children (task processes, under this executor), and
-  what is left of the exact total goes to those children. A task process's figure under this executor
-  is therefore a lower bound, and its workload process's an upper one; under the stock executor both
-  are exact (its long-lived workers reap their task processes).
+  ``children`` times, split between the roles by the kernel's taskstats records
+  (:mod:`benchmarks.taskstats`: one record per exited process, with its pid, its parent's pid and its
+  run time as the scheduler measured it, to the nanosecond). A record is written as the process begins
+  to exit, before its address space is torn down: the records give the time of the processes below the
+  scheduler's children (task processes, under this executor), and what is left of the exact total goes
+  to those children. That rest holds every exit's teardown in the subtree, the task process's too, so a
+  workload process's figure under this executor is an upper bound, by :data:`EXITS`' figure at most
+  (its own teardown is in both); under the stock executor both are exact (its long-lived workers reap
+  their task processes, and never exit in between).
 
-The accounting needs root (``CAP_SYS_PACCT``) and is one per host, so one run at a time holds it (a
-lock file). A run that cannot have it reports no role figures, and says why in its notes. Nothing
+The records need root (``CAP_NET_ADMIN``) and delay accounting, a switch of the whole host, so one run
+at a time holds them (a lock file). A run that cannot have it reports no role figures, and says why in its notes. Nothing
 samples the processes in between (on a burst's hundreds of processes that would take a share of the
 cores the run is measured on): the records carry each exited process's parent, in exit order.
 
@@ -37,12 +38,9 @@ from __future__ import annotations
 import bisect
 import collections
 import contextlib
-import ctypes
-import ctypes.util
 import fcntl
 import os
 import re
-import struct
 import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -52,6 +50,7 @@ from typing import Final
 import psutil
 
 from async_local_executor.core.runtime import THREAD_NAME as LOOP_THREAD
+from benchmarks import taskstats
 from benchmarks.probes import thread_cpu_seconds, tree, tree_cpu_seconds
 
 # The roles, in the order the charts stack them: Airflow's processes first, then the executor's own.
@@ -88,14 +87,14 @@ def metric(role: str) -> str:
     return f"cpu_per_task_{role}_s"
 
 
-# struct acct_v3 (linux/acct.h): flag, version, tty, exitcode, uid, gid, pid, ppid, btime, etime,
-# utime, stime, mem, io, rw, minflt, majflt, swaps (comp_t each), comm[16].
-_ACCT_V3: Final = struct.Struct("<BBHIIIIIIf8H16s")
-_AHZ: Final = 100.0  # acct's clock: comp_t times count 1/100 s
-_LOCK: Final = Path(tempfile.gettempdir()) / "ale-bench-acct.lock"
+_LOCK: Final = Path(tempfile.gettempdir()) / "ale-bench-taskstats.lock"
 _READY: Final = re.compile(r"fork server ready \(pid (\d+)")
 # The title a workload process takes: this executor's (adapter/startup.py) and stock's worker.
 WORKLOAD_TITLE: Final = "airflow worker --"
+# The part of the reaped subtrees' exact total that no record holds: the exits' teardowns (see above).
+EXITS: Final = "cpu_per_task_exits_s"
+
+Exited = taskstats.ExitedProcess
 
 
 def helper_pids(scheduler_log: str) -> set[int]:
@@ -103,57 +102,26 @@ def helper_pids(scheduler_log: str) -> set[int]:
     return {int(pid) for pid in _READY.findall(scheduler_log)}
 
 
-def comp_t(value: int) -> int:
-    """A ``comp_t`` (13-bit mantissa, 3-bit base-8 exponent) as the integer it encodes."""
-    return (value & 0x1FFF) << (3 * (value >> 13))
-
-
-@dataclass(frozen=True)
-class Exited:
-    """One process that exited, as the kernel's accounting recorded it."""
-
-    pid: int
-    ppid: int
-    cpu_s: float
-    comm: str
-
-
-def read_accounting(data: bytes) -> list[Exited]:
-    """The ``acct_v3`` records in ``data`` (records of other versions are skipped)."""
-    found = []
-    for offset in range(0, len(data) - _ACCT_V3.size + 1, _ACCT_V3.size):
-        fields = _ACCT_V3.unpack_from(data, offset)
-        if fields[1] & 0x7F != 3:
-            continue
-        pid, ppid, utime, stime, comm = fields[6], fields[7], fields[10], fields[11], fields[18]
-        cpu = (comp_t(utime) + comp_t(stime)) / _AHZ
-        found.append(Exited(pid, ppid, cpu, comm.split(b"\0", 1)[0].decode(errors="replace")))
-    return found
-
-
 class AccountingUnavailable(Exception):
-    """Process accounting cannot be had for this run (the message says why)."""
+    """The kernel's records cannot be had for this run (the message says why)."""
 
 
 @contextlib.contextmanager
-def _accounting(path: Path) -> Iterator[None]:
-    """The host's process accounting written to ``path`` for the block, held by this run alone."""
+def _records() -> Iterator[taskstats.Listener]:
+    """The kernel's exit records for the block, held by this run alone."""
     if os.geteuid() != 0:
-        raise AccountingUnavailable("process accounting needs root")
+        raise AccountingUnavailable("the kernel's exit records (taskstats) need root")
     lock = os.open(_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise AccountingUnavailable("another run holds process accounting") from None
-        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        path.touch(mode=0o600)
-        if libc.acct(os.fsencode(path)) != 0:
-            raise AccountingUnavailable(f"acct(2) failed: {os.strerror(ctypes.get_errno())}")
+            raise AccountingUnavailable("another run holds the kernel's exit records") from None
         try:
-            yield
-        finally:
-            libc.acct(None)
+            with taskstats.Listener().listening() as listener:
+                yield listener
+        except taskstats.TaskstatsUnavailable as exc:
+            raise AccountingUnavailable(str(exc)) from None
     finally:
         os.close(lock)
 
@@ -200,14 +168,13 @@ class RoleAccount:
     :param scheduler: the scheduler's pid
     :param others: the api-server's and the dag-processor's pids, by role
     :param scheduler_log: the scheduler's log, which names each fork-server helper's pid
-    :param workdir: where the accounting file goes (the run's home)
     """
 
     scheduler: int
     others: Mapping[str, int]
     scheduler_log: Path
-    workdir: Path
     seconds: dict[str, float] = field(default_factory=dict)
+    exits: float = 0.0  # of the scheduler's children's figures, what is exits' teardowns (EXITS)
     unavailable: str | None = None
     _seen: dict[int, _Seen] = field(default_factory=dict)
 
@@ -224,40 +191,34 @@ class RoleAccount:
     @contextlib.contextmanager
     def measuring(self) -> Iterator[RoleAccount]:
         """Account the block; :attr:`seconds` holds the figures after it (empty, with
-        :attr:`unavailable` set, when the kernel's accounting could not be had)."""
-        path = self.workdir / "process-accounting"
-        try:
-            with contextlib.ExitStack() as stack:
-                try:
-                    stack.enter_context(_accounting(path))
-                except AccountingUnavailable as exc:
-                    self.unavailable = str(exc)
-                    yield self
-                    return
-                before = self._look()
-                threads_before = thread_cpu_seconds(self.scheduler)
-                scheduler_before = _scheduler_times(self.scheduler)
-                trees_before = {role: tree_cpu_seconds(pid) for role, pid in self.others.items()}
-                try:
-                    yield self
-                finally:
-                    after = self._look()
-                    threads_after = thread_cpu_seconds(self.scheduler)
-                    scheduler_after = _scheduler_times(self.scheduler)
-                    trees_after = {role: tree_cpu_seconds(pid) for role, pid in self.others.items()}
-            # Read once the accounting is off: the kernel has written every record by then.
-            data = path.read_bytes()
-            exited = read_accounting(data)
-        finally:
-            path.unlink(missing_ok=True)
-        if data and not exited:
-            self.unavailable = "this kernel writes no acct_v3 records (CONFIG_BSD_PROCESS_ACCT_V3)"
+        :attr:`unavailable` set, when the kernel's records could not be had, or were not all had)."""
+        with contextlib.ExitStack() as stack:
+            try:
+                listener = stack.enter_context(_records())
+            except AccountingUnavailable as exc:
+                self.unavailable = str(exc)
+                yield self
+                return
+            before = self._look()
+            threads_before = thread_cpu_seconds(self.scheduler)
+            scheduler_before = _scheduler_times(self.scheduler)
+            trees_before = {role: tree_cpu_seconds(pid) for role, pid in self.others.items()}
+            try:
+                yield self
+            finally:
+                after = self._look()
+                threads_after = thread_cpu_seconds(self.scheduler)
+                scheduler_after = _scheduler_times(self.scheduler)
+                trees_after = {role: tree_cpu_seconds(pid) for role, pid in self.others.items()}
+        # Read once the listener stopped: it has every record the kernel sent by then.
+        if listener.lost is not None:
+            self.unavailable = listener.lost
             return
         if not threads_after or scheduler_after is None or scheduler_before is None:
             self.unavailable = "the scheduler was gone by the end of the phase"
             return
         self.seconds = self._account(
-            _Phase(before, after, exited, scheduler_before, scheduler_after),
+            _Phase(before, after, listener.exited(), scheduler_before, scheduler_after),
             threads_before,
             threads_after,
             {role: trees_after[role] - trees_before[role] for role in self.others},
@@ -355,6 +316,8 @@ class RoleAccount:
                 seconds[role] += cpu
                 reaped -= cpu
         counted = sum(tops.values())
+        # What no record holds: each exit's teardown, below the scheduler's children and of their own.
+        self.exits = max(0.0, reaped - counted) if tops else 0.0
         for role, cpu in tops.items():
             seconds[role] += reaped * cpu / counted if counted > 0 else reaped / len(tops)
         if not tops:
@@ -396,9 +359,9 @@ class RoleAccount:
         """Each role's CPU seconds per task; None for every role when the account is unavailable."""
         if not self.seconds or not tasks:
             return unaccounted()
-        return {metric(role): self.seconds[role] / tasks for role in ROLES}
+        return {**{metric(role): self.seconds[role] / tasks for role in ROLES}, EXITS: self.exits / tasks}
 
 
 def unaccounted() -> dict[str, float | None]:
     """The figures of a run without an account: every role's None."""
-    return {metric(role): None for role in ROLES}
+    return {**{metric(role): None for role in ROLES}, EXITS: None}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import signal
 import sys
@@ -37,7 +38,14 @@ def outlive_parent() -> None:
 def prctl(option: int, arg: int | bytes) -> None:
     """``prctl(2)`` with one argument; nothing off Linux, where the options used here do not exist."""
     if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0)
+        _libc().prctl(option, arg, 0, 0, 0)
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    # Loaded once, in the fork server before its first fork: every workload calls prctl twice as it
+    # starts, and a CDLL made there cost 0.4 ms and 100 page faults of each (python -m benchmarks.entry_cost).
+    return ctypes.CDLL(None, use_errno=True)
 
 
 EXIT_ORPHANED = 3

@@ -38,6 +38,7 @@ Only the standard library is imported: the helper imports this module and must s
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import socket
 import typing
@@ -227,16 +228,12 @@ def _record(kind: type[Any], value: object, where: str) -> Any:
 
 def _value(value: object, hint: object, where: str) -> Any:
     """``value`` as ``hint`` (the few field types above), or :class:`ProtocolError`."""
-    args = typing.get_args(hint)
-    if type(None) in args:  # an optional field
-        if value is None:
-            return None
-        [hint] = [a for a in args if a is not type(None)]
-    origin = typing.get_origin(hint)
+    optional, hint, origin, item = _shape(hint)
+    if optional and value is None:
+        return None
     if hint in _RECORDS:
         return _record(hint, value, where)
     if origin is tuple:
-        [item, _] = typing.get_args(hint)
         if isinstance(value, list):
             return tuple(_value(v, item, f"{where}[{i}]") for i, v in enumerate(value))
     elif hint is int:
@@ -245,6 +242,22 @@ def _value(value: object, hint: object, where: str) -> Any:
     elif isinstance(hint, type) and isinstance(value, hint):
         return value
     raise ProtocolError(f"{where} must be {_WORDS.get(origin or hint, hint)}, got {value!r:.80}")
+
+
+@functools.cache
+def _shape(hint: Any) -> tuple[bool, Any, Any, Any]:
+    """Whether ``hint`` is optional, the type under it, its origin and a tuple's item type.
+
+    Worked out once per hint: the helper decodes a spawn for every workload, and typing's
+    introspection of each of its fields was most of that (py-spy over the ordinary benchmark).
+    """
+    args = typing.get_args(hint)
+    optional = type(None) in args
+    if optional:
+        [hint] = [a for a in args if a is not type(None)]
+    origin = typing.get_origin(hint)
+    item = typing.get_args(hint)[0] if origin is tuple else None
+    return optional, hint, origin, item
 
 
 def size_buffers(sock: socket.socket, size: int = BUFFER) -> None:

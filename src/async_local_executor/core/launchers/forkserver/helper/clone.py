@@ -8,6 +8,7 @@ imports this module and must start fast.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import platform
 import signal
@@ -47,14 +48,10 @@ def fork_sibling() -> int:
     Python's own fork hooks run around it exactly as ``os.fork`` runs them (held GIL, import lock,
     ``os.register_at_fork`` callbacks). Only a single-threaded process may call it, as with fork.
     """
-    api = ctypes.PyDLL(None, use_errno=True)  # PyDLL: the GIL stays held across the clone, as in os.fork
-    api.PyOS_BeforeFork.restype = None
-    api.PyOS_AfterFork_Child.restype = None
-    api.PyOS_AfterFork_Parent.restype = None
-    api.syscall.restype = ctypes.c_long
+    api, number = _api()
     api.PyOS_BeforeFork()
     pid = api.syscall(
-        ctypes.c_long(_SYS_CLONE[platform.machine()]),
+        number,
         ctypes.c_ulong(_CLONE_PARENT | signal.SIGCHLD),
         ctypes.c_ulong(0),
         ctypes.c_ulong(0),
@@ -69,3 +66,15 @@ def fork_sibling() -> int:
     if pid < 0:
         raise OSError(error, os.strerror(error))
     return int(pid)
+
+
+@functools.cache
+def _api() -> tuple[ctypes.PyDLL, ctypes.c_long]:
+    # Made once per helper: a PyDLL and its four functions made for each fork were a tenth of the
+    # helper's own Python time per workload (py-spy over the ordinary benchmark).
+    api = ctypes.PyDLL(None, use_errno=True)  # PyDLL: the GIL stays held across the clone, as in os.fork
+    api.PyOS_BeforeFork.restype = None
+    api.PyOS_AfterFork_Child.restype = None
+    api.PyOS_AfterFork_Parent.restype = None
+    api.syscall.restype = ctypes.c_long
+    return api, ctypes.c_long(_SYS_CLONE[platform.machine()])

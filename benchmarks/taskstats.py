@@ -1,0 +1,262 @@
+"""Every process that exits on the host, with its exact CPU time: the kernel's taskstats over netlink.
+
+The kernel sends a ``taskstats`` record for each thread that exits, and one for its thread group when
+the last of it does, to every netlink socket registered for the CPUs it ran on. With delay accounting on
+(``kernel.task_delayacct``, which this module turns on for its block and restores after), a record
+carries ``cpu_run_virtual_total``: the thread's run time as the scheduler measures it, to the
+nanosecond, which is what ``/proc`` and ``getrusage`` sum for a live process. The process accounting
+file (``acct(2)``) holds, in its place, the user and system time the clock tick sampled (every 4 ms
+here), truncated to 10 ms units: a process that runs 25 ms in short wake-ups comes out at 10 or 20.
+
+A :class:`Listener` collects the records on a thread of its own, for as long as its block runs; what it
+yields is one :class:`ExitedProcess` per process (its threads summed), in the order the processes
+exited. A socket buffer that overflowed loses records: the listener then says so (:attr:`Listener.lost`)
+rather than give a short account. Root only (``CAP_NET_ADMIN`` registers a listener).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import struct
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+_NETLINK_GENERIC: Final = 16
+_GENL_ID_CTRL: Final = 0x10
+_CTRL_CMD_GETFAMILY: Final = 3
+_CTRL_ATTR_FAMILY_ID: Final = 1
+_CTRL_ATTR_FAMILY_NAME: Final = 2
+_NLM_F_REQUEST: Final = 0x1
+_NLM_F_ACK: Final = 0x4
+_NLMSG_ERROR: Final = 2
+_NLA_TYPE_MASK: Final = 0x3FFF  # without NLA_F_NESTED and NLA_F_NET_BYTEORDER
+
+_CMD_GET: Final = 1
+_CMD_NEW: Final = 2
+_ATTR_REGISTER_CPUMASK: Final = 3
+_ATTR_DEREGISTER_CPUMASK: Final = 4
+_TYPE_PID: Final = 1
+_TYPE_TGID: Final = 2
+_TYPE_STATS: Final = 3
+_TYPE_AGGR_PID: Final = 4
+_TYPE_AGGR_TGID: Final = 5
+
+_NLMSGHDR: Final = struct.Struct("=IHHII")
+_GENLMSGHDR: Final = struct.Struct("=BBH")
+_NLATTR: Final = struct.Struct("=HH")
+# struct taskstats (linux/taskstats.h): the fields read here, at their offsets; later versions only
+# append fields. ac_uid is aligned to 8, so 4 bytes of padding sit before it.
+_VERSION: Final = struct.Struct("=H")
+_RUN_VIRTUAL_TOTAL: Final = (72, struct.Struct("=Q"))  # ns: the scheduler's exact run time
+_COMM: Final = (80, struct.Struct("=32s"))
+_PPID: Final = (132, struct.Struct("=I"))
+_UTIME_STIME: Final = (152, struct.Struct("=QQ"))  # us, sampled by the tick
+_TGID: Final = (368, struct.Struct("=I"))  # ac_tgid (version 10 on)
+_MIN_VERSION: Final = 10
+_DELAYACCT: Final = Path("/proc/sys/kernel/task_delayacct")
+_RCVBUF: Final = 64 * 1024 * 1024
+
+
+class TaskstatsUnavailable(Exception):
+    """The kernel's taskstats cannot be had here (the message says why)."""
+
+
+@dataclass(frozen=True)
+class ExitedProcess:
+    """A process that exited while the listener ran: its threads' CPU time summed."""
+
+    pid: int
+    ppid: int
+    cpu_s: float
+    comm: str
+
+
+@dataclass
+class _Group:
+    cpu_ns: int = 0
+    ppid: int = 0
+    comm: str = ""
+    last: int = 0  # the index of the last record that touched it: the order of the exits
+
+
+def _attrs(data: bytes, offset: int, end: int) -> Iterator[tuple[int, bytes]]:
+    while offset + _NLATTR.size <= end:
+        length, kind = _NLATTR.unpack_from(data, offset)
+        if length < _NLATTR.size:
+            return
+        yield kind & _NLA_TYPE_MASK, data[offset + _NLATTR.size : offset + length]
+        offset += (length + 3) & ~3
+
+
+def _attr(kind: int, value: bytes) -> bytes:
+    raw = _NLATTR.pack(_NLATTR.size + len(value), kind) + value
+    return raw + b"\0" * (-len(raw) % 4)
+
+
+def _message(family: int, cmd: int, attrs: bytes, flags: int = _NLM_F_REQUEST) -> bytes:
+    body = _GENLMSGHDR.pack(cmd, 1, 0) + attrs
+    return _NLMSGHDR.pack(_NLMSGHDR.size + len(body), family, flags, 0, 0) + body
+
+
+def _messages(data: bytes) -> Iterator[tuple[int, bytes]]:
+    offset = 0
+    while offset + _NLMSGHDR.size <= len(data):
+        length, kind, _, _, _ = _NLMSGHDR.unpack_from(data, offset)
+        if length < _NLMSGHDR.size:
+            return
+        yield kind, data[offset + _NLMSGHDR.size : offset + length]
+        offset += (length + 3) & ~3
+
+
+def _check_ack(sock: socket.socket, what: str) -> bytes:
+    """The first reply; raises on a netlink error in it."""
+    reply = sock.recv(65536)
+    for kind, payload in _messages(reply):
+        if kind == _NLMSG_ERROR:
+            (error,) = struct.unpack_from("=i", payload)
+            if error:
+                raise TaskstatsUnavailable(f"{what}: {os.strerror(-error)}")
+    return reply
+
+
+def _family(sock: socket.socket) -> int:
+    sock.send(_message(_GENL_ID_CTRL, _CTRL_CMD_GETFAMILY, _attr(_CTRL_ATTR_FAMILY_NAME, b"TASKSTATS\0")))
+    reply = _check_ack(sock, "no taskstats family (CONFIG_TASKSTATS)")
+    for kind, payload in _messages(reply):
+        if kind == _GENL_ID_CTRL:
+            for attr, value in _attrs(payload, _GENLMSGHDR.size, len(payload)):
+                if attr == _CTRL_ATTR_FAMILY_ID:
+                    return int(struct.unpack_from("=H", value)[0])
+    raise TaskstatsUnavailable("the kernel named no taskstats family")
+
+
+def _cpus() -> str:
+    try:
+        return Path("/sys/devices/system/cpu/possible").read_text().strip()
+    except OSError:
+        return f"0-{(os.cpu_count() or 1) - 1}"
+
+
+@dataclass
+class Listener:
+    """The exits the kernel reports while the block runs (see the module docstring)."""
+
+    groups: dict[int, _Group] = field(default_factory=dict)
+    lost: str | None = None  # why the records are incomplete, when they are
+    exact: bool = True  # run times from the scheduler (delay accounting on), not the tick's samples
+    _count: int = 0
+
+    @contextlib.contextmanager
+    def listening(self) -> Iterator[Listener]:
+        if os.geteuid() != 0:
+            raise TaskstatsUnavailable("taskstats needs root")
+        try:
+            sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, _NETLINK_GENERIC)
+        except OSError as exc:
+            raise TaskstatsUnavailable(f"no generic netlink socket: {exc}") from None
+        with sock, self._delay_accounting():
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, 33, _RCVBUF)  # SO_RCVBUFFORCE: past rmem_max, as root
+            sock.bind((0, 0))
+            family = _family(sock)
+            cpus = _cpus().encode() + b"\0"
+            sock.send(
+                _message(family, _CMD_GET, _attr(_ATTR_REGISTER_CPUMASK, cpus), _NLM_F_REQUEST | _NLM_F_ACK)
+            )
+            _check_ack(sock, "cannot register for exits")
+            stop = threading.Event()
+            reader = threading.Thread(
+                target=self._read, args=(sock, family, stop), name="taskstats", daemon=True
+            )
+            reader.start()
+            try:
+                yield self
+            finally:
+                stop.set()
+                with contextlib.suppress(OSError):
+                    sock.send(_message(family, _CMD_GET, _attr(_ATTR_DEREGISTER_CPUMASK, cpus)))
+                reader.join(10.0)
+
+    @contextlib.contextmanager
+    def _delay_accounting(self) -> Iterator[None]:
+        try:
+            was = _DELAYACCT.read_text().strip()
+        except OSError:
+            self.exact = False  # a kernel without the switch: the tick's samples, in microseconds
+            yield
+            return
+        if was != "1":
+            try:
+                _DELAYACCT.write_text("1")
+            except OSError:
+                self.exact = False
+        try:
+            yield
+        finally:
+            if was != "1":
+                with contextlib.suppress(OSError):
+                    _DELAYACCT.write_text(was)
+
+    def _read(self, sock: socket.socket, family: int, stop: threading.Event) -> None:
+        sock.settimeout(0.2)
+        while True:
+            try:
+                data = sock.recv(1 << 20)
+            except TimeoutError:
+                if stop.is_set():
+                    return
+                continue
+            except OSError as exc:  # ENOBUFS: the kernel dropped records it had no room for
+                if self.lost is None:
+                    self.lost = f"taskstats records were lost ({exc})"
+                if stop.is_set():
+                    return
+                continue
+            for kind, payload in _messages(data):
+                if kind == family:
+                    self._take(payload)
+
+    def _take(self, payload: bytes) -> None:
+        self._count += 1
+        for kind, nested in _attrs(payload, _GENLMSGHDR.size, len(payload)):
+            if kind not in (_TYPE_AGGR_PID, _TYPE_AGGR_TGID):
+                continue
+            ident, stats = 0, b""
+            for inner, value in _attrs(nested, 0, len(nested)):
+                if inner in (_TYPE_PID, _TYPE_TGID):
+                    (ident,) = struct.unpack_from("=I", value)
+                elif inner == _TYPE_STATS:
+                    stats = value
+            if not stats or _VERSION.unpack_from(stats)[0] < _MIN_VERSION:
+                continue
+            if kind == _TYPE_AGGR_TGID:  # the group is dead: this is its place in the order of exits
+                self.groups.setdefault(ident, _Group()).last = self._count
+                continue
+            tgid = _TGID[1].unpack_from(stats, _TGID[0])[0]
+            group = self.groups.setdefault(tgid, _Group())
+            group.last = self._count
+            if self.exact:
+                group.cpu_ns += _RUN_VIRTUAL_TOTAL[1].unpack_from(stats, _RUN_VIRTUAL_TOTAL[0])[0]
+            else:
+                utime, stime = _UTIME_STIME[1].unpack_from(stats, _UTIME_STIME[0])
+                group.cpu_ns += 1000 * (utime + stime)
+            if ident == tgid:  # the leader: the process's parent and name
+                (group.ppid,) = _PPID[1].unpack_from(stats, _PPID[0])
+                group.comm = (
+                    _COMM[1].unpack_from(stats, _COMM[0])[0].split(b"\0", 1)[0].decode(errors="replace")
+                )
+
+    def exited(self) -> list[ExitedProcess]:
+        """One record per process that exited, in exit order (a process whose leader's record was lost
+        has no parent and is left out)."""
+        ordered = sorted(self.groups.items(), key=lambda item: item[1].last)
+        return [
+            ExitedProcess(pid, group.ppid, group.cpu_ns / 1e9, group.comm)
+            for pid, group in ordered
+            if group.ppid
+        ]
