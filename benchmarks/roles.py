@@ -136,11 +136,24 @@ class _Seen:
 class _Times:
     own: float  # user + system
     children: float  # of the children it reaped, with what they had reaped
+    # Its live threads' run time, as an exit record counts it (the threads that ended before are in
+    # ``own`` and in no record): what a record of its exit holds of its life before the phase.
+    threads: float = 0.0
 
 
 def _times(proc: psutil.Process) -> _Times:
     t = proc.cpu_times()
-    return _Times(float(t.user + t.system), float(t.children_user + t.children_system))
+    return _Times(float(t.user + t.system), float(t.children_user + t.children_system), _threads(proc.pid))
+
+
+def _threads(pid: int) -> float:
+    """The run time of ``pid``'s live threads, in seconds (``/proc/<pid>/task/<tid>/schedstat``)."""
+    total = 0
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+    return total / 1e9
 
 
 def _scheduler_times(pid: int) -> _Times | None:
@@ -213,6 +226,9 @@ class RoleAccount:
         # Read once the listener stopped: it has every record the kernel sent by then.
         if listener.lost is not None:
             self.unavailable = listener.lost
+            return
+        if not listener.exact:
+            self.unavailable = "delay accounting could not be turned on: the records hold tick samples only"
             return
         if not threads_after or scheduler_after is None or scheduler_before is None:
             self.unavailable = "the scheduler was gone by the end of the phase"
@@ -290,9 +306,10 @@ class RoleAccount:
         # too, as is what a live process reaped. Each exited process sits in the total of its nearest
         # ancestor that did not exit (its reaper's, if that one lives), less what it had used before
         # the phase. Inside what the scheduler reaped, only the kernel's records tell the parts apart,
-        # and they count a process that runs in short wake-ups low: the records give the time of each
-        # exited process below the scheduler's children, and what is left of the exact total goes to
-        # those children, by role.
+        # and they hold no exit's own work (its teardown): the records give the time of each exited
+        # process below the scheduler's children, and what is left of the exact total goes to those
+        # children, by role, in proportion to their records; what is left beyond their records is
+        # the exits' work (``exits``).
         reaped = phase.scheduler_after.children - phase.scheduler_before.children
         tops: dict[str, float] = {}
         for index, record in enumerate(exited):
@@ -309,15 +326,27 @@ class RoleAccount:
                     seconds[below(live_roles[reaper])] -= prior.own + prior.children
                 continue
             reaped -= prior.own + prior.children
-            cpu = record.cpu_s - prior.own
+            cpu = record.cpu_s - prior.threads
             if len(line) == 1:  # a child of the scheduler's own
                 tops[role] = tops.get(role, 0.0) + cpu
             else:
                 seconds[role] += cpu
                 reaped -= cpu
+        # Processes of the start that exited before the records did (zombies then): their whole life is in
+        # their reaper's children time, and in no record.
+        recorded = {record.pid for record in exited}
+        for pid, prior in before.items():
+            if pid in after or pid in recorded:
+                continue
+            parent = parents.get(pid)
+            if parent == self.scheduler:
+                reaped -= prior.own + prior.children
+            elif parent is not None and parent in live_roles:
+                seconds[below(live_roles[parent])] -= prior.own + prior.children
         counted = sum(tops.values())
         # What no record holds: each exit's teardown, below the scheduler's children and of their own.
-        self.exits = max(0.0, reaped - counted) if tops else 0.0
+        # Signed: the reaper's times count 10 ms units, so a few exits may come out a little below zero.
+        self.exits = reaped - counted if tops else 0.0
         for role, cpu in tops.items():
             seconds[role] += reaped * cpu / counted if counted > 0 else reaped / len(tops)
         if not tops:

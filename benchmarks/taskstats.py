@@ -1,27 +1,32 @@
-"""Every process that exits on the host, with its exact CPU time: the kernel's taskstats over netlink.
+"""Every process that exits on the host, with its CPU time as the scheduler measured it: taskstats.
 
-The kernel sends a ``taskstats`` record for each thread that exits, and one for its thread group when
-the last of it does, to every netlink socket registered for the CPUs it ran on. With delay accounting on
-(``kernel.task_delayacct``, which this module turns on for its block and restores after), a record
-carries ``cpu_run_virtual_total``: the thread's run time as the scheduler measures it, to the
-nanosecond, which is what ``/proc`` and ``getrusage`` sum for a live process. The process accounting
-file (``acct(2)``) holds, in its place, the user and system time the clock tick sampled (every 4 ms
-here), truncated to 10 ms units: a process that runs 25 ms in short wake-ups comes out at 10 or 20.
+The kernel sends a ``taskstats`` record for each thread as it begins to exit, to every netlink socket
+registered for the CPU it exits on; the record of a process's last thread says so (``AGROUP``). With
+delay accounting on (``kernel.task_delayacct``, which this module turns on for its block and restores
+after), a record carries ``cpu_run_virtual_total``: the thread's run time as the scheduler counts it, in
+nanoseconds, up to its last time slice. The process accounting file (``acct(2)``) holds, in its place,
+the user and system time the clock tick sampled (every 4 ms here), truncated to 10 ms units: a process
+that runs 25 ms in short wake-ups comes out at 10 or 20.
+
+What no record holds is the exit's own work after it: the address space torn down (``exit_mm``), the
+files closed, the parent told; and the last slice. A reaper's ``children`` times hold all of it.
 
 A :class:`Listener` collects the records on a thread of its own, for as long as its block runs; what it
-yields is one :class:`ExitedProcess` per process (its threads summed), in the order the processes
-exited. A socket buffer that overflowed loses records: the listener then says so (:attr:`Listener.lost`)
-rather than give a short account. Root only (``CAP_NET_ADMIN`` registers a listener).
+yields is one :class:`ExitedProcess` per process that exited (its threads summed, a pid reused later
+being another process), in the order they exited. A socket buffer that overflowed, or a record it
+could not read, loses records: the listener then says so (:attr:`Listener.lost`) rather than give a
+short account. Root only (``CAP_NET_ADMIN`` in the host's namespaces registers a listener).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import socket
 import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -40,11 +45,8 @@ _CMD_GET: Final = 1
 _CMD_NEW: Final = 2
 _ATTR_REGISTER_CPUMASK: Final = 3
 _ATTR_DEREGISTER_CPUMASK: Final = 4
-_TYPE_PID: Final = 1
-_TYPE_TGID: Final = 2
 _TYPE_STATS: Final = 3
 _TYPE_AGGR_PID: Final = 4
-_TYPE_AGGR_TGID: Final = 5
 
 _NLMSGHDR: Final = struct.Struct("=IHHII")
 _GENLMSGHDR: Final = struct.Struct("=BBH")
@@ -54,10 +56,14 @@ _NLATTR: Final = struct.Struct("=HH")
 _VERSION: Final = struct.Struct("=H")
 _RUN_VIRTUAL_TOTAL: Final = (72, struct.Struct("=Q"))  # ns: the scheduler's exact run time
 _COMM: Final = (80, struct.Struct("=32s"))
+_PID: Final = (128, struct.Struct("=I"))  # ac_pid: the thread's
 _PPID: Final = (132, struct.Struct("=I"))
 _UTIME_STIME: Final = (152, struct.Struct("=QQ"))  # us, sampled by the tick
-_TGID: Final = (368, struct.Struct("=I"))  # ac_tgid (version 10 on)
-_MIN_VERSION: Final = 10
+_FLAG: Final = (8, struct.Struct("=B"))  # ac_flag
+_AGROUP: Final = 0x20  # the process's last thread (linux/acct.h; from version 12 on)
+_TGID: Final = (368, struct.Struct("=I"))  # ac_tgid (version 12 on)
+_MIN_VERSION: Final = 12
+_MIN_SIZE: Final = _TGID[0] + _TGID[1].size
 _DELAYACCT: Final = Path("/proc/sys/kernel/task_delayacct")
 _RCVBUF: Final = 64 * 1024 * 1024
 
@@ -81,7 +87,7 @@ class _Group:
     cpu_ns: int = 0
     ppid: int = 0
     comm: str = ""
-    last: int = 0  # the index of the last record that touched it: the order of the exits
+    last: int = 0  # the index of its last thread's record
 
 
 def _attrs(data: bytes, offset: int, end: int) -> Iterator[tuple[int, bytes]]:
@@ -113,15 +119,26 @@ def _messages(data: bytes) -> Iterator[tuple[int, bytes]]:
         offset += (length + 3) & ~3
 
 
-def _check_ack(sock: socket.socket, what: str) -> bytes:
-    """The first reply; raises on a netlink error in it."""
-    reply = sock.recv(65536)
-    for kind, payload in _messages(reply):
-        if kind == _NLMSG_ERROR:
-            (error,) = struct.unpack_from("=i", payload)
-            if error:
-                raise TaskstatsUnavailable(f"{what}: {os.strerror(-error)}")
-    return reply
+def _check_ack(sock: socket.socket, what: str, other: Callable[[int, bytes], None] | None = None) -> bytes:
+    """Read up to the kernel's answer to a request; raises on a netlink error in it.
+
+    :param other: given every other message read before it (an exit record that came first)
+    """
+    while True:
+        reply = sock.recv(65536)
+        answered = False
+        for kind, payload in _messages(reply):
+            if kind == _NLMSG_ERROR:
+                (error,) = struct.unpack_from("=i", payload)
+                if error:
+                    raise TaskstatsUnavailable(f"{what}: {os.strerror(-error)}")
+                answered = True
+            elif other is None:
+                answered = True  # a reply that is the answer itself (the family's)
+            else:
+                other(kind, payload)
+        if answered:
+            return reply
 
 
 def _family(sock: socket.socket) -> int:
@@ -146,7 +163,8 @@ def _cpus() -> str:
 class Listener:
     """The exits the kernel reports while the block runs (see the module docstring)."""
 
-    groups: dict[int, _Group] = field(default_factory=dict)
+    _open: dict[int, _Group] = field(default_factory=dict)  # by tgid: processes with threads that exited
+    _closed: list[tuple[int, _Group]] = field(default_factory=list)  # (pid, its threads) in exit order
     lost: str | None = None  # why the records are incomplete, when they are
     exact: bool = True  # run times from the scheduler (delay accounting on), not the tick's samples
     _count: int = 0
@@ -168,7 +186,7 @@ class Listener:
             sock.send(
                 _message(family, _CMD_GET, _attr(_ATTR_REGISTER_CPUMASK, cpus), _NLM_F_REQUEST | _NLM_F_ACK)
             )
-            _check_ack(sock, "cannot register for exits")
+            _check_ack(sock, "cannot register for exits", functools.partial(self._dispatch, family))
             stop = threading.Event()
             reader = threading.Thread(
                 target=self._read, args=(sock, family, stop), name="taskstats", daemon=True
@@ -181,6 +199,8 @@ class Listener:
                 with contextlib.suppress(OSError):
                     sock.send(_message(family, _CMD_GET, _attr(_ATTR_DEREGISTER_CPUMASK, cpus)))
                 reader.join(10.0)
+                if reader.is_alive() and self.lost is None:
+                    self.lost = "the taskstats reader did not stop: its records may be incomplete"
 
     @contextlib.contextmanager
     def _delay_accounting(self) -> Iterator[None]:
@@ -218,45 +238,53 @@ class Listener:
                     return
                 continue
             for kind, payload in _messages(data):
-                if kind == family:
-                    self._take(payload)
+                self._dispatch(family, kind, payload)
+
+    def _dispatch(self, family: int, kind: int, payload: bytes) -> None:
+        if kind != family:
+            return
+        try:
+            self._take(payload)
+        except Exception as exc:  # noqa: BLE001 - a record not read is a record lost, said as such
+            if self.lost is None:
+                self.lost = f"a taskstats record could not be read: {exc!r}"
 
     def _take(self, payload: bytes) -> None:
-        self._count += 1
         for kind, nested in _attrs(payload, _GENLMSGHDR.size, len(payload)):
-            if kind not in (_TYPE_AGGR_PID, _TYPE_AGGR_TGID):
+            if kind != _TYPE_AGGR_PID:  # a thread's record; the group's (AGGR_TGID) adds nothing to them
                 continue
-            ident, stats = 0, b""
+            stats = b""
             for inner, value in _attrs(nested, 0, len(nested)):
-                if inner in (_TYPE_PID, _TYPE_TGID):
-                    (ident,) = struct.unpack_from("=I", value)
-                elif inner == _TYPE_STATS:
+                if inner == _TYPE_STATS:
                     stats = value
-            if not stats or _VERSION.unpack_from(stats)[0] < _MIN_VERSION:
+            if not stats:
                 continue
-            if kind == _TYPE_AGGR_TGID:  # the group is dead: this is its place in the order of exits
-                self.groups.setdefault(ident, _Group()).last = self._count
-                continue
-            tgid = _TGID[1].unpack_from(stats, _TGID[0])[0]
-            group = self.groups.setdefault(tgid, _Group())
-            group.last = self._count
+            (version,) = _VERSION.unpack_from(stats)
+            if version < _MIN_VERSION or len(stats) < _MIN_SIZE:
+                raise ValueError(f"taskstats version {version} ({len(stats)} bytes): 12 or later needed")
+            self._count += 1
+            (tgid,) = _TGID[1].unpack_from(stats, _TGID[0])
+            (pid,) = _PID[1].unpack_from(stats, _PID[0])
+            group = self._open.setdefault(tgid, _Group())
             if self.exact:
                 group.cpu_ns += _RUN_VIRTUAL_TOTAL[1].unpack_from(stats, _RUN_VIRTUAL_TOTAL[0])[0]
             else:
                 utime, stime = _UTIME_STIME[1].unpack_from(stats, _UTIME_STIME[0])
                 group.cpu_ns += 1000 * (utime + stime)
-            if ident == tgid:  # the leader: the process's parent and name
+            if pid == tgid:  # the leader: the process's parent and name
                 (group.ppid,) = _PPID[1].unpack_from(stats, _PPID[0])
                 group.comm = (
                     _COMM[1].unpack_from(stats, _COMM[0])[0].split(b"\0", 1)[0].decode(errors="replace")
                 )
+            if _FLAG[1].unpack_from(stats, _FLAG[0])[0] & _AGROUP:  # its last thread: the process is gone
+                group.last = self._count
+                self._closed.append((tgid, self._open.pop(tgid)))
 
     def exited(self) -> list[ExitedProcess]:
-        """One record per process that exited, in exit order (a process whose leader's record was lost
-        has no parent and is left out)."""
-        ordered = sorted(self.groups.items(), key=lambda item: item[1].last)
+        """One record per process that exited, in exit order (a process whose leader's record was not
+        had has no parent, and is left out; one still running holds no record)."""
         return [
             ExitedProcess(pid, group.ppid, group.cpu_ns / 1e9, group.comm)
-            for pid, group in ordered
+            for pid, group in self._closed
             if group.ppid
         ]
