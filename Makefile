@@ -133,8 +133,8 @@ test-core: install
 	$(BIN)/python -m pytest tests/core tests/ops $(PYTEST_ARGS)
 
 # Every test that starts no Airflow deployment (not marked e2e), on Airflow 3.3: tests/core, tests/ops,
-# tests/adapter, tests/packaging, tests/bench/test_cases.py and test_roles.py (as root it turns the host's
-# process accounting on for a second, as the benchmarks do), and the chaos checker's. Real child
+# tests/adapter, tests/packaging, tests/bench/test_cases.py and test_roles.py (as root it listens to the
+# kernel's exit records for a second, as the benchmarks do), and the chaos checker's. Real child
 # processes, fork servers and `airflow` CLI commands, but no api-server, scheduler or dag-processor.
 # Much of it waits on children, so UNIT_JOBS pytest-xdist workers share the 2 cores.
 UNIT_JOBS ?= 4

@@ -9,20 +9,20 @@ account reads, over the measured phase:
   (``/proc``), less what they had at its start; the scheduler's threads one by one
   (``/proc/<pid>/task``);
 - for the children the scheduler reaped, the exact total of each subtree from the scheduler's own
-  ``children`` times, split between the roles by the kernel's taskstats records
-  (:mod:`benchmarks.taskstats`: one record per exited process, with its pid, its parent's pid and its
-  run time as the scheduler measured it, to the nanosecond). A record is written as the process begins
-  to exit, before its address space is torn down: the records give the time of the processes below the
-  scheduler's children (task processes, under this executor), and what is left of the exact total goes
-  to those children. That rest holds every exit's teardown in the subtree, the task process's too, so a
-  workload process's figure under this executor is an upper bound, by :data:`EXITS`' figure at most
-  (its own teardown is in both); under the stock executor both are exact (its long-lived workers reap
-  their task processes, and never exit in between).
+  ``children`` times, split between the roles by the kernel's exit records
+  (:mod:`benchmarks.taskstats`: one per exited process, with its pid, its parent's pid and its threads'
+  run time as the scheduler counted it). A record is written as the process begins to exit, before its
+  address space is torn down: the records give the time of the processes below the scheduler's
+  children (task processes, under this executor), and what is left of the exact total goes to those
+  children. That rest holds every exit's own work in the subtree, the task process's too (reported
+  apart as :data:`EXITS`): under this executor the workload process's figure counts its task
+  process's exit, and the task process's figure lacks it. Under the stock executor both are exact (its
+  long-lived workers reap their task processes, and never exit in between).
 
-The records need root (``CAP_NET_ADMIN``) and delay accounting, a switch of the whole host, so one run
-at a time holds them (a lock file). A run that cannot have it reports no role figures, and says why in its notes. Nothing
-samples the processes in between (on a burst's hundreds of processes that would take a share of the
-cores the run is measured on): the records carry each exited process's parent, in exit order.
+The records need root (``CAP_NET_ADMIN`` in the host's namespaces); runs side by side each have them.
+A run that cannot have them reports no role figures, and says why in its notes. Nothing samples the
+processes in between (on a burst's hundreds of processes that would take a share of the cores the run
+is measured on): the records carry each exited process's parent, in exit order.
 
 A process's role is where it hangs below the scheduler: a fork-server helper (the pids its log names
 as ready) and whatever it forks for itself; a workload (any other child of the scheduler that is not
@@ -38,10 +38,8 @@ from __future__ import annotations
 import bisect
 import collections
 import contextlib
-import fcntl
 import os
 import re
-import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,7 +85,6 @@ def metric(role: str) -> str:
     return f"cpu_per_task_{role}_s"
 
 
-_LOCK: Final = Path(tempfile.gettempdir()) / "ale-bench-taskstats.lock"
 _READY: Final = re.compile(r"fork server ready \(pid (\d+)")
 # The title a workload process takes: this executor's (adapter/startup.py) and stock's worker.
 WORKLOAD_TITLE: Final = "airflow worker --"
@@ -108,22 +105,14 @@ class AccountingUnavailable(Exception):
 
 @contextlib.contextmanager
 def _records() -> Iterator[taskstats.Listener]:
-    """The kernel's exit records for the block, held by this run alone."""
+    """The kernel's exit records for the block."""
     if os.geteuid() != 0:
         raise AccountingUnavailable("the kernel's exit records (taskstats) need root")
-    lock = os.open(_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise AccountingUnavailable("another run holds the kernel's exit records") from None
-        try:
-            with taskstats.Listener().listening() as listener:
-                yield listener
-        except taskstats.TaskstatsUnavailable as exc:
-            raise AccountingUnavailable(str(exc)) from None
-    finally:
-        os.close(lock)
+        with taskstats.Listener().listening() as listener:
+            yield listener
+    except taskstats.TaskstatsUnavailable as exc:
+        raise AccountingUnavailable(str(exc)) from None
 
 
 @dataclass
@@ -226,9 +215,6 @@ class RoleAccount:
         # Read once the listener stopped: it has every record the kernel sent by then.
         if listener.lost is not None:
             self.unavailable = listener.lost
-            return
-        if not listener.exact:
-            self.unavailable = "delay accounting could not be turned on: the records hold tick samples only"
             return
         if not threads_after or scheduler_after is None or scheduler_before is None:
             self.unavailable = "the scheduler was gone by the end of the phase"

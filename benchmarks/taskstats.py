@@ -1,10 +1,10 @@
 """Every process that exits on the host, with its CPU time as the scheduler measured it: taskstats.
 
 The kernel sends a ``taskstats`` record for each thread as it begins to exit, to every netlink socket
-registered for the CPU it exits on; the record of a process's last thread says so (``AGROUP``). With
-delay accounting on (``kernel.task_delayacct``, which this module turns on for its block and restores
-after), a record carries ``cpu_run_virtual_total``: the thread's run time as the scheduler counts it, in
-nanoseconds, up to its last time slice. The process accounting file (``acct(2)``) holds, in its place,
+registered for the CPU it exits on; the record of a process's last thread says so (``AGROUP``). A
+record carries ``cpu_run_virtual_total``: the thread's run time as the scheduler counts it, in
+nanoseconds, up to its last time slice (filled whether or not ``kernel.task_delayacct`` is on: nothing
+here changes a setting of the host, and any number of listeners may run at once). The process accounting file (``acct(2)``) holds, in its place,
 the user and system time the clock tick sampled (every 4 ms here), truncated to 10 ms units: a process
 that runs 25 ms in short wake-ups comes out at 10 or 20.
 
@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+FAMILY = b"TASKSTATS"  # the generic netlink family's name (linux/taskstats.h)
 _NETLINK_GENERIC: Final = 16
 _GENL_ID_CTRL: Final = 0x10
 _CTRL_CMD_GETFAMILY: Final = 3
@@ -58,13 +59,11 @@ _RUN_VIRTUAL_TOTAL: Final = (72, struct.Struct("=Q"))  # ns: the scheduler's exa
 _COMM: Final = (80, struct.Struct("=32s"))
 _PID: Final = (128, struct.Struct("=I"))  # ac_pid: the thread's
 _PPID: Final = (132, struct.Struct("=I"))
-_UTIME_STIME: Final = (152, struct.Struct("=QQ"))  # us, sampled by the tick
 _FLAG: Final = (8, struct.Struct("=B"))  # ac_flag
 _AGROUP: Final = 0x20  # the process's last thread (linux/acct.h; from version 12 on)
 _TGID: Final = (368, struct.Struct("=I"))  # ac_tgid (version 12 on)
 _MIN_VERSION: Final = 12
 _MIN_SIZE: Final = _TGID[0] + _TGID[1].size
-_DELAYACCT: Final = Path("/proc/sys/kernel/task_delayacct")
 _RCVBUF: Final = 64 * 1024 * 1024
 
 
@@ -142,7 +141,7 @@ def _check_ack(sock: socket.socket, what: str, other: Callable[[int, bytes], Non
 
 
 def _family(sock: socket.socket) -> int:
-    sock.send(_message(_GENL_ID_CTRL, _CTRL_CMD_GETFAMILY, _attr(_CTRL_ATTR_FAMILY_NAME, b"TASKSTATS\0")))
+    sock.send(_message(_GENL_ID_CTRL, _CTRL_CMD_GETFAMILY, _attr(_CTRL_ATTR_FAMILY_NAME, FAMILY + b"\0")))
     reply = _check_ack(sock, "no taskstats family (CONFIG_TASKSTATS)")
     for kind, payload in _messages(reply):
         if kind == _GENL_ID_CTRL:
@@ -166,7 +165,6 @@ class Listener:
     _open: dict[int, _Group] = field(default_factory=dict)  # by tgid: processes with threads that exited
     _closed: list[tuple[int, _Group]] = field(default_factory=list)  # (pid, its threads) in exit order
     lost: str | None = None  # why the records are incomplete, when they are
-    exact: bool = True  # run times from the scheduler (delay accounting on), not the tick's samples
     _count: int = 0
 
     @contextlib.contextmanager
@@ -177,7 +175,7 @@ class Listener:
             sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, _NETLINK_GENERIC)
         except OSError as exc:
             raise TaskstatsUnavailable(f"no generic netlink socket: {exc}") from None
-        with sock, self._delay_accounting():
+        with sock:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, 33, _RCVBUF)  # SO_RCVBUFFORCE: past rmem_max, as root
             sock.bind((0, 0))
@@ -201,26 +199,6 @@ class Listener:
                 reader.join(10.0)
                 if reader.is_alive() and self.lost is None:
                     self.lost = "the taskstats reader did not stop: its records may be incomplete"
-
-    @contextlib.contextmanager
-    def _delay_accounting(self) -> Iterator[None]:
-        try:
-            was = _DELAYACCT.read_text().strip()
-        except OSError:
-            self.exact = False  # a kernel without the switch: the tick's samples, in microseconds
-            yield
-            return
-        if was != "1":
-            try:
-                _DELAYACCT.write_text("1")
-            except OSError:
-                self.exact = False
-        try:
-            yield
-        finally:
-            if was != "1":
-                with contextlib.suppress(OSError):
-                    _DELAYACCT.write_text(was)
 
     def _read(self, sock: socket.socket, family: int, stop: threading.Event) -> None:
         sock.settimeout(0.2)
@@ -266,11 +244,7 @@ class Listener:
             (tgid,) = _TGID[1].unpack_from(stats, _TGID[0])
             (pid,) = _PID[1].unpack_from(stats, _PID[0])
             group = self._open.setdefault(tgid, _Group())
-            if self.exact:
-                group.cpu_ns += _RUN_VIRTUAL_TOTAL[1].unpack_from(stats, _RUN_VIRTUAL_TOTAL[0])[0]
-            else:
-                utime, stime = _UTIME_STIME[1].unpack_from(stats, _UTIME_STIME[0])
-                group.cpu_ns += 1000 * (utime + stime)
+            group.cpu_ns += _RUN_VIRTUAL_TOTAL[1].unpack_from(stats, _RUN_VIRTUAL_TOTAL[0])[0]
             if pid == tgid:  # the leader: the process's parent and name
                 (group.ppid,) = _PPID[1].unpack_from(stats, _PPID[0])
                 group.comm = (

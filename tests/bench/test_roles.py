@@ -8,7 +8,6 @@ role.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import struct
 import subprocess
@@ -101,22 +100,17 @@ def test_each_process_s_cpu_goes_to_its_role(tmp_path: Path) -> None:
     assert per_task[roles.EXITS] == account.exits / 2
 
 
+@needs_root
 def test_a_run_that_cannot_have_the_records_says_so_and_reports_no_figure(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Another run holds them (a lock of this test's own: the host's may be held by a real run).
-    monkeypatch.setattr(roles, "_LOCK", tmp_path / "records.lock")
-    held = os.open(roles._LOCK, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(held, fcntl.LOCK_EX)
-        account = roles.RoleAccount(os.getpid(), {}, tmp_path / "scheduler.log")
-        with account.measuring():
-            pass
-    finally:
-        os.close(held)
-    expected = "another run holds the kernel's exit records" if os.geteuid() == 0 else "need root"
+    # The kernel answers a family it does not have with ENOENT: as on one built without taskstats.
+    monkeypatch.setattr(taskstats, "FAMILY", b"NO_SUCH_FAMILY")
+    account = roles.RoleAccount(os.getpid(), {}, tmp_path / "scheduler.log")
+    with account.measuring():
+        pass
     assert account.unavailable is not None
-    assert account.unavailable.endswith(expected)
+    assert account.unavailable.startswith("no taskstats family"), account.unavailable
     assert set(account.per_task(10).values()) == {None}
 
 
@@ -156,7 +150,6 @@ def test_the_kernel_s_records_carry_each_process_s_exact_cpu_time_and_parent() -
     except taskstats.TaskstatsUnavailable as exc:
         pytest.skip(str(exc))  # root in a namespace of its own (a container) has no taskstats
     assert listener.lost is None
-    assert listener.exact
     records = {record.pid: record for record in listener.exited()}
     for pid, cpu in used.items():
         record = records[pid]

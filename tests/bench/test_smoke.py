@@ -238,10 +238,11 @@ def test_the_ordinary_and_burst_cases_account_their_tasks_cpu_by_role(smoke: Smo
     ]
     accounted = [r for r in records if r["metrics"][roles.metric("task_process")] is not None]
     why = [note for r in records if r not in accounted for note in r["notes"] if "no CPU account" in note]
-    # The host's delay accounting is one switch: a run beside another that holds the records goes
-    # without, and says so (as does one whose scheduler died).
-    assert accounted
+    # Runs side by side each have the kernel's records: only one whose scheduler was gone by the end
+    # goes without, and says so.
     assert len(why) == len(records) - len(accounted), why
+    assert all("the scheduler was gone" in note for note in why), why
+    assert {("ordinary", "stock"), ("ordinary", "ours")} <= {(r["scenario"], r["variant"]) for r in accounted}
     for record in accounted:
         per_task = {role: record["metrics"][roles.metric(role)] for role in roles.ROLES}
         for role in ("scheduler_thread", "api_server", "task_process", "workload"):
