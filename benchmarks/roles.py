@@ -216,6 +216,9 @@ class RoleAccount:
         if listener.lost is not None:
             self.unavailable = listener.lost
             return
+        if listener.timeless:
+            self.unavailable = "the kernel's exit records carry no run time (CONFIG_TASK_DELAY_ACCT off)"
+            return
         if not threads_after or scheduler_after is None or scheduler_before is None:
             self.unavailable = "the scheduler was gone by the end of the phase"
             return

@@ -64,6 +64,7 @@ _AGROUP: Final = 0x20  # the process's last thread (linux/acct.h; from version 1
 _TGID: Final = (368, struct.Struct("=I"))  # ac_tgid (version 12 on)
 _MIN_VERSION: Final = 12
 _MIN_SIZE: Final = _TGID[0] + _TGID[1].size
+_STRAGGLERS: Final = 256  # records after a process's end within which a thread's late one is still its
 _RCVBUF: Final = 64 * 1024 * 1024
 
 
@@ -124,7 +125,10 @@ def _check_ack(sock: socket.socket, what: str, other: Callable[[int, bytes], Non
     :param other: given every other message read before it (an exit record that came first)
     """
     while True:
-        reply = sock.recv(65536)
+        try:
+            reply = sock.recv(65536)
+        except OSError as exc:  # ENOBUFS among them: records were dropped before the answer came
+            raise TaskstatsUnavailable(f"{what}: {exc}") from None
         answered = False
         for kind, payload in _messages(reply):
             if kind == _NLMSG_ERROR:
@@ -164,6 +168,7 @@ class Listener:
 
     _open: dict[int, _Group] = field(default_factory=dict)  # by tgid: processes with threads that exited
     _closed: list[tuple[int, _Group]] = field(default_factory=list)  # (pid, its threads) in exit order
+    _last_closed: dict[int, _Group] = field(default_factory=dict)  # by pid: the last process that ended
     lost: str | None = None  # why the records are incomplete, when they are
     _count: int = 0
 
@@ -243,16 +248,31 @@ class Listener:
             self._count += 1
             (tgid,) = _TGID[1].unpack_from(stats, _TGID[0])
             (pid,) = _PID[1].unpack_from(stats, _PID[0])
-            group = self._open.setdefault(tgid, _Group())
+            group = self._open.get(tgid)
+            if group is None:
+                late = self._last_closed.get(tgid)
+                # A thread's record can come after the one its process ended with: it left the group
+                # first but was slower to send. Not the leader, soon after that end: it is that process's.
+                if pid != tgid and late is not None and self._count - late.last <= _STRAGGLERS:
+                    group = late
+                else:
+                    group = self._open[tgid] = _Group()
             group.cpu_ns += _RUN_VIRTUAL_TOTAL[1].unpack_from(stats, _RUN_VIRTUAL_TOTAL[0])[0]
             if pid == tgid:  # the leader: the process's parent and name
                 (group.ppid,) = _PPID[1].unpack_from(stats, _PPID[0])
                 group.comm = (
                     _COMM[1].unpack_from(stats, _COMM[0])[0].split(b"\0", 1)[0].decode(errors="replace")
                 )
-            if _FLAG[1].unpack_from(stats, _FLAG[0])[0] & _AGROUP:  # its last thread: the process is gone
-                group.last = self._count
+            if _FLAG[1].unpack_from(stats, _FLAG[0])[0] & _AGROUP and self._open.get(tgid) is group:
+                group.last = self._count  # its last thread: the process is gone
                 self._closed.append((tgid, self._open.pop(tgid)))
+                self._last_closed[tgid] = group
+
+    @property
+    def timeless(self) -> bool:
+        """Whether records came but none carried a run time (a kernel built without delay accounting
+        fills none): an account from them would put every exited process's time elsewhere."""
+        return bool(self._closed) and not any(group.cpu_ns for _, group in self._closed)
 
     def exited(self) -> list[ExitedProcess]:
         """One record per process that exited, in exit order (a process whose leader's record was not

@@ -326,6 +326,27 @@ def test_a_pid_used_twice_is_two_processes_and_a_process_s_threads_are_one() -> 
     ]
 
 
+def test_a_thread_s_record_that_comes_after_its_process_ended_is_that_process_s() -> None:
+    listener = taskstats.Listener()
+    for payload in (
+        _record(500, 500, 1, 20_000_000, last=True),  # the leader sends the process's last record
+        _record(500, 502, 1, 1_000_000, last=False),  # a thread that had left first sends its own late
+        _record(700, 700, 1, 3_000_000, last=True),
+    ):
+        listener._dispatch(30, 30, payload)
+    assert listener.exited() == [
+        taskstats.ExitedProcess(500, 1, 0.021, "python3"),
+        taskstats.ExitedProcess(700, 1, 0.003, "python3"),
+    ]
+    assert not listener.timeless
+
+
+def test_records_without_a_run_time_are_no_account() -> None:
+    listener = taskstats.Listener()
+    listener._dispatch(30, 30, _record(500, 500, 1, 0, last=True))
+    assert listener.timeless
+
+
 def test_a_record_it_cannot_read_makes_the_records_lost() -> None:
     listener = taskstats.Listener()
     listener._dispatch(30, 30, _record(500, 500, 1, 1, last=True, version=9))  # no thread group id yet
