@@ -265,6 +265,22 @@ def _with_roles(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records if r["metrics"].get(first) is not None]
 
 
+def _bar_heights(
+    runs: Sequence[dict[str, Any]], group: tuple[str, str, str], variants: Sequence[str], metric: str
+) -> list[float]:
+    """Each variant's median of ``metric`` in ``group`` (scenario, case, database); a signed figure
+    (unattributed, the exits' work) below zero has no bar to stack."""
+    heights = []
+    for v in variants:
+        vals = [
+            float(r["metrics"].get(metric) or 0.0)
+            for r in runs
+            if (r["scenario"], r["case"], r["database"], r["variant"]) == (*group, v)
+        ]
+        heights.append(max(0.0, median(vals) or 0.0))
+    return heights
+
+
 def _roles_chart(records: Sequence[dict[str, Any]], variants: Sequence[str], path: Path) -> Path:
     """A panel per case and database, a stacked bar per variant: each role's CPU per task (medians)."""
     import matplotlib.pyplot as plt
@@ -278,35 +294,13 @@ def _roles_chart(records: Sequence[dict[str, Any]], variants: Sequence[str], pat
         # or another run held the accounting) is labelled so.
         shown = list(variants)
         bottoms = [0.0] * len(shown)
+
         for k, role in enumerate(roles.ROLES):
-            heights = []
-            for v in shown:
-                vals = [
-                    float(r["metrics"][roles.metric(role)])
-                    for r in runs
-                    if (r["scenario"], r["case"], r["database"], r["variant"])
-                    == (scenario, case, database, v)
-                ]
-                # A signed remainder (unattributed) below zero has no bar to stack.
-                heights.append(max(0.0, median(vals) or 0.0))
+            heights = _bar_heights(runs, (scenario, case, database), shown, roles.metric(role))
             ax.bar(shown, heights, 0.6, bottom=bottoms, color=palette(k), label=roles.LABELS[role])
             if role == "workload":
                 # The exits' work no record holds sits in the workload's figure: hatched at its top.
-                exits = [
-                    max(
-                        0.0,
-                        median(
-                            [
-                                float(r["metrics"].get(roles.EXITS) or 0.0)
-                                for r in runs
-                                if (r["scenario"], r["case"], r["database"], r["variant"])
-                                == (scenario, case, database, v)
-                            ]
-                        )
-                        or 0.0,
-                    )
-                    for v in shown
-                ]
+                exits = _bar_heights(runs, (scenario, case, database), shown, roles.EXITS)
                 tops = [b + h for b, h in zip(bottoms, heights, strict=True)]
                 ax.bar(
                     shown,

@@ -50,6 +50,7 @@ import psutil
 from async_local_executor.core.runtime import THREAD_NAME as LOOP_THREAD
 from benchmarks import taskstats
 from benchmarks.probes import thread_cpu_seconds, tree, tree_cpu_seconds
+from benchmarks.scheduler_profile import thread_times
 
 # The roles, in the order the charts stack them: Airflow's processes first, then the executor's own.
 ROLES: Final[tuple[str, ...]] = (
@@ -132,17 +133,8 @@ class _Times:
 
 def _times(proc: psutil.Process) -> _Times:
     t = proc.cpu_times()
-    return _Times(float(t.user + t.system), float(t.children_user + t.children_system), _threads(proc.pid))
-
-
-def _threads(pid: int) -> float:
-    """The run time of ``pid``'s live threads, in seconds (``/proc/<pid>/task/<tid>/schedstat``)."""
-    total = 0
-    with contextlib.suppress(OSError):
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
-    return total / 1e9
+    threads = sum(thread.cpu_s for thread in thread_times(proc.pid).values())
+    return _Times(float(t.user + t.system), float(t.children_user + t.children_system), threads)
 
 
 def _scheduler_times(pid: int) -> _Times | None:

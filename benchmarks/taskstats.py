@@ -4,9 +4,10 @@ The kernel sends a ``taskstats`` record for each thread as it begins to exit, to
 registered for the CPU it exits on; the record of a process's last thread says so (``AGROUP``). A
 record carries ``cpu_run_virtual_total``: the thread's run time as the scheduler counts it, in
 nanoseconds, up to its last time slice (filled whether or not ``kernel.task_delayacct`` is on: nothing
-here changes a setting of the host, and any number of listeners may run at once). The process accounting file (``acct(2)``) holds, in its place,
-the user and system time the clock tick sampled (every 4 ms here), truncated to 10 ms units: a process
-that runs 25 ms in short wake-ups comes out at 10 or 20.
+here changes a setting of the host, and any number of listeners may run at once). The process
+accounting file (``acct(2)``) holds, in its place, the user and system time the clock tick sampled
+(every 4 ms here), truncated to 10 ms units: a process that runs 25 ms in short wake-ups comes out at
+10 or 20.
 
 What no record holds is the exit's own work after it: the address space torn down (``exit_mm``), the
 files closed, the parent told; and the last slice. A reaper's ``children`` times hold all of it.
@@ -29,7 +30,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 FAMILY = b"TASKSTATS"  # the generic netlink family's name (linux/taskstats.h)
 _NETLINK_GENERIC: Final = 16
@@ -43,7 +44,6 @@ _NLMSG_ERROR: Final = 2
 _NLA_TYPE_MASK: Final = 0x3FFF  # without NLA_F_NESTED and NLA_F_NET_BYTEORDER
 
 _CMD_GET: Final = 1
-_CMD_NEW: Final = 2
 _ATTR_REGISTER_CPUMASK: Final = 3
 _ATTR_DEREGISTER_CPUMASK: Final = 4
 _TYPE_STATS: Final = 3
@@ -54,16 +54,16 @@ _GENLMSGHDR: Final = struct.Struct("=BBH")
 _NLATTR: Final = struct.Struct("=HH")
 # struct taskstats (linux/taskstats.h): the fields read here, at their offsets; later versions only
 # append fields. ac_uid is aligned to 8, so 4 bytes of padding sit before it.
-_VERSION: Final = struct.Struct("=H")
-_RUN_VIRTUAL_TOTAL: Final = (72, struct.Struct("=Q"))  # ns: the scheduler's exact run time
-_COMM: Final = (80, struct.Struct("=32s"))
-_PID: Final = (128, struct.Struct("=I"))  # ac_pid: the thread's
-_PPID: Final = (132, struct.Struct("=I"))
-_FLAG: Final = (8, struct.Struct("=B"))  # ac_flag
-_AGROUP: Final = 0x20  # the process's last thread (linux/acct.h; from version 12 on)
-_TGID: Final = (368, struct.Struct("=I"))  # ac_tgid (version 12 on)
+_VERSION: Final = (0, "=H")
+_FLAG: Final = (8, "=B")  # ac_flag
+_RUN_VIRTUAL_TOTAL: Final = (72, "=Q")  # ns: the scheduler's exact run time
+_COMM: Final = (80, "=32s")
+_PID: Final = (128, "=I")  # ac_pid: the thread's
+_PPID: Final = (132, "=I")
+_TGID: Final = (368, "=I")  # ac_tgid (version 12 on)
+_AGROUP: Final = 0x20  # ac_flag of the process's last thread (linux/acct.h; from version 12 on)
 _MIN_VERSION: Final = 12
-_MIN_SIZE: Final = _TGID[0] + _TGID[1].size
+_MIN_SIZE: Final = _TGID[0] + struct.calcsize(_TGID[1])
 _STRAGGLERS: Final = 256  # records after a process's end within which a thread's late one is still its
 _RCVBUF: Final = 64 * 1024 * 1024
 
@@ -88,6 +88,12 @@ class _Group:
     ppid: int = 0
     comm: str = ""
     last: int = 0  # the index of its last thread's record
+
+
+def _field(stats: bytes, where: tuple[int, str]) -> Any:
+    """One field of a ``struct taskstats``, by its offset and format."""
+    offset, fmt = where
+    return struct.unpack_from(fmt, stats, offset)[0]
 
 
 def _attrs(data: bytes, offset: int, end: int) -> Iterator[tuple[int, bytes]]:
@@ -242,12 +248,12 @@ class Listener:
                     stats = value
             if not stats:
                 continue
-            (version,) = _VERSION.unpack_from(stats)
+            version = _field(stats, _VERSION)
             if version < _MIN_VERSION or len(stats) < _MIN_SIZE:
                 raise ValueError(f"taskstats version {version} ({len(stats)} bytes): 12 or later needed")
             self._count += 1
-            (tgid,) = _TGID[1].unpack_from(stats, _TGID[0])
-            (pid,) = _PID[1].unpack_from(stats, _PID[0])
+            tgid = _field(stats, _TGID)
+            pid = _field(stats, _PID)
             group = self._open.get(tgid)
             if group is None:
                 late = self._last_closed.get(tgid)
@@ -257,13 +263,11 @@ class Listener:
                     group = late
                 else:
                     group = self._open[tgid] = _Group()
-            group.cpu_ns += _RUN_VIRTUAL_TOTAL[1].unpack_from(stats, _RUN_VIRTUAL_TOTAL[0])[0]
+            group.cpu_ns += _field(stats, _RUN_VIRTUAL_TOTAL)
             if pid == tgid:  # the leader: the process's parent and name
-                (group.ppid,) = _PPID[1].unpack_from(stats, _PPID[0])
-                group.comm = (
-                    _COMM[1].unpack_from(stats, _COMM[0])[0].split(b"\0", 1)[0].decode(errors="replace")
-                )
-            if _FLAG[1].unpack_from(stats, _FLAG[0])[0] & _AGROUP and self._open.get(tgid) is group:
+                group.ppid = _field(stats, _PPID)
+                group.comm = _field(stats, _COMM).split(b"\0", 1)[0].decode(errors="replace")
+            if _field(stats, _FLAG) & _AGROUP and self._open.get(tgid) is group:
                 group.last = self._count  # its last thread: the process is gone
                 self._closed.append((tgid, self._open.pop(tgid)))
                 self._last_closed[tgid] = group
