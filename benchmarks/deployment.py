@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Final
 
 from benchmarks import timed_executor
-from benchmarks.probes import HeartbeatLog, own_cpu_seconds, tree_cpu_seconds
+from benchmarks.probes import HeartbeatLog, HeartbeatRecord, LoopProbe, own_cpu_seconds, tree_cpu_seconds
 from benchmarks.roles import RoleAccount
 from harness.airflow2 import Airflow2Sandbox
 from harness.sandbox import AirflowSandbox, installed_airflow_major
@@ -106,6 +106,10 @@ class Deployment:
 
     def query(self, sql: str) -> list[tuple[object, ...]]:
         return self.sandbox.query(sql)
+
+    def loop_probe(self) -> LoopProbe:
+        """The scheduler job's heartbeats: sampled, and every one recorded by the database."""
+        return LoopProbe(self.query, HeartbeatRecord(self.sandbox.engine))
 
     def wait_executor_ready(self, timeout: float) -> None:
         """Wait for what an executor prepares at start; a kept-warm fork server imports for seconds.

@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import psutil
+import sqlalchemy as sa
 
 MB = 1024.0 * 1024.0
 # Under this much available memory a run is aborted rather than risk the machine's OOM killer.
@@ -163,13 +164,67 @@ class LoopSample:
     running: int
 
 
+# Every heartbeat the scheduler job writes, as the database takes it: a trigger on Airflow's job table
+# copies each new latest_heartbeat into a table of the benchmark's own (in the run's throwaway database).
+_RECORD_DDL: dict[str, tuple[str, ...]] = {
+    "postgresql": (
+        "CREATE TABLE IF NOT EXISTS bench_scheduler_heartbeats (at TIMESTAMP WITH TIME ZONE NOT NULL)",
+        """CREATE OR REPLACE FUNCTION bench_scheduler_heartbeats_copy() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+          IF NEW.job_type = 'SchedulerJob' AND NEW.latest_heartbeat IS NOT NULL THEN
+            INSERT INTO bench_scheduler_heartbeats (at) VALUES (NEW.latest_heartbeat);
+          END IF;
+          RETURN NULL;
+        END $$""",
+        "DROP TRIGGER IF EXISTS bench_scheduler_heartbeats ON job",
+        """CREATE TRIGGER bench_scheduler_heartbeats AFTER INSERT OR UPDATE OF latest_heartbeat ON job
+        FOR EACH ROW EXECUTE FUNCTION bench_scheduler_heartbeats_copy()""",
+    ),
+    "sqlite": (
+        "CREATE TABLE IF NOT EXISTS bench_scheduler_heartbeats (at TEXT NOT NULL)",
+        """CREATE TRIGGER IF NOT EXISTS bench_scheduler_heartbeats_inserted AFTER INSERT ON job FOR EACH ROW
+        WHEN NEW.job_type = 'SchedulerJob' AND NEW.latest_heartbeat IS NOT NULL
+        BEGIN INSERT INTO bench_scheduler_heartbeats (at) VALUES (NEW.latest_heartbeat); END""",
+        """CREATE TRIGGER IF NOT EXISTS bench_scheduler_heartbeats_updated AFTER UPDATE OF latest_heartbeat
+        ON job FOR EACH ROW WHEN NEW.job_type = 'SchedulerJob' AND NEW.latest_heartbeat IS NOT NULL
+        BEGIN INSERT INTO bench_scheduler_heartbeats (at) VALUES (NEW.latest_heartbeat); END""",
+    ),
+}
+
+
+@dataclass
+class HeartbeatRecord:
+    """Every scheduler job heartbeat from the moment it is installed, recorded by the database itself.
+
+    Sampling ``latest_heartbeat`` sees only the beats still there at each sample: a sampler kept off the
+    CPU (a burst's crowd of starts is when that happens) misses the ones in between, and their gaps read
+    as one longer gap. A trigger sees every beat, whoever is starved.
+    """
+
+    engine: sa.Engine
+
+    def install(self) -> None:
+        with self.engine.begin() as conn:
+            for statement in _RECORD_DDL[self.engine.dialect.name]:
+                conn.execute(sa.text(statement))
+
+    def beats(self) -> list[float]:
+        """Unix times of the beats recorded so far."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.text("SELECT at FROM bench_scheduler_heartbeats")).all()
+        return sorted(when.timestamp() for (at,) in rows if (when := as_utc(at)) is not None)
+
+
 @dataclass
 class LoopProbe:
     """Polls the scheduler job's ``latest_heartbeat`` and the running task count from the database."""
 
     query: Callable[[str], list[tuple[object, ...]]]
+    record: HeartbeatRecord | None = None
+    """Where the database records every beat (:meth:`gaps` then misses none); else the samples alone."""
     interval: float = 0.5
     samples: list[LoopSample] = field(default_factory=list)
+    recorded: list[float] = field(default_factory=list)
     ended_at: float = 0.0
 
     def _sample(self, t: float) -> None:
@@ -184,6 +239,8 @@ class LoopProbe:
 
     @contextlib.contextmanager
     def sampling(self) -> Iterator[LoopProbe]:
+        if self.record is not None:
+            self.record.install()
         periodic = Periodic("bench-loop", self.interval, self._sample)
         periodic.start()
         self.ended_at = 0.0
@@ -192,10 +249,19 @@ class LoopProbe:
         finally:
             periodic.stop()
             self.ended_at = time.time()
+            if self.record is not None:
+                # Read while the database is still there (a deployment drops its own when it ends).
+                self.recorded = self.record.beats()
 
-    def gaps(self) -> list[float]:
-        """Gaps between distinct heartbeats, plus the open gap up to the end of polling."""
-        beats = sorted({s.latest_heartbeat for s in self.samples if s.latest_heartbeat is not None})
+    def gaps(self, *, sampled_only: bool = False) -> list[float]:
+        """Gaps between distinct heartbeats, plus the open gap up to the end of polling.
+
+        :param sampled_only: from the samples alone, as a probe without a record sees them
+        """
+        beats = sorted(
+            {s.latest_heartbeat for s in self.samples if s.latest_heartbeat is not None}
+            | (set() if sampled_only else set(self.recorded))
+        )
         gaps = [b - a for a, b in itertools.pairwise(beats)]
         if beats and self.ended_at:
             gaps.append(max(0.0, self.ended_at - beats[-1]))

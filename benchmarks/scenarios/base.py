@@ -104,6 +104,7 @@ def loop_figures(heartbeats: HeartbeatLog, loop: LoopProbe) -> Figures:
         "executor_heartbeat_p99_ms": percentile(ms, 99),
         "executor_heartbeat_max_s": heartbeats.longest,
         "job_heartbeat_max_gap_s": max_or_none(loop.gaps()),
+        "job_heartbeat_max_gap_sampled_s": max_or_none(loop.gaps(sampled_only=True)),
     }
 
 
@@ -242,7 +243,7 @@ def trigger_and_wait(dep: Deployment, dag_id: str, timeout: float, *, roles: boo
     :param roles: also account each task's CPU by role (:mod:`benchmarks.roles`) over the run
     """
     sb = dep.sandbox
-    loop = LoopProbe(dep.query)
+    loop = dep.loop_probe()
     account = dep.role_account() if roles else None
     cpu_before = dep.cpu()
     with loop.sampling(), account.measuring() if account else contextlib.nullcontext():

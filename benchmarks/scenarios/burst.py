@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from async_local_executor.core.runtime import THREAD_NAME as LOOP_THREAD
 from benchmarks import scheduler_profile
 from benchmarks.deployment import deployment
-from benchmarks.probes import LoopProbe, as_utc, thread_cpu_seconds
+from benchmarks.probes import as_utc, thread_cpu_seconds
 from benchmarks.scenarios.base import (
     EXITED,
     Case,
@@ -175,7 +175,7 @@ def run(size: Size, ctx: RunContext) -> Outcome:
         wait_parsed(dep, DAG_ID)
         info = dep.executor_info()
         applied = airflow_config(sb)
-        loop = LoopProbe(dep.query)
+        loop = dep.loop_probe()
         is_stalled = stalled(loop, size.stall_abort)
         problem: str | None = None
         state: str | None = None
@@ -288,6 +288,7 @@ def run(size: Size, ctx: RunContext) -> Outcome:
     series = {
         "heartbeat_ms": [d * 1000 for d in heartbeats.durations],
         "job_heartbeat_gaps_s": [round(g, 3) for g in loop.gaps()],
+        "job_heartbeats_recorded": len(loop.recorded),
         "clear_offsets_s": clear_offsets,
         "clear_calls_s": clear_calls,
         "airflow_config": applied,

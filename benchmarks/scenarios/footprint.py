@@ -7,7 +7,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from benchmarks.deployment import deployment
-from benchmarks.probes import LoopProbe, MemoryProbe
+from benchmarks.probes import MemoryProbe
 from benchmarks.scenarios.base import (
     Case,
     Figures,
@@ -76,7 +76,7 @@ def run(size: Size, ctx: RunContext) -> Outcome:
         wait_parsed(dep, DAG_ID)
         info = dep.executor_info()
         memory = MemoryProbe(dep.scheduler_pid)
-        loop = LoopProbe(dep.query)
+        loop = dep.loop_probe()
         problem: str | None = None
         state: str | None = None
         cpu_before = cpu_after = dep.cpu()

@@ -293,6 +293,9 @@ def _check_burst(burst_record: dict[str, Any]) -> None:
     assert burst["tries"] > size["tasks"]
     assert burst["first_running_s"] + 3 * size["clear_interval"] < burst["makespan_s"] < size["timeout"]
     assert burst["job_heartbeat_max_gap_s"] < 60
+    # The database recorded the scheduler's beats; with every beat, no gap is longer than the samples show.
+    assert burst_record["series"]["job_heartbeats_recorded"] > 0
+    assert burst["job_heartbeat_max_gap_s"] <= burst["job_heartbeat_max_gap_sampled_s"]
     assert burst_record["series"]["airflow_config"] == {
         "AIRFLOW__CORE__PARALLELISM": str(size["parallelism"]),
         "AIRFLOW__API__WORKERS": "2",

@@ -35,7 +35,11 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 HOME_TOP: FloatRect = {"x": 0, "y": 0, "width": 1400, "height": 440}
-GUARD_MS = 60_000  # a guard on each wait for the page, never a pause
+# A guard on each wait for the page, never a pause: on actions and on assertions alike. Playwright's
+# assertions give up after 5 s by default, and on a busy host the home page can take longer than that to
+# load the card's bundle from the api-server (the card was missing from a page rendered without it).
+GUARD_MS = 60_000
+expect.set_options(timeout=GUARD_MS)
 
 
 def test_the_executor_page_shows_the_verdict_and_the_running_tasks(
