@@ -414,6 +414,7 @@ class Tracker:
         self.folder = folder
         self.state_dir = state_dir
         self.threshold = crowd.threshold()
+        self.start_threshold = crowd.start_threshold()
         self.executions: dict[tuple[str, int, int, int], Execution] = {}
         self.launches: dict[tuple[int, int], Launch] = {}
         # Journals outlive runs: a launch from before this tracker began is an earlier run's.
@@ -421,7 +422,9 @@ class Tracker:
         self._journals: dict[str, int] = {}
         self.problems: list[str] = []
         self.peak = 0  # the most executions running at once
-        self.crowded = False  # an executor ran `threshold` workloads or more at some point
+        self.crowded = (
+            False  # an executor ran `threshold` workloads or more, or started a crowd, at some point
+        )
         self._offsets: dict[str, int] = {}
         self._below_since: float | None = None
         self._flagged: set[tuple[str, int, int, int]] = set()
@@ -521,6 +524,21 @@ class Tracker:
                     started = now - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
                     self.launches[(pid, ticks)] = Launch(key, pid, ticks, started)
 
+    def _starts_crowd_end(self) -> float:
+        """When the last crowd of starts (``start_threshold`` launches within the crowd's window) ended, or 0.
+
+        From the launches' start ticks, not the executor's own clock: the margin of :data:`SETTLE` covers
+        the difference (launches begun together fork a few milliseconds apart).
+        """
+        starts, window = sorted(launch.started for launch in self.launches.values()), crowd.START_WINDOW
+        n = self.start_threshold
+        ends = [
+            starts[j - n + 1] + window
+            for j in range(n - 1, len(starts))
+            if starts[j] < starts[j - n + 1] + window
+        ]
+        return max(ends, default=0.0)
+
     def _crowd(self, now: float, live: list[Execution]) -> None:
         counts = [
             len(found.data.get("running") or []) for found in read_all(self.state_dir) if not found.stale
@@ -529,7 +547,13 @@ class Tracker:
             self.crowded = True
             self._below_since = None
             return
-        self._below_since = self._below_since or now
+        # A crowd of starts lowers too, until the window after its last start has passed.
+        starts_end = self._starts_crowd_end()
+        if starts_end > now:
+            self.crowded = True
+            self._below_since = None
+            return
+        self._below_since = max(self._below_since or now, starts_end)
         if now - self._below_since < SETTLE:
             return
         for execution in live:
@@ -542,7 +566,8 @@ class Tracker:
                     self._flagged.add(key)
                     self.problems.append(
                         f"{execution.name}: its {what} process {pid} is still at {why} "
-                        f"{now - self._below_since:.0f}s after fewer than {self.threshold} ran"
+                        f"{now - self._below_since:.0f}s after the crowd ended (fewer than {self.threshold} "
+                        f"ran, and fewer than {self.start_threshold} started within {crowd.START_WINDOW:g}s)"
                     )
                     break
 

@@ -154,8 +154,9 @@ OPTIONS: tuple[OptionDoc, ...] = (
         "idle",
         "CPU priority of each workload process (and all it starts) against the scheduler, the "
         "api-server and the dag-processor. auto: the scheduler's own priority, except for a workload "
-        "that starts while 24 or more per CPU core run: it gets the lowest CPU share (its cgroup's CPU "
-        "weight, or SCHED_IDLE where it can be left again) until fewer run, so a burst of task starts "
+        "that starts in a crowd, while 24 or more per CPU core run or after 8 per core started within "
+        "the last half second: it gets the lowest CPU share (its cgroup's CPU weight, or SCHED_IDLE where it "
+        "can be left again) until fewer run and fewer start, so a burst of task starts "
         "cannot starve the scheduler's loop and no task stays slowed after the burst. idle: Linux "
         "SCHED_IDLE for every workload, for its life (tasks get every cycle Airflow's processes do not "
         "want; the scheduler then loops more often and ordinary throughput drops). A nice increment "

@@ -176,8 +176,13 @@ def wire(
             )
         if plan.crowd:
             choice = crowd.choose(containment is not None and containment.weighs_cpu)
-            launcher = crowd.CrowdLauncher(launcher, choice, crowd=crowd.threshold())
-            log.info("CPU share: %s", choice.describe(crowd.threshold()))
+            launcher = crowd.CrowdLauncher(
+                launcher, choice, crowd=crowd.threshold(), starts=crowd.start_threshold()
+            )
+            log.info(
+                "CPU share: %s",
+                choice.describe(crowd.threshold(), crowd.start_threshold(), crowd.START_WINDOW),
+            )
         elif not plan.idle_workloads:
             # Lowers nothing; there only to give an adopted workload back the share a predecessor's crowd
             # lowered (a crash undoes nothing).

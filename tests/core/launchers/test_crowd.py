@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import signal
 import subprocess
@@ -42,7 +43,7 @@ from async_local_executor.core.proc_identity import start_ticks
 from async_local_executor.core.supervisor import Supervisor
 from tests.core.cgroups import helpers as cgroup_helpers
 from tests.core.cgroups.helpers import Scratch, read_line
-from tests.core.helpers import GUARD, Recorder
+from tests.core.helpers import GUARD, Recorder, Said
 from tests.core.helpers import payload_py as py
 from tests.core.supervising import make_launcher, serving
 
@@ -104,6 +105,71 @@ async def test_a_crowded_start_leaves_sched_idle_when_the_crowd_ends(kind: str) 
     async with serving(recorder, launcher) as supervisor:
         await _crowd_then_disperse(recorder, supervisor, lowered, raised)
     assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the scheduler itself is never touched
+
+
+# Long enough that four holders are up before it passes, on a loaded host too.
+START_WINDOW = 10.0
+
+
+async def test_a_crowd_of_starts_lowers_the_later_starts_until_it_ends(kind: str) -> None:
+    """Four starts at once where two within the window make a crowd of starts (and far fewer run than a
+    crowd of running ones): two keep the scheduler's class, two start in ``SCHED_IDLE``, with what they
+    start, and get ``SCHED_OTHER`` back once the window has passed with no other start."""
+    said = Said()
+    logger = logging.getLogger("async_local_executor.core.launchers.crowd")
+    logger.addHandler(said)
+    logger.setLevel(logging.INFO)
+    recorder = Recorder()
+    launcher = CrowdLauncher(
+        make_launcher(kind, recorder),
+        Choice(How.CLASS, "SCHED_IDLE"),
+        crowd=100,
+        starts=2,
+        window=START_WINDOW,
+    )
+    try:
+        async with serving(recorder, launcher) as supervisor:
+            for key in ("s1", "s2", "s3", "s4"):
+                supervisor.submit(LaunchRequest(key=key, argv=py(CROWDED)))
+            await recorder.until(lambda: len(_pids(recorder, "crowded")) == 8)
+            workloads = _pids(recorder, "crowded")
+            assert launcher.lowered == 2  # the window has not passed: nothing was given back yet
+            classes = [os.sched_getscheduler(pid) for pid in workloads]
+            # Each workload and the child it started after it ran share their class.
+            assert classes[0::2] == classes[1::2]
+            assert sorted(classes[0::2]) == [os.SCHED_OTHER] * 2 + [os.SCHED_IDLE] * 2
+            line = await said.until("got their CPU share back")
+            assert "fewer than 2 starting: 2 started in the crowd" in line
+            assert launcher.lowered == 0
+            assert {os.sched_getscheduler(pid) for pid in workloads} == {os.SCHED_OTHER}
+            for key in ("s1", "s2", "s3", "s4"):
+                supervisor.stop(key, "test")
+            await recorder.until(lambda: len(recorder.outcomes) == 4)
+    finally:
+        logger.removeHandler(said)
+
+
+async def test_starts_fewer_than_a_crowd_of_starts_keep_their_class(kind: str) -> None:
+    """A start after one other within the window, where two make a crowd of starts: not lowered."""
+    recorder = Recorder()
+    launcher = CrowdLauncher(
+        make_launcher(kind, recorder),
+        Choice(How.CLASS, "SCHED_IDLE"),
+        crowd=100,
+        starts=2,
+        window=START_WINDOW,
+    )
+    async with serving(recorder, launcher) as supervisor:
+        supervisor.submit(LaunchRequest(key="first", argv=py(HOLDER)))
+        await recorder.until(lambda: len(_pids(recorder, "up")) == 1)
+        supervisor.submit(LaunchRequest(key="second", argv=py(CROWDED)))
+        await recorder.until(lambda: _pids(recorder, "crowded"))
+        # One start before it within any window: under the two that make a crowd.
+        assert launcher.lowered == 0
+        assert {os.sched_getscheduler(pid) for pid in _pids(recorder, "crowded")} == {os.SCHED_OTHER}
+        for key in ("first", "second"):
+            supervisor.stop(key, "test")
+        await recorder.until(lambda: len(recorder.outcomes) == 2)
 
 
 def _cpu_share(pid: int) -> tuple[Path, str]:

@@ -1,9 +1,11 @@
 """A workload that starts in a crowd gets a low CPU share, and gets it back when the crowd ends.
 
 A start is crowded when :attr:`CrowdLauncher.threshold` or more workloads run (adopted ones included:
-they compete for the CPU as any); below it a start keeps the scheduler's priority. The rule: a lowered
+they compete for the CPU as any), or when :attr:`CrowdLauncher.starts` or more started within the last
+:attr:`CrowdLauncher.window` seconds (a crowd of starts: a wave of them takes the cores at once, before
+the running count says so); otherwise a start keeps the scheduler's priority. The rule: a lowered
 share never outlasts the crowd, nor the executor's supervision of the workload, so every lowering is
-one the scheduler itself undoes, for a process of any user, as soon as fewer than the threshold run, or
+one the scheduler itself undoes, for a process of any user, as soon as neither crowd is on, or
 when it hands the workload over to a successor (which could not tell a lowering of this crowd from
 one of its own). A successor that adopts a workload still lowered (left by a crash) gives it its share
 back, unless its own crowd is on when it takes it: then it stays lowered until that crowd ends. A
@@ -21,15 +23,19 @@ in a crowd gets a low CPU share until the crowd ends").
 
 from __future__ import annotations
 
+import collections
 import enum
 import logging
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
+from types import TracebackType
 
 import anyio
+import anyio.abc
 import anyio.to_thread
+from typing_extensions import Self
 
 from async_local_executor.core import cpu_priority
 from async_local_executor.core.cgroups import Limits, WorkloadCgroup
@@ -42,6 +48,12 @@ log = logging.getLogger(__name__)
 
 # Running workloads per core from which a start is crowded (measured: docs/design.md).
 CROWD_PER_CORE = 24
+# Starts per core within START_WINDOW seconds from which a start is crowded too (measured:
+# docs/design.md): without it the first wave of a burst starts 24 per core at the scheduler's priority.
+# A wave's launches begin within milliseconds of each other (the scheduler queues them in one loop);
+# the ordinary pace at parallelism 16 per core seldom puts 8 per core in half a second.
+STARTS_PER_CORE = 8
+START_WINDOW = 0.5
 
 
 class How(enum.Enum):
@@ -59,13 +71,13 @@ class Choice:
     how: How
     why: str
 
-    def describe(self, threshold: int) -> str:
+    def describe(self, threshold: int, starts: int, window: float) -> str:
         """The start line's words for it."""
         if self.how is How.NONE:
             return f"workloads starting in a crowd keep the scheduler's CPU priority: {self.why}"
         return (
-            f"workloads starting while {threshold} or more run get the lowest CPU share ({self.why}) "
-            "until fewer run"
+            f"workloads starting while {threshold} or more run, or after {starts} started within {window:g}s, "
+            f"get the lowest CPU share ({self.why}) until fewer run and fewer start"
         )
 
 
@@ -91,6 +103,11 @@ def threshold() -> int:
     return CROWD_PER_CORE * (os.cpu_count() or 1)
 
 
+def start_threshold() -> int:
+    """Starts within :data:`START_WINDOW` from which a start is crowded, for this host."""
+    return STARTS_PER_CORE * (os.cpu_count() or 1)
+
+
 @dataclass
 class _Lowered:
     pid: int
@@ -107,16 +124,44 @@ class CrowdLauncher(Wrapper):
     :param inner: the launch path (a contained launcher, for :attr:`How.CGROUP`)
     :param choice: how to lower, from :func:`choose`
     :param crowd: running workloads from which a start is crowded
+    :param starts: starts within ``window`` seconds from which a start is crowded; 0: no crowd of starts
     """
 
-    def __init__(self, inner: Launcher, choice: Choice, *, crowd: int) -> None:
+    def __init__(
+        self, inner: Launcher, choice: Choice, *, crowd: int, starts: int = 0, window: float = START_WINDOW
+    ) -> None:
         super().__init__(inner)
         self._how = choice.how
         self.threshold = crowd
+        self.starts = starts
+        self.window = window
         self._running = 0
+        self._started: collections.deque[float] = collections.deque()  # when each recent start began
         self._lowered: dict[int, _Lowered] = {}
         self._let_go: list[_Lowered] = []  # lowered ones released, whose share is not given back yet
         self._serials = 0
+        self._wake = anyio.Event()  # something was lowered: the end of the crowd of starts gives it back
+        self._tasks: anyio.abc.TaskGroup | None = None
+
+    async def __aenter__(self) -> Self:
+        await super().__aenter__()
+        if self.starts:
+            try:
+                self._tasks = await anyio.create_task_group().__aenter__()
+                self._tasks.start_soon(self._disperse_starts)
+            except BaseException as exc:
+                await super().__aexit__(type(exc), exc, exc.__traceback__)
+                raise
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        if self._tasks is not None:
+            tasks, self._tasks = self._tasks, None
+            tasks.cancel_scope.cancel()
+            await tasks.__aexit__(None, None, None)
+        return await super().__aexit__(exc_type, exc, tb)
 
     @property
     def lowered(self) -> int:
@@ -126,10 +171,27 @@ class CrowdLauncher(Wrapper):
     def _crowded(self) -> bool:
         return self._how is not How.NONE and self._running >= self.threshold
 
+    def _starts_crowd_until(self) -> float | None:
+        """When the crowd of starts ends if no other starts (on anyio's clock), or None when it is not on."""
+        if not self.starts:
+            return None
+        now = anyio.current_time()
+        while self._started and self._started[0] <= now - self.window:
+            self._started.popleft()
+        if len(self._started) < self.starts:
+            return None
+        return self._started[-self.starts] + self.window
+
+    def _crowd_on(self) -> bool:
+        return self._crowded() or (self._how is not How.NONE and self._starts_crowd_until() is not None)
+
     async def launch(self, request: LaunchRequest) -> Child:
         if request.takeover is not None:
             return await self._take_over(request, request.takeover)
-        crowded = self._crowded()
+        crowded = self._crowd_on()
+        if self.starts:
+            # Counted from the fork on, a failed start too: its cost is paid until it fails.
+            self._started.append(anyio.current_time())
         if crowded:
             request = self._lowering(request)
         self._running += 1
@@ -171,7 +233,7 @@ class CrowdLauncher(Wrapper):
         return self._watched(child, serial)
 
     async def _lower(self, serial: int, lowered: _Lowered) -> None:
-        if self._running < self.threshold:
+        if not self._crowd_on():
             # The crowd ended while this one started (or was taken over), before the list its end gives
             # back held it: nothing else would.
             with anyio.CancelScope(shield=True):
@@ -179,11 +241,38 @@ class CrowdLauncher(Wrapper):
             return
         if not self._lowered:
             log.info(
-                "%d workloads running: the ones starting now get the lowest CPU share until fewer than %d run",
+                "%d workloads running, %d started in the last %gs: the ones starting now get the lowest CPU "
+                "share until fewer than %d run and fewer than %d start",
                 self._running - 1,
+                len(self._started),
+                self.window,
                 self.threshold,
+                self.starts,
             )
         self._lowered[serial] = lowered
+        self._wake.set()
+
+    async def _disperse_starts(self) -> None:
+        """Gives back what a crowd of starts lowered once it ends, unless a crowd of running ones keeps it."""
+        while True:
+            await self._wake.wait()
+            self._wake = anyio.Event()
+            # Its end is a time (the window past the start that keeps it on), known only by looking again.
+            while (until := self._starts_crowd_until()) is not None:  # noqa: ASYNC110
+                await anyio.sleep(max(0.0, until - anyio.current_time()))
+            if self._lowered and not self._crowd_on():
+                raising, running = list(self._lowered.values()), self._running
+                self._lowered = {}
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(_raise, raising)
+                # Said once given back (a test, or an operator watching `ps`, may look at once).
+                log.info(
+                    "%d workloads running and fewer than %d starting: %d started in the crowd got their "
+                    "CPU share back",
+                    running,
+                    self.starts,
+                    len(raising),
+                )
 
     def _watched(self, child: Child, serial: int) -> CrowdChild:
         return CrowdChild(child, lambda: self._ended(serial), lambda: self._released(serial))
@@ -220,13 +309,16 @@ class CrowdLauncher(Wrapper):
         if raising:
             log.info("%d workloads handed over get back the CPU share the crowd lowered", len(raising))
         if self._lowered and self._running < self.threshold:
-            log.info(
-                "%d workloads running: %d started in the crowd get their CPU share back",
-                self._running,
-                len(self._lowered),
-            )
-            raising += self._lowered.values()
-            self._lowered = {}
+            if self._starts_crowd_until() is not None:
+                self._wake.set()  # a crowd of starts is still on: its end gives them back
+            else:
+                log.info(
+                    "%d workloads running: %d started in the crowd get their CPU share back",
+                    self._running,
+                    len(self._lowered),
+                )
+                raising += self._lowered.values()
+                self._lowered = {}
         if raising:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(_raise, raising)
