@@ -422,7 +422,10 @@ METRICS: Final[dict[str, dict[str, Metric]]] = {
             "", "none", "times no scheduler ran for longer than handover_timeout (a step's choice)"
         ),
         "crowded_sequences": Metric(
-            "", "none", "sequences in which an executor ran its crowd threshold of workloads at once"
+            "",
+            "none",
+            "sequences in which an executor ran its crowd threshold of workloads at once, or started a "
+            "crowd of starts",
         ),
         "peak_running": Metric("", "none", "the most executions running at once, over all sequences"),
         "sigterm_exit_max_s": Metric("s", "lower", "the longest a SIGTERM'd scheduler took to exit"),

@@ -225,6 +225,7 @@ class LoopProbe:
     interval: float = 0.5
     samples: list[LoopSample] = field(default_factory=list)
     recorded: list[float] = field(default_factory=list)
+    record_error: str | None = None  # why the record could not be read (the gaps are then the samples')
     ended_at: float = 0.0
 
     def _sample(self, t: float) -> None:
@@ -250,8 +251,12 @@ class LoopProbe:
             periodic.stop()
             self.ended_at = time.time()
             if self.record is not None:
-                # Read while the database is still there (a deployment drops its own when it ends).
-                self.recorded = self.record.beats()
+                # Read while the database is still there (a deployment drops its own when it ends); a
+                # failed read leaves the samples alone, and never hides what ended the body.
+                try:
+                    self.recorded = [at for at in self.record.beats() if at <= self.ended_at]
+                except sa.exc.SQLAlchemyError as exc:
+                    self.record_error = f"{type(exc).__name__}: {exc}"[:300]
 
     def gaps(self, *, sampled_only: bool = False) -> list[float]:
         """Gaps between distinct heartbeats, plus the open gap up to the end of polling.

@@ -295,4 +295,8 @@ def run(size: Size, ctx: RunContext) -> Outcome:
     }
     status = run_status(state == "success", state, problem)
     notes += roles_notes(account)
+    if loop.record_error is not None:
+        notes.append(
+            f"heartbeats from the samples alone: the database's record could not be read ({loop.record_error})"
+        )
     return Outcome(metrics, series, status, notes, info=info, text={"run_state": state or "none"})

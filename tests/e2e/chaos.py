@@ -720,7 +720,10 @@ class Player:
                 )
             problems += tracker.problems
             if tracker.crowded:
-                notes.append(f"a crowd: {tracker.threshold} or more workloads ran at once")
+                notes.append(
+                    f"a crowd: {tracker.threshold} or more workloads ran at once, or "
+                    f"{tracker.start_threshold} started within {crowd.START_WINDOW:g}s"
+                )
         log = "".join(_since(path, logs.get(name, 0)) for name, path in self._logs().items())
         self.say(f"sequence {sequence.index}: run {state} {ended - began:.0f}s after its trigger")
         return Observed(

@@ -177,7 +177,7 @@ def wire(
         if plan.crowd:
             choice = crowd.choose(containment is not None and containment.weighs_cpu)
             launcher = crowd.CrowdLauncher(
-                launcher, choice, crowd=crowd.threshold(), starts=crowd.start_threshold()
+                launcher, choice, crowd=crowd.threshold(), starts=crowd.start_threshold(), clock=clock
             )
             log.info(
                 "CPU share: %s",

@@ -43,7 +43,7 @@ from async_local_executor.core.proc_identity import start_ticks
 from async_local_executor.core.supervisor import Supervisor
 from tests.core.cgroups import helpers as cgroup_helpers
 from tests.core.cgroups.helpers import Scratch, read_line
-from tests.core.helpers import GUARD, Recorder, Said
+from tests.core.helpers import GUARD, FakeClock, Recorder, Said
 from tests.core.helpers import payload_py as py
 from tests.core.supervising import make_launcher, serving
 
@@ -107,25 +107,27 @@ async def test_a_crowded_start_leaves_sched_idle_when_the_crowd_ends(kind: str) 
     assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the scheduler itself is never touched
 
 
-# Long enough that four holders are up before it passes, on a loaded host too.
 START_WINDOW = 10.0
 
 
 async def test_a_crowd_of_starts_lowers_the_later_starts_until_it_ends(kind: str) -> None:
     """Four starts at once where two within the window make a crowd of starts (and far fewer run than a
     crowd of running ones): two keep the scheduler's class, two start in ``SCHED_IDLE``, with what they
-    start, and get ``SCHED_OTHER`` back once the window has passed with no other start."""
+    start, and get ``SCHED_OTHER`` back once the window has passed with no other start (on a clock the
+    test moves)."""
     said = Said()
     logger = logging.getLogger("async_local_executor.core.launchers.crowd")
     logger.addHandler(said)
     logger.setLevel(logging.INFO)
     recorder = Recorder()
+    clock = FakeClock()
     launcher = CrowdLauncher(
         make_launcher(kind, recorder),
         Choice(How.CLASS, "SCHED_IDLE"),
         crowd=100,
         starts=2,
         window=START_WINDOW,
+        clock=clock,
     )
     try:
         async with serving(recorder, launcher) as supervisor:
@@ -133,11 +135,13 @@ async def test_a_crowd_of_starts_lowers_the_later_starts_until_it_ends(kind: str
                 supervisor.submit(LaunchRequest(key=key, argv=py(CROWDED)))
             await recorder.until(lambda: len(_pids(recorder, "crowded")) == 8)
             workloads = _pids(recorder, "crowded")
-            assert launcher.lowered == 2  # the window has not passed: nothing was given back yet
+            await clock.sleepers(1)  # the crowd's end, parked a window after its starts
+            assert launcher.lowered == 2
             classes = [os.sched_getscheduler(pid) for pid in workloads]
             # Each workload and the child it started after it ran share their class.
             assert classes[0::2] == classes[1::2]
             assert sorted(classes[0::2]) == [os.SCHED_OTHER] * 2 + [os.SCHED_IDLE] * 2
+            clock.advance(START_WINDOW)
             line = await said.until("got their CPU share back")
             assert "fewer than 2 starting: 2 started in the crowd" in line
             assert launcher.lowered == 0

@@ -8,7 +8,7 @@ share never outlasts the crowd, nor the executor's supervision of the workload, 
 one the scheduler itself undoes, for a process of any user, as soon as neither crowd is on, or
 when it hands the workload over to a successor (which could not tell a lowering of this crowd from
 one of its own). A successor that adopts a workload still lowered (left by a crash) gives it its share
-back, unless its own crowd is on when it takes it: then it stays lowered until that crowd ends. A
+back, unless its own crowd of running workloads is on when it takes it: then it stays lowered until that crowd ends. A
 process that already runs is never lowered here: its start is over.
 
 - ``cgroup``: the workload's cgroup gets the lowest CPU weight and the default back (the scheduler owns
@@ -41,6 +41,7 @@ from async_local_executor.core import cpu_priority
 from async_local_executor.core.cgroups import Limits, WorkloadCgroup
 from async_local_executor.core.cgroups.discovery import directory_of, mount_root, own_cgroups, v1_mounts
 from async_local_executor.core.cgroups.group import LOWEST_SHARES, LOWEST_WEIGHT
+from async_local_executor.core.clock import SYSTEM, Clock
 from async_local_executor.core.launchers.base import Child, Launcher, LaunchRequest, Takeover, Wrapper
 from async_local_executor.core.outcome import Cleanup
 
@@ -125,16 +126,26 @@ class CrowdLauncher(Wrapper):
     :param choice: how to lower, from :func:`choose`
     :param crowd: running workloads from which a start is crowded
     :param starts: starts within ``window`` seconds from which a start is crowded; 0: no crowd of starts
+    :param clock: what the window is measured on
     """
 
     def __init__(
-        self, inner: Launcher, choice: Choice, *, crowd: int, starts: int = 0, window: float = START_WINDOW
+        self,
+        inner: Launcher,
+        choice: Choice,
+        *,
+        crowd: int,
+        starts: int = 0,
+        window: float = START_WINDOW,
+        clock: Clock = SYSTEM,
     ) -> None:
         super().__init__(inner)
         self._how = choice.how
         self.threshold = crowd
-        self.starts = starts
+        # Where nothing can be lowered, no start is counted either (nothing would ever prune them).
+        self.starts = starts if choice.how is not How.NONE else 0
         self.window = window
+        self._clock = clock
         self._running = 0
         self._started: collections.deque[float] = collections.deque()  # when each recent start began
         self._lowered: dict[int, _Lowered] = {}
@@ -146,22 +157,28 @@ class CrowdLauncher(Wrapper):
     async def __aenter__(self) -> Self:
         await super().__aenter__()
         if self.starts:
+            tasks = anyio.create_task_group()
             try:
-                self._tasks = await anyio.create_task_group().__aenter__()
-                self._tasks.start_soon(self._disperse_starts)
+                await tasks.__aenter__()
             except BaseException as exc:
                 await super().__aexit__(type(exc), exc, exc.__traceback__)
                 raise
+            self._tasks = tasks
+            tasks.start_soon(self._disperse_starts)
         return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool | None:
-        if self._tasks is not None:
-            tasks, self._tasks = self._tasks, None
-            tasks.cancel_scope.cancel()
-            await tasks.__aexit__(None, None, None)
-        return await super().__aexit__(exc_type, exc, tb)
+        try:
+            if self._tasks is not None:
+                tasks, self._tasks = self._tasks, None
+                tasks.cancel_scope.cancel()
+                await tasks.__aexit__(None, None, None)
+        finally:
+            # The launch path is left whatever happened above (an outer cancellation re-raised there).
+            result = await super().__aexit__(exc_type, exc, tb)
+        return result
 
     @property
     def lowered(self) -> int:
@@ -175,7 +192,7 @@ class CrowdLauncher(Wrapper):
         """When the crowd of starts ends if no other starts (on anyio's clock), or None when it is not on."""
         if not self.starts:
             return None
-        now = anyio.current_time()
+        now = self._clock.monotonic()
         while self._started and self._started[0] <= now - self.window:
             self._started.popleft()
         if len(self._started) < self.starts:
@@ -183,7 +200,10 @@ class CrowdLauncher(Wrapper):
         return self._started[-self.starts] + self.window
 
     def _crowd_on(self) -> bool:
-        return self._crowded() or (self._how is not How.NONE and self._starts_crowd_until() is not None)
+        if self._how is How.NONE:
+            return False
+        starting = self._starts_crowd_until() is not None  # first: it also forgets starts past the window
+        return starting or self._crowded()
 
     async def launch(self, request: LaunchRequest) -> Child:
         if request.takeover is not None:
@@ -191,7 +211,7 @@ class CrowdLauncher(Wrapper):
         crowded = self._crowd_on()
         if self.starts:
             # Counted from the fork on, a failed start too: its cost is paid until it fails.
-            self._started.append(anyio.current_time())
+            self._started.append(self._clock.monotonic())
         if crowded:
             request = self._lowering(request)
         self._running += 1
@@ -258,21 +278,31 @@ class CrowdLauncher(Wrapper):
             await self._wake.wait()
             self._wake = anyio.Event()
             # Its end is a time (the window past the start that keeps it on), known only by looking again.
-            while (until := self._starts_crowd_until()) is not None:  # noqa: ASYNC110
-                await anyio.sleep(max(0.0, until - anyio.current_time()))
-            if self._lowered and not self._crowd_on():
-                raising, running = list(self._lowered.values()), self._running
-                self._lowered = {}
+            while (until := self._starts_crowd_until()) is not None:
+                await self._clock.sleep(max(0.0, until - self._clock.monotonic()))
+            if not self._lowered or self._crowd_on():
+                continue
+            raising, running = dict(self._lowered), self._running
+            try:
                 with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(_raise, raising)
-                # Said once given back (a test, or an operator watching `ps`, may look at once).
-                log.info(
-                    "%d workloads running and fewer than %d starting: %d started in the crowd got their "
-                    "CPU share back",
-                    running,
-                    self.starts,
-                    len(raising),
+                    await anyio.to_thread.run_sync(_raise, list(raising.values()))
+            except Exception:
+                # This task's group encloses every workload's supervision: a failure here must cost no
+                # more than these workloads' share, which stays lowered until the next end retries it.
+                log.exception(
+                    "could not give %d workloads started in a crowd their CPU share back", len(raising)
                 )
+                continue
+            for serial in raising:
+                self._lowered.pop(serial, None)
+            # Said once given back (a test, or an operator watching `ps`, may look at once).
+            log.info(
+                "%d workloads running and fewer than %d starting: %d started in the crowd got their "
+                "CPU share back",
+                running,
+                self.starts,
+                len(raising),
+            )
 
     def _watched(self, child: Child, serial: int) -> CrowdChild:
         return CrowdChild(child, lambda: self._ended(serial), lambda: self._released(serial))
