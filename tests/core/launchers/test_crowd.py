@@ -26,6 +26,7 @@ import pytest
 from async_local_executor.core import cpu_priority
 from async_local_executor.core.cgroups import Containment, WorkloadCgroup, cgroup2_mount
 from async_local_executor.core.cgroups.discovery import directory_of, mount_root, v1_mounts
+from async_local_executor.core.clock import SYSTEM, Clock
 from async_local_executor.core.launchers import crowd
 from async_local_executor.core.launchers.adopted import AdoptedChild
 from async_local_executor.core.launchers.base import (
@@ -110,6 +111,18 @@ async def test_a_crowded_start_leaves_sched_idle_when_the_crowd_ends(kind: str) 
 START_WINDOW = 10.0
 
 
+def _two_starts_make_a_crowd(kind: str, recorder: Recorder, clock: Clock = SYSTEM) -> CrowdLauncher:
+    """A launcher whose crowd of starts is two within :data:`START_WINDOW`, its running crowd out of reach."""
+    return CrowdLauncher(
+        make_launcher(kind, recorder),
+        Choice(How.CLASS, "SCHED_IDLE"),
+        crowd=100,
+        starts=2,
+        window=START_WINDOW,
+        clock=clock,
+    )
+
+
 async def test_a_crowd_of_starts_lowers_the_later_starts_until_it_ends(kind: str) -> None:
     """Four starts at once where two within the window make a crowd of starts (and far fewer run than a
     crowd of running ones): two keep the scheduler's class, two start in ``SCHED_IDLE``, with what they
@@ -121,14 +134,7 @@ async def test_a_crowd_of_starts_lowers_the_later_starts_until_it_ends(kind: str
     logger.setLevel(logging.INFO)
     recorder = Recorder()
     clock = FakeClock()
-    launcher = CrowdLauncher(
-        make_launcher(kind, recorder),
-        Choice(How.CLASS, "SCHED_IDLE"),
-        crowd=100,
-        starts=2,
-        window=START_WINDOW,
-        clock=clock,
-    )
+    launcher = _two_starts_make_a_crowd(kind, recorder, clock)
     try:
         async with serving(recorder, launcher) as supervisor:
             for key in ("s1", "s2", "s3", "s4"):
@@ -156,13 +162,7 @@ async def test_a_crowd_of_starts_lowers_the_later_starts_until_it_ends(kind: str
 async def test_starts_fewer_than_a_crowd_of_starts_keep_their_class(kind: str) -> None:
     """A start after one other within the window, where two make a crowd of starts: not lowered."""
     recorder = Recorder()
-    launcher = CrowdLauncher(
-        make_launcher(kind, recorder),
-        Choice(How.CLASS, "SCHED_IDLE"),
-        crowd=100,
-        starts=2,
-        window=START_WINDOW,
-    )
+    launcher = _two_starts_make_a_crowd(kind, recorder)
     async with serving(recorder, launcher) as supervisor:
         supervisor.submit(LaunchRequest(key="first", argv=py(HOLDER)))
         await recorder.until(lambda: len(_pids(recorder, "up")) == 1)
