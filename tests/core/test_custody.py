@@ -256,9 +256,11 @@ def test_successors_that_each_exit_soon_after_their_claim_renew_nothing_but_one_
     stayed = workload.successor()
     poll("the watchdog to follow the successor", lambda: _holds_pidfd_of(workload.pid, stayed.pid), GUARD)
     assert not exits(workload.pid, TIMEOUT + 0.5)  # it stays for longer than the timeout: it ran
+    # Read before the kill: the watchdog sees the death no earlier, and counts its countdown from there
+    # (read after the wait, a busy host's late return would shorten the interval this test measures).
+    left = time.monotonic()
     stayed.kill()
     stayed.wait(GUARD)
-    left = time.monotonic()
     claims = 0
     # Each one killed as soon as the watchdog follows it: owned for next to nothing each time.
     while not exits(workload.pid, 0):
