@@ -189,7 +189,7 @@ class CrowdLauncher(Wrapper):
         return self._how is not How.NONE and self._running >= self.threshold
 
     def _starts_crowd_until(self) -> float | None:
-        """When the crowd of starts ends if no other starts (on anyio's clock), or None when it is not on."""
+        """When the crowd of starts ends if no other starts (on :attr:`_clock`), or None when it is not on."""
         if not self.starts:
             return None
         now = self._clock.monotonic()
