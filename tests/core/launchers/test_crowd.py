@@ -412,6 +412,29 @@ async def test_a_crowded_workload_handed_over_leaves_sched_idle_first(kind: str)
         _end(recorder)
 
 
+async def test_a_workload_a_crowd_of_starts_lowered_leaves_sched_idle_when_handed_over(kind: str) -> None:
+    """A restart meets a crowd of starts: handed over while its window has not passed (the test's clock
+    stands still), the lowered one gets its class back before the release ends, as in a running crowd."""
+    recorder = Recorder()
+    launcher = CrowdLauncher(
+        make_launcher(kind, recorder),
+        Choice(How.CLASS, "SCHED_IDLE"),
+        crowd=100,
+        starts=1,
+        window=START_WINDOW,
+        clock=FakeClock(),
+    )
+
+    def lowered(crowded: list[int]) -> None:
+        assert [os.sched_getscheduler(pid) for pid in crowded] == [os.SCHED_IDLE] * 4
+
+    try:
+        crowded = await _crowd_handed_over(launcher, recorder, lowered)
+        assert [os.sched_getscheduler(pid) for pid in crowded] == [os.SCHED_OTHER] * 4
+    finally:
+        _end(recorder)
+
+
 @pytest.mark.skipif(bool(cgroup_helpers.unusable()), reason=cgroup_helpers.unusable())
 async def test_a_crowded_contained_workload_handed_over_gets_its_cgroup_cpu_weight_back_first(
     box: Scratch, kind: str
