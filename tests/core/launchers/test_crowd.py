@@ -398,9 +398,8 @@ def _end(recorder: Recorder) -> None:
             os.waitpid(pid, 0)
 
 
-async def test_a_crowded_workload_handed_over_leaves_sched_idle_first(kind: str) -> None:
-    recorder = Recorder()
-    launcher = CrowdLauncher(make_launcher(kind, recorder), Choice(How.CLASS, "SCHED_IDLE"), crowd=1)
+async def _handed_over_leaves_sched_idle(launcher: Launcher, recorder: Recorder) -> None:
+    """The crowded ones are in ``SCHED_IDLE`` before the release, in ``SCHED_OTHER`` once it has ended."""
 
     def lowered(crowded: list[int]) -> None:
         assert [os.sched_getscheduler(pid) for pid in crowded] == [os.SCHED_IDLE] * 4
@@ -410,6 +409,12 @@ async def test_a_crowded_workload_handed_over_leaves_sched_idle_first(kind: str)
         assert [os.sched_getscheduler(pid) for pid in crowded] == [os.SCHED_OTHER] * 4
     finally:
         _end(recorder)
+
+
+async def test_a_crowded_workload_handed_over_leaves_sched_idle_first(kind: str) -> None:
+    recorder = Recorder()
+    launcher = CrowdLauncher(make_launcher(kind, recorder), Choice(How.CLASS, "SCHED_IDLE"), crowd=1)
+    await _handed_over_leaves_sched_idle(launcher, recorder)
 
 
 async def test_a_workload_a_crowd_of_starts_lowered_leaves_sched_idle_when_handed_over(kind: str) -> None:
@@ -424,15 +429,7 @@ async def test_a_workload_a_crowd_of_starts_lowered_leaves_sched_idle_when_hande
         window=START_WINDOW,
         clock=FakeClock(),
     )
-
-    def lowered(crowded: list[int]) -> None:
-        assert [os.sched_getscheduler(pid) for pid in crowded] == [os.SCHED_IDLE] * 4
-
-    try:
-        crowded = await _crowd_handed_over(launcher, recorder, lowered)
-        assert [os.sched_getscheduler(pid) for pid in crowded] == [os.SCHED_OTHER] * 4
-    finally:
-        _end(recorder)
+    await _handed_over_leaves_sched_idle(launcher, recorder)
 
 
 @pytest.mark.skipif(bool(cgroup_helpers.unusable()), reason=cgroup_helpers.unusable())
