@@ -3,9 +3,10 @@
 Rule: every event of a batch passes at once but these. Of the success events of task instances that
 are ``restarting`` now, the first goes with the batch and each other waits for a following loop. The
 exit of a workload whose task instance is gone (:data:`TI_GONE`) goes only if that task instance is
-``restarting``; otherwise no event is sent (any event would fail the task instance queued under that
-key) and its key goes to ``on_unreachable``. Which task instances are restarting comes from one lookup
-per batch that needs it; a lookup that raises lets the batch through as Airflow would get it. Why:
+``restarting``; otherwise no event is sent (any event would fail the task instance queued or running
+under that key) and its key goes to ``on_unreachable``. Which task instances are restarting comes from
+one lookup per batch that needs it; a lookup that raises lets the batch through as Airflow would get
+it. Why:
 docs/design.md, "Exits of cleared task instances, one per scheduler loop".
 """
 
@@ -69,8 +70,8 @@ class ClearedExitGate:
                 candidates.remove(key)
                 log.info(
                     "workload %s: its task instance was cleared and is no longer restarting, under an id "
-                    "this workload does not have (queued again, or cleared again); no event is sent, as "
-                    "the scheduler would fail the task instance on any",
+                    "this workload does not have (queued or running under it, or cleared again); no event "
+                    "is sent, as the scheduler would fail the task instance on any",
                     describe(key),
                 )
             if dropped and self._on_unreachable is not None:

@@ -67,17 +67,23 @@ log = logging.getLogger(__name__)
 
 def _requeue_in_thread(keys: list[Any], job_id: int | str, scope: ExecutorScope) -> None:
     """A worker thread of the loop: the update may wait on a row lock the scheduler's session holds."""
-    done, foreign = requeue_unreachable(keys, job_id, scope)
-    for key in done:
+    done = requeue_unreachable(keys, job_id, scope)
+    for key in done.scheduled:
         log.info(
             "task instance %s: queued under an id no workload has, put back to scheduled, as the "
             "scheduler does with a task stuck in queued",
             describe(key),
         )
-    for key, executor in foreign.items():
+    for key in done.reset:
         log.info(
-            "task instance %s: queued under an id no workload of this executor has, left queued: its row "
-            "is for %s, which may be running it",
+            "task instance %s: running under an id no workload has, put to no state, as the scheduler "
+            "does when a cleared running task's workload ends: it runs again as a new try",
+            describe(key),
+        )
+    for key, executor in done.foreign.items():
+        log.info(
+            "task instance %s: queued or running under an id no workload of this executor has, left as it "
+            "is: its row is for %s, which may be running it",
             describe(key),
             executor,
         )
@@ -661,10 +667,11 @@ class AsyncLocalExecutor(BaseExecutor):
         return events
 
     def _requeue(self, keys: list[Any]) -> None:
-        """Put back to scheduled the task instances of these gone workloads that no workload can run.
+        """Put back the task instances of these gone workloads that no workload can run.
 
-        Each is queued (if it still is) under an id no workload has; unless the scheduler has handed this
-        executor a workload for the key since, nothing would run it before [scheduler] task_queued_timeout.
+        Each is queued or running (if it still is) under an id no workload has; unless the scheduler has
+        handed this executor a workload for the key since, nothing would run it before [scheduler]
+        task_queued_timeout, or end it before the scheduler's heartbeat timeout fails it.
         """
         runtime, job_id = self._runtime, self.job_id
         orphans = [key for key in keys if key not in self._submissions and key not in self.queued_tasks]

@@ -101,19 +101,28 @@ class ExecutorScope:
         return cls(frozenset(names), default)
 
 
-def requeue_unreachable(
-    keys: Collection[Any], job_id: int | str, scope: ExecutorScope
-) -> tuple[set[Any], dict[Any, str]]:
-    """Put back to ``scheduled`` those of ``keys`` still ``queued`` for that try by job ``job_id`` (Airflow 3).
+@dataclass(frozen=True)
+class Requeued:
+    """What :func:`requeue_unreachable` did with each key it was given (keys it found nothing for are in none)."""
 
-    What the scheduler does to a task instance stuck in queued past ``[scheduler] task_queued_timeout``
-    (``_reschedule_stuck_task``), for task instances whose queued id no workload has. Each row is
-    updated only while it is still queued for the same try by the same job and is this executor's
+    scheduled: set[Any]  # was queued: put back to scheduled, for the same try
+    reset: set[Any]  # was running (or restarting): put to no state, so the scheduler runs a new try
+    foreign: dict[Any, str]  # left as it was: its row is another executor's, named here
+
+
+def requeue_unreachable(keys: Collection[Any], job_id: int | str, scope: ExecutorScope) -> Requeued:
+    """Put back those of ``keys`` whose task instance no workload can run any more (Airflow 3).
+
+    Each key's workload ended and its task instance holds an id that workload did not have: a clear that
+    read a stale row wrote only a new id onto it. A row still ``queued`` for that try by job ``job_id``
+    goes back to ``scheduled``, as the scheduler does with a task stuck in queued past ``[scheduler]
+    task_queued_timeout`` (``_reschedule_stuck_task``). A row ``running`` for that try (the stale clear
+    came after the workload had started it; the api-server then refused its heartbeat) goes to no state,
+    as the scheduler does when a cleared running task's workload ends, so it runs as a new try; without
+    it the row would stay running until the scheduler's heartbeat timeout failed it. Each row is updated
+    only while it is still in that state for the same try by the same job and is this executor's
     (``scope``), in a transaction of its own on a connection of its own. Blocking (it may wait on a row
     lock the scheduler holds): never call it on the scheduler's thread.
-
-    :returns: the keys whose task instance was put back, and those left queued because their row is
-        another executor's (with the executor it names)
     """
     from datetime import datetime, timezone
 
@@ -122,13 +131,14 @@ def requeue_unreachable(
     from airflow.utils.state import TaskInstanceState
     from sqlalchemy import and_, false, or_, select, true, update
 
+    done = Requeued(set(), set(), {})
     if not keys or settings.engine is None:
-        return set(), {}
+        return done
     table = TaskInstance.__table__
     unnamed = and_(table.c.executor.is_(None), true() if scope.default else false())
     ours = or_(table.c.executor.in_(sorted(scope.names)), unnamed)
-    done: set[Any] = set()
-    foreign: dict[Any, str] = {}
+    queued = (TaskInstanceState.QUEUED.value,)
+    started = (TaskInstanceState.RUNNING.value, TaskInstanceState.RESTARTING.value)
     for key in keys:
         same_try = and_(
             table.c.dag_id == key.dag_id,
@@ -136,12 +146,12 @@ def requeue_unreachable(
             table.c.run_id == key.run_id,
             table.c.map_index == key.map_index,
             table.c.try_number == key.try_number,
-            table.c.state == TaskInstanceState.QUEUED.value,
+            table.c.state.in_(queued + started),
             table.c.queued_by_job_id == job_id,
         )
-        query = (
+        to_scheduled = (
             update(table)
-            .where(same_try, ours)
+            .where(same_try, ours, table.c.state.in_(queued))
             .values(
                 state=TaskInstanceState.SCHEDULED.value,
                 queued_dttm=None,
@@ -149,10 +159,14 @@ def requeue_unreachable(
                 scheduled_dttm=datetime.now(timezone.utc),
             )
         )
+        to_none = update(table).where(same_try, ours, table.c.state.in_(started)).values(state=None)
         with settings.engine.begin() as connection:
-            if connection.execute(query).rowcount:
-                done.add(key)
+            if connection.execute(to_scheduled).rowcount:
+                done.scheduled.add(key)
+                continue
+            if connection.execute(to_none).rowcount:
+                done.reset.add(key)
                 continue
             for (executor,) in connection.execute(select(table.c.executor).where(same_try)):
-                foreign[key] = executor or "the default executor"
-    return done, foreign
+                done.foreign[key] = executor or "the default executor"
+    return done

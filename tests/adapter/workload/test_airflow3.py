@@ -6,6 +6,9 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from async_local_executor.adapter.workload import airflow3, entry
 
@@ -60,7 +63,11 @@ from airflow.sdk.execution_time import task_runner
 from airflow.sdk.execution_time.comms import CommsDecoder
 from pydantic import JsonValue
 a, b = (CommsDecoder(socket=s) for s in socket.socketpair())
+airflow3._watch_heartbeats()  # again, as each workload's run does: it must not wrap the wrap
+heartbeat = client.TaskInstanceOperations.heartbeat
 print(json.dumps({
+    "heartbeat_watched": [getattr(heartbeat, airflow3._WATCHED, False),
+        getattr(heartbeat.__wrapped__, airflow3._WATCHED, False)],
     "decoders": [a.body_decoder is b.body_decoder, a.err_decoder is b.err_decoder],
     "json_adapter": task_runner.TypeAdapter(JsonValue) is task_runner.TypeAdapter(JsonValue),
     "tls": client.Client._get_ssl_context_cached.cache_info().currsize,
@@ -78,6 +85,7 @@ def test_preload_fills_the_per_process_caches_a_forked_task_would_refill() -> No
     done = subprocess.run([sys.executable, "-c", PRELOAD_PROBE], capture_output=True, text=True, check=True)
     filled = json.loads(done.stdout.strip().splitlines()[-1])
     assert filled == {
+        "heartbeat_watched": [True, False],
         "decoders": [True, True],
         "json_adapter": True,
         "tls": 1,
@@ -111,3 +119,74 @@ def test_only_the_execution_apis_not_found_means_the_task_instance_is_gone() -> 
     assert not airflow3.ti_gone(_server_error(404, {"detail": "Not Found"}))
     assert not airflow3.ti_gone(_server_error(409, {"detail": {"reason": "invalid_state", "message": "no"}}))
     assert not airflow3.ti_gone(ValueError("not found"))
+
+
+def test_the_history_tables_gone_answer_means_the_task_instance_is_gone_too() -> None:
+    # The api-server answers 410 for an id a clear moved to the task-instance history, with the same reason.
+    moved = _server_error(
+        410, {"detail": {"reason": "not_found", "message": "Task Instance not found, moved"}}
+    )
+    assert airflow3.ti_gone(moved)
+    assert not airflow3.ti_gone(_server_error(410, {"detail": "Gone"}))
+
+
+# A workload run whose supervisor heartbeats once through Airflow's real task SDK client against a stand-in
+# api-server (httpx's MockTransport: no api-server runs in a unit test; tests/e2e/test_cleared_while_waiting.py
+# runs the real one) that answers with argv's status and reason. The supervisor itself is a stand-in too:
+# on a refused heartbeat Airflow's kills the task and returns its exit code (-15), raising nothing.
+HEARTBEAT_PROBE = """
+import sys, uuid
+import httpx
+from airflow.executors.base_executor import BaseExecutor
+from airflow.sdk.api.client import Client, ServerResponseError
+from async_local_executor.adapter.workload import airflow3
+from tests.adapter import workloads
+
+status, reason = int(sys.argv[1]), sys.argv[2]
+
+def answer(request):
+    if status == 204:
+        return httpx.Response(204, request=request)
+    return httpx.Response(status, json={"detail": {"reason": reason, "message": "no"}}, request=request)
+
+def supervise(workload, **_):
+    client = Client(base_url="http://api/execution/", token="t", transport=httpx.MockTransport(answer))
+    try:
+        client.task_instances.heartbeat(uuid.UUID(str(workload.ti.id)), pid=1)
+    except ServerResponseError as exc:
+        if exc.response.status_code in (404, 409, 410):
+            return -15
+        raise
+    return 0
+
+BaseExecutor.run_workload = staticmethod(supervise)
+print(airflow3._run((workloads.task("ok"), {"server": "http://api/execution/"})))
+"""
+
+
+def _exit_after_heartbeat(status: int, reason: str) -> int:
+    root = Path(__file__).resolve().parents[3]
+    done = subprocess.run(
+        [sys.executable, "-c", HEARTBEAT_PROBE, str(status), reason],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=root,
+        timeout=120,
+    )
+    return int(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("status", [404, 410])
+def test_a_heartbeat_refused_as_not_found_ends_the_workload_as_gone(status: int) -> None:
+    # Its task instance was cleared while it ran: exiting 0 would report a success under a key that a
+    # task instance running under a new id may hold, which the scheduler would fail.
+    assert _exit_after_heartbeat(status, "not_found") == entry.EXIT_TI_GONE
+
+
+@pytest.mark.parametrize(("status", "reason"), [(204, ""), (409, "running_elsewhere"), (409, "not_running")])
+def test_a_heartbeat_answered_or_refused_otherwise_ends_the_workload_as_it_ended(
+    status: int, reason: str
+) -> None:
+    # 409: the task instance is there but another process runs it, or it was marked: no clear to report.
+    assert _exit_after_heartbeat(status, reason) == entry.EXIT_OK

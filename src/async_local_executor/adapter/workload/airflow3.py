@@ -46,6 +46,7 @@ def preload() -> None:
         with contextlib.suppress(ImportError):  # an optional provider may not be installed
             importlib.import_module(module)
     _workload_adapter()
+    _watch_heartbeats()
     # Stock workers are long-lived and fill these per-process caches once; a forked child would
     # refill them for every task. Filled here, every child inherits them:
     # - the task SDK's TLS context (loading the whole CA bundle: a third of a no-op task's CPU);
@@ -128,6 +129,7 @@ def _run(read: tuple[Any, dict[str, Any]]) -> int:
     # Our parent's engine is not ours to use, and the task reaches the database through the API.
     dispose_orm(do_log=False)
     _configure_logging()
+    _watch_heartbeats()
     try:
         BaseExecutor.run_workload(
             workload,
@@ -138,14 +140,55 @@ def _run(read: tuple[Any, dict[str, Any]]) -> int:
     except Exception as exc:
         if not ti_gone(exc):
             raise
-        print(
-            "async_local_executor: the api-server no longer has this task instance (it was cleared while "
-            f"this workload started or ran): {exc}",
-            file=sys.stderr,
-            flush=True,
-        )
-        return EXIT_TI_GONE
+        return _gone(exc)
+    if _refused:
+        # The supervisor killed the task on that answer and returned as if it had ended: no state was
+        # sent for this try. Exiting 0 would report a success under a key a new try may hold now.
+        return _gone(_refused[0])
     return EXIT_OK
+
+
+def _gone(exc: BaseException) -> int:
+    print(
+        "async_local_executor: the api-server no longer has this task instance (it was cleared while "
+        f"this workload started or ran): {exc}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return EXIT_TI_GONE
+
+
+# The api-server's "not found" answers to this process's heartbeats (see _watch_heartbeats).
+_refused: list[BaseException] = []
+
+
+def _watch_heartbeats() -> None:
+    """Note each heartbeat the api-server refuses as "not found", then let the refusal go on as before.
+
+    The task SDK's supervisor takes a refused heartbeat as "stop": it kills the task and returns its exit
+    code as from any end, so the refusal is seen only here. Wrapped once per process; the fork server
+    does it in ``preload``, so its children inherit it and an empty list.
+    """
+    from airflow.sdk.api.client import TaskInstanceOperations
+
+    heartbeat = TaskInstanceOperations.heartbeat
+    if getattr(heartbeat, _WATCHED, False):
+        return
+
+    @functools.wraps(heartbeat)
+    def watched(self: TaskInstanceOperations, *args: Any, **kwargs: Any) -> None:
+        try:
+            heartbeat(self, *args, **kwargs)
+        except Exception as exc:
+            if ti_gone(exc):
+                _refused.append(exc)
+            raise
+
+    setattr(watched, _WATCHED, True)
+    TaskInstanceOperations.heartbeat = watched  # type: ignore[method-assign]
+
+
+_WATCHED = "_async_local_executor_watched"
 
 
 def _task_log(read: tuple[Any, dict[str, Any]]) -> TaskLogFile | None:
@@ -160,13 +203,14 @@ def _task_log(read: tuple[Any, dict[str, Any]]) -> TaskLogFile | None:
 def ti_gone(exc: BaseException) -> bool:
     """Whether ``exc`` is the api-server saying the task instance's id no longer exists.
 
-    Only the Execution API's own answer counts (a 404 whose detail says ``not_found``): a 404 from a
-    wrong server URL has a plain detail and stays a crash, so a misconfiguration is never taken for a clear.
+    Only the Execution API's own answer counts (a 404, or a 410 when the id went to the task-instance
+    history, whose detail says ``not_found``): a 404 from a wrong server URL has a plain detail and stays
+    a crash, so a misconfiguration is never taken for a clear.
     """
     response = getattr(exc, "response", None)
     detail = getattr(exc, "detail", None)
     return (
-        getattr(response, "status_code", None) == 404
+        getattr(response, "status_code", None) in (404, 410)
         and isinstance(detail, dict)
         and detail.get("reason") == "not_found"
     )
