@@ -54,6 +54,7 @@ metrics = Metrics()
 used = Cleanup(leftovers=3, killed=3, oom_kills=1, memory_peak=64 << 20, cpu_seconds=2.5)
 metrics.final_event(Outcome("used", OutcomeKind.SIGNALLED, -9, cleanup=used))
 metrics.final_event(Outcome("quiet", OutcomeKind.EXITED, 0, cleanup=Cleanup()))
+metrics.final_event(Outcome("cleared under it", OutcomeKind.EXITED, 4, cleanup=Cleanup()), gone=True)
 """
 
 
@@ -139,6 +140,7 @@ def test_a_contained_workloads_usage_reaches_statsd_with_its_final_event(
     ]
     finals = sorted(line for line in lines if ".final_events." in line)
     assert finals == [
+        "airflow.async_local_executor.final_events.gone:1|c",
         "airflow.async_local_executor.final_events.killed:1|c",
         "airflow.async_local_executor.final_events.success:1|c",
     ]

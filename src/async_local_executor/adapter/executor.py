@@ -76,8 +76,8 @@ def _requeue_in_thread(keys: list[Any], job_id: int | str, scope: ExecutorScope)
         )
     for key in done.reset:
         log.info(
-            "task instance %s: running under an id no workload has, put to no state, as the scheduler "
-            "does when a cleared running task's workload ends: it runs again as a new try",
+            "task instance %s: running (or restarting) under an id no workload has, put to no state, as "
+            "the scheduler does when a cleared running task's workload ends: it runs again as a new try",
             describe(key),
         )
     for key, executor in done.foreign.items():
@@ -564,7 +564,7 @@ class AsyncLocalExecutor(BaseExecutor):
         if self._handovers.holding.was_claimed(key):
             log.info("adopted workload %s ended: %s", submission.label, outcome.reason or "exit 0")
         self._handovers.ended(key)
-        self._metrics.final_event(outcome)
+        self._metrics.final_event(outcome, gone=_ti_gone(key, outcome))
 
     def _finish(
         self, key: WorkloadKey, submission: Submission, outcome: Outcome, tail: Sequence[str]

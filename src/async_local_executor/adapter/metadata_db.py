@@ -117,9 +117,9 @@ def requeue_unreachable(keys: Collection[Any], job_id: int | str, scope: Executo
     read a stale row wrote only a new id onto it. A row still ``queued`` for that try by job ``job_id``
     goes back to ``scheduled``, as the scheduler does with a task stuck in queued past ``[scheduler]
     task_queued_timeout`` (``_reschedule_stuck_task``). A row ``running`` for that try (the stale clear
-    came after the workload had started it; the api-server then refused its heartbeat) goes to no state,
-    as the scheduler does when a cleared running task's workload ends, so it runs as a new try; without
-    it the row would stay running until the scheduler's heartbeat timeout failed it. Each row is updated
+    came after the workload had started it; the api-server then refused its heartbeat or its state) goes
+    to no state, as the scheduler does when a cleared running task's workload ends, so it runs as a new
+    try; without it the row would stay running until the scheduler's heartbeat timeout failed it. Each row is updated
     only while it is still in that state for the same try by the same job and is this executor's
     (``scope``), in a transaction of its own on a connection of its own. Blocking (it may wait on a row
     lock the scheduler holds): never call it on the scheduler's thread.
@@ -159,12 +159,27 @@ def requeue_unreachable(keys: Collection[Any], job_id: int | str, scope: Executo
                 scheduled_dttm=datetime.now(timezone.utc),
             )
         )
-        to_none = update(table).where(same_try, ours, table.c.state.in_(started)).values(state=None)
+        # The stale clear set max_tries from the try it read, the one before this: one more keeps the
+        # retries the scheduler's own reset of a cleared running task (try_number + retries) would give.
+        running_to_none = (
+            update(table)
+            .where(same_try, ours, table.c.state == TaskInstanceState.RUNNING.value)
+            .values(state=None, max_tries=table.c.max_tries + 1)
+        )
+        # Cleared once more since it ran (a fresh read): that clear set max_tries from this try.
+        restarting_to_none = (
+            update(table)
+            .where(same_try, ours, table.c.state == TaskInstanceState.RESTARTING.value)
+            .values(state=None)
+        )
         with settings.engine.begin() as connection:
             if connection.execute(to_scheduled).rowcount:
                 done.scheduled.add(key)
                 continue
-            if connection.execute(to_none).rowcount:
+            if (
+                connection.execute(running_to_none).rowcount
+                or connection.execute(restarting_to_none).rowcount
+            ):
                 done.reset.add(key)
                 continue
             for (executor,) in connection.execute(select(table.c.executor).where(same_try)):

@@ -50,8 +50,12 @@ class Metrics:
         """From the scheduler's hand-over to the workload's process running."""
         stats.timing(self.name("launch_latency"), timedelta(seconds=max(0.0, seconds)), tags=self._tags)
 
-    def final_event(self, outcome: Outcome) -> None:
+    def final_event(self, outcome: Outcome, *, gone: bool = False) -> None:
+        """Count one workload's end; ``gone``: its task instance was cleared under it (Airflow 3), which
+        is no failure, and every clear of a running task instance ends its workload so."""
         kind = "success" if outcome.ok else _OUTCOME_NAMES.get(outcome.kind, outcome.kind.value)
+        if gone:
+            kind = "gone"
         stats.incr(self.name(f"final_events.{kind}"), tags=self._tags)
         if outcome.cleanup is not None:
             self._cleanup(outcome.cleanup)

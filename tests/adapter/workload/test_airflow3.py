@@ -63,7 +63,7 @@ from airflow.sdk.execution_time import task_runner
 from airflow.sdk.execution_time.comms import CommsDecoder
 from pydantic import JsonValue
 a, b = (CommsDecoder(socket=s) for s in socket.socketpair())
-airflow3._watch_heartbeats()  # again, as each workload's run does: it must not wrap the wrap
+airflow3._watch_state_calls()  # again, as each workload's run does: it must not wrap the wrap
 heartbeat = client.TaskInstanceOperations.heartbeat
 print(json.dumps({
     "heartbeat_watched": [getattr(heartbeat, airflow3._WATCHED, False),
@@ -130,19 +130,21 @@ def test_the_history_tables_gone_answer_means_the_task_instance_is_gone_too() ->
     assert not airflow3.ti_gone(_server_error(410, {"detail": "Gone"}))
 
 
-# A workload run whose supervisor heartbeats once through Airflow's real task SDK client against a stand-in
-# api-server (httpx's MockTransport: no api-server runs in a unit test; tests/e2e/test_cleared_while_waiting.py
-# runs the real one) that answers with argv's status and reason. The supervisor itself is a stand-in too:
-# on a refused heartbeat Airflow's kills the task and returns its exit code (-15), raising nothing.
-HEARTBEAT_PROBE = """
+# A workload run whose supervisor makes one call about its task instance through Airflow's real task SDK
+# client, against a stand-in api-server (httpx's MockTransport: no api-server runs in a unit test;
+# tests/e2e/test_cleared_while_waiting.py runs the real one) that answers with argv's status and reason.
+# The supervisor is a stand-in too, doing with a refusal what Airflow's does, raising nothing: a refused
+# heartbeat kills the task (exit -15); a refused success report is handed to the task, which exits 0.
+STATE_CALL_PROBE = """
 import sys, uuid
+from datetime import datetime, timezone
 import httpx
 from airflow.executors.base_executor import BaseExecutor
 from airflow.sdk.api.client import Client, ServerResponseError
 from async_local_executor.adapter.workload import airflow3
 from tests.adapter import workloads
 
-status, reason = int(sys.argv[1]), sys.argv[2]
+call, status, reason = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 
 def answer(request):
     if status == 204:
@@ -151,11 +153,15 @@ def answer(request):
 
 def supervise(workload, **_):
     client = Client(base_url="http://api/execution/", token="t", transport=httpx.MockTransport(answer))
+    ti_id = uuid.UUID(str(workload.ti.id))
     try:
-        client.task_instances.heartbeat(uuid.UUID(str(workload.ti.id)), pid=1)
+        if call == "heartbeat":
+            client.task_instances.heartbeat(ti_id, pid=1)
+        else:
+            client.task_instances.succeed(ti_id, datetime.now(tz=timezone.utc), [], [], None)
     except ServerResponseError as exc:
         if exc.response.status_code in (404, 409, 410):
-            return -15
+            return -15 if call == "heartbeat" else 0
         raise
     return 0
 
@@ -164,10 +170,10 @@ print(airflow3._run((workloads.task("ok"), {"server": "http://api/execution/"}))
 """
 
 
-def _exit_after_heartbeat(status: int, reason: str) -> int:
+def _exit_after(call: str, status: int, reason: str) -> int:
     root = Path(__file__).resolve().parents[3]
     done = subprocess.run(
-        [sys.executable, "-c", HEARTBEAT_PROBE, str(status), reason],
+        [sys.executable, "-c", STATE_CALL_PROBE, call, str(status), reason],
         capture_output=True,
         text=True,
         check=True,
@@ -177,16 +183,25 @@ def _exit_after_heartbeat(status: int, reason: str) -> int:
     return int(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.parametrize("call", ["heartbeat", "succeed"])
 @pytest.mark.parametrize("status", [404, 410])
-def test_a_heartbeat_refused_as_not_found_ends_the_workload_as_gone(status: int) -> None:
+def test_a_state_call_refused_as_not_found_ends_the_workload_as_gone(call: str, status: int) -> None:
     # Its task instance was cleared while it ran: exiting 0 would report a success under a key that a
     # task instance running under a new id may hold, which the scheduler would fail.
-    assert _exit_after_heartbeat(status, "not_found") == entry.EXIT_TI_GONE
+    assert _exit_after(call, status, "not_found") == entry.EXIT_TI_GONE
 
 
-@pytest.mark.parametrize(("status", "reason"), [(204, ""), (409, "running_elsewhere"), (409, "not_running")])
-def test_a_heartbeat_answered_or_refused_otherwise_ends_the_workload_as_it_ended(
-    status: int, reason: str
+@pytest.mark.parametrize(
+    ("call", "status", "reason"),
+    [
+        ("heartbeat", 204, ""),
+        ("succeed", 204, ""),
+        ("heartbeat", 409, "running_elsewhere"),
+        ("heartbeat", 409, "not_running"),
+    ],
+)
+def test_a_state_call_answered_or_refused_otherwise_ends_the_workload_as_it_ended(
+    call: str, status: int, reason: str
 ) -> None:
     # 409: the task instance is there but another process runs it, or it was marked: no clear to report.
-    assert _exit_after_heartbeat(status, reason) == entry.EXIT_OK
+    assert _exit_after(call, status, reason) == entry.EXIT_OK

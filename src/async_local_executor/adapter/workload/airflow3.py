@@ -10,6 +10,7 @@ import contextlib
 import functools
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,7 @@ def preload() -> None:
         with contextlib.suppress(ImportError):  # an optional provider may not be installed
             importlib.import_module(module)
     _workload_adapter()
-    _watch_heartbeats()
+    _watch_state_calls()
     # Stock workers are long-lived and fill these per-process caches once; a forked child would
     # refill them for every task. Filled here, every child inherits them:
     # - the task SDK's TLS context (loading the whole CA bundle: a third of a no-op task's CPU);
@@ -129,7 +130,7 @@ def _run(read: tuple[Any, dict[str, Any]]) -> int:
     # Our parent's engine is not ours to use, and the task reaches the database through the API.
     dispose_orm(do_log=False)
     _configure_logging()
-    _watch_heartbeats()
+    _watch_state_calls()
     try:
         BaseExecutor.run_workload(
             workload,
@@ -138,12 +139,15 @@ def _run(read: tuple[Any, dict[str, Any]]) -> int:
             subprocess_logs_to_stdout=False,
         )
     except Exception as exc:
-        if not ti_gone(exc):
+        if ti_gone(exc):
+            return _gone(exc)
+        if not _refused:
             raise
-        return _gone(exc)
+        # After the api-server disowned this try, whatever else failed can be reported to no one.
     if _refused:
-        # The supervisor killed the task on that answer and returned as if it had ended: no state was
-        # sent for this try. Exiting 0 would report a success under a key a new try may hold now.
+        # The supervisor took that answer as the end of the task (it killed it, or gave up reporting its
+        # state) and returned as from any end: no state was recorded for this try. Exiting 0 would
+        # report a success under a key a task instance running under the new id may hold now.
         return _gone(_refused[0])
     return EXIT_OK
 
@@ -158,34 +162,41 @@ def _gone(exc: BaseException) -> int:
     return EXIT_TI_GONE
 
 
-# The api-server's "not found" answers to this process's heartbeats (see _watch_heartbeats).
+# The api-server's "not found" answers to this process's own task instance (see _watch_state_calls).
 _refused: list[BaseException] = []
 
+# What Airflow's supervisor asks of the api-server for its own task instance, by that id: the start, the
+# heartbeat and each terminal state. It handles a refusal of most of them itself: a heartbeat's kills the
+# task, a terminal state's is passed to the task or logged, and run_workload returns as from any end.
+_STATE_CALLS = ("start", "heartbeat", "succeed", "finish", "retry", "defer", "reschedule", "await_input")
 
-def _watch_heartbeats() -> None:
-    """Note each heartbeat the api-server refuses as "not found", then let the refusal go on as before.
 
-    The task SDK's supervisor takes a refused heartbeat as "stop": it kills the task and returns its exit
-    code as from any end, so the refusal is seen only here. Wrapped once per process; the fork server
-    does it in ``preload``, so its children inherit it and an empty list.
+def _watch_state_calls() -> None:
+    """Note each of those calls the api-server refuses as "not found", then let the refusal go on.
+
+    Wrapped once per process; the fork server does it in ``preload``, so its children inherit the wraps
+    and an empty list. A task SDK without one of these methods leaves that one unwatched.
     """
     from airflow.sdk.api.client import TaskInstanceOperations
 
-    heartbeat = TaskInstanceOperations.heartbeat
-    if getattr(heartbeat, _WATCHED, False):
-        return
+    for name in _STATE_CALLS:
+        call = getattr(TaskInstanceOperations, name, None)
+        if call is not None and not getattr(call, _WATCHED, False):
+            setattr(TaskInstanceOperations, name, _watched(call))
 
-    @functools.wraps(heartbeat)
-    def watched(self: TaskInstanceOperations, *args: Any, **kwargs: Any) -> None:
+
+def _watched(call: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(call)
+    def watched(*args: Any, **kwargs: Any) -> Any:
         try:
-            heartbeat(self, *args, **kwargs)
+            return call(*args, **kwargs)
         except Exception as exc:
             if ti_gone(exc):
                 _refused.append(exc)
             raise
 
     setattr(watched, _WATCHED, True)
-    TaskInstanceOperations.heartbeat = watched  # type: ignore[method-assign]
+    return watched
 
 
 _WATCHED = "_async_local_executor_watched"
