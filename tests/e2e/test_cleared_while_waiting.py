@@ -91,6 +91,20 @@ def _two_waiting(sandbox: AirflowSandbox, tmp_path: Path) -> tuple[str, Row]:
     return run_id, next(r for r in _rows(sandbox, run_id) if r[2] == "queued")
 
 
+def _new_id(sandbox: AirflowSandbox, old_id: str, executor: str | None = None) -> str:
+    """Write a new id onto a task instance, as a clear that read its row before the scheduler queued it
+    again does (an UPDATE of that column alone); with ``executor``, name that executor on it too."""
+    new_id = str(uuid.uuid4()) if "-" in old_id else uuid.uuid4().hex  # as the database stores it
+    with sandbox.engine.begin() as connection:
+        connection.execute(
+            sa.text(
+                "UPDATE task_instance SET id = :new, executor = COALESCE(:executor, executor) WHERE id = :old"
+            ),
+            {"new": new_id, "old": old_id, "executor": executor},
+        )
+    return new_id
+
+
 def test_a_task_cleared_while_its_workload_waits_runs_again(sandbox: AirflowSandbox, tmp_path: Path) -> None:
     offset = log_size(sandbox)
     run_id, (index, old_id, _, _) = _two_waiting(sandbox, tmp_path)
@@ -121,43 +135,35 @@ def test_a_queued_task_given_a_new_id_while_its_workload_waits_is_not_failed(
 ) -> None:
     offset = log_size(sandbox)
     run_id, (index, old_id, _, tries) = _two_waiting(sandbox, tmp_path)
-    new_id = str(uuid.uuid4()) if "-" in old_id else uuid.uuid4().hex  # as the database stores it
-    with sandbox.engine.begin() as connection:
-        connection.execute(
-            sa.text("UPDATE task_instance SET id = :new WHERE id = :old"), {"new": new_id, "old": old_id}
-        )
+    _new_id(sandbox, old_id)
 
     tries_after, log = open_the_gate(sandbox, tmp_path, run_id, offset)
-    assert [state for state, _ in tries_after] == ["success"] * len(tries_after)
-    assert "no event is sent" in log
     # Put back to scheduled at once, not after [scheduler] task_queued_timeout (10 minutes), and run.
-    assert "queued under an id no workload has, put back to scheduled" in log
-    assert tries_after[index] == ("success", tries)
-    assert "Marking task" not in log
-    assert "state mismatch" not in log
-    assert "finished with state" not in log
+    _ran_again(log, tries_after, index, tries, "queued under an id no workload has, put back to scheduled")
 
 
 def _a_running_row_given_a_new_id(sandbox: AirflowSandbox, tmp_path: Path) -> tuple[str, Row]:
     run_id, _ = _two_waiting(sandbox, tmp_path)
     row = next(r for r in _rows(sandbox, run_id) if r[2] == "running")
-    new_id = str(uuid.uuid4()) if "-" in row[1] else uuid.uuid4().hex
-    with sandbox.engine.begin() as connection:
-        connection.execute(
-            sa.text("UPDATE task_instance SET id = :new WHERE id = :old"), {"new": new_id, "old": row[1]}
-        )
+    _new_id(sandbox, row[1])
     return run_id, row
 
 
-def _ran_again(log: str, tries_after: list[tuple[str | None, int]], index: int, tries: int) -> None:
+def _ran_again(
+    log: str, tries_after: list[tuple[str | None, int]], index: int, at: int, put_back: str
+) -> None:
+    """The run succeeded with the task instance given a new id at try ``at``, put back as ``put_back``
+    says, and no executor event contradicted the database."""
     assert [state for state, _ in tries_after] == ["success"] * len(tries_after)
-    assert tries_after[index] == ("success", tries + 1)  # ran again as a new try
-    assert "reported as ended, not failed" in log
+    assert tries_after[index] == ("success", at)
     assert "no event is sent" in log
-    assert "under an id no workload has, put to no state" in log
+    assert put_back in log
     assert "finished with state" not in log
     assert "Marking task" not in log
     assert "state mismatch" not in log
+
+
+RESET = "under an id no workload has, put to no state"
 
 
 def test_a_running_task_given_a_new_id_is_run_again_not_failed(
@@ -172,10 +178,11 @@ def test_a_running_task_given_a_new_id_is_run_again_not_failed(
     run_id, (index, _, _, tries) = _a_running_row_given_a_new_id(sandbox, tmp_path)
     poll(
         "the running row put to no state once its workload's heartbeat was refused",
-        lambda: "under an id no workload has, put to no state" in since(sandbox, offset),
+        lambda: RESET in since(sandbox, offset),
     )
     tries_after, log = open_the_gate(sandbox, tmp_path, run_id, offset)
-    _ran_again(log, tries_after, index, tries)
+    _ran_again(log, tries_after, index, tries + 1, RESET)  # ran again as a new try
+    assert "reported as ended, not failed" in log
 
 
 def test_a_running_task_given_a_new_id_that_ends_at_once_is_run_again(
@@ -187,7 +194,8 @@ def test_a_running_task_given_a_new_id_that_ends_at_once_is_run_again(
     offset = log_size(sandbox)
     run_id, (index, _, _, tries) = _a_running_row_given_a_new_id(sandbox, tmp_path)
     tries_after, log = open_the_gate(sandbox, tmp_path, run_id, offset)
-    _ran_again(log, tries_after, index, tries)
+    _ran_again(log, tries_after, index, tries + 1, RESET)  # ran again as a new try
+    assert "reported as ended, not failed" in log
 
 
 def test_a_queued_row_of_another_executor_is_left_queued(sandbox: AirflowSandbox, tmp_path: Path) -> None:
@@ -196,12 +204,7 @@ def test_a_queued_row_of_another_executor_is_left_queued(sandbox: AirflowSandbox
     # stays running, that row queued, which holds no slot the tests after it on the shared deployment need.
     offset = log_size(sandbox)
     run_id, (index, old_id, _, _) = _two_waiting(sandbox, tmp_path)
-    new_id = str(uuid.uuid4()) if "-" in old_id else uuid.uuid4().hex
-    with sandbox.engine.begin() as connection:
-        connection.execute(
-            sa.text("UPDATE task_instance SET id = :new, executor = 'CeleryExecutor' WHERE id = :old"),
-            {"new": new_id, "old": old_id},
-        )
+    new_id = _new_id(sandbox, old_id, executor="CeleryExecutor")
     (tmp_path / "gate").touch()
     poll("the requeue's verdict", lambda: "left as it is" in since(sandbox, offset))
     said = since(sandbox, offset)
