@@ -142,11 +142,21 @@ def test_a_queued_task_given_a_new_id_while_its_workload_waits_is_not_failed(
     _ran_again(log, tries_after, index, tries, "queued under an id no workload has, put back to scheduled")
 
 
-def _a_running_row_given_a_new_id(sandbox: AirflowSandbox, tmp_path: Path) -> tuple[str, Row]:
+def _a_running_row_given_a_new_id(sandbox: AirflowSandbox, tmp_path: Path) -> tuple[str, Row, int]:
+    """The run, the running row a stale clear gave a new id, and that row's max_tries then."""
     run_id, _ = _two_waiting(sandbox, tmp_path)
     row = next(r for r in _rows(sandbox, run_id) if r[2] == "running")
     _new_id(sandbox, row[1])
-    return run_id, row
+    return run_id, row, _max_tries(sandbox, run_id, row[0])
+
+
+def _max_tries(sandbox: AirflowSandbox, run_id: str, index: int) -> int:
+    [(found,)] = sandbox.query(
+        "SELECT max_tries FROM task_instance WHERE dag_id = 'switch' AND run_id = :run_id AND map_index = :i",
+        run_id=run_id,
+        i=index,
+    )
+    return int(found)
 
 
 def _ran_again(
@@ -175,7 +185,7 @@ def test_a_running_task_given_a_new_id_is_run_again_not_failed(
     # state success, but the task instance's state attribute is running"), so none is sent, and the row
     # goes to no state, as the scheduler does for a cleared running task whose workload ended.
     offset = log_size(sandbox)
-    run_id, (index, _, _, tries) = _a_running_row_given_a_new_id(sandbox, tmp_path)
+    run_id, (index, _, _, tries), max_tries = _a_running_row_given_a_new_id(sandbox, tmp_path)
     poll(
         "the running row put to no state once its workload's heartbeat was refused",
         lambda: RESET in since(sandbox, offset),
@@ -183,6 +193,8 @@ def test_a_running_task_given_a_new_id_is_run_again_not_failed(
     tries_after, log = open_the_gate(sandbox, tmp_path, run_id, offset)
     _ran_again(log, tries_after, index, tries + 1, RESET)  # ran again as a new try
     assert "reported as ended, not failed" in log
+    # The retry the new try would have had, had the scheduler reset it (a real stale clear counts one short).
+    assert _max_tries(sandbox, run_id, index) == max_tries + 1
 
 
 def test_a_running_task_given_a_new_id_that_ends_at_once_is_run_again(
@@ -190,12 +202,16 @@ def test_a_running_task_given_a_new_id_that_ends_at_once_is_run_again(
 ) -> None:
     # The same, with the gate opened at once: the task ends within a fifth of a second, mostly before its
     # supervisor's next heartbeat (every 5 s), so the api-server refuses the success it reports, which
-    # Airflow's supervisor hands to the task and does not raise. Either refusal ends the same way.
+    # Airflow's supervisor hands to the task and does not raise. A heartbeat in that fifth of a second
+    # takes the other path; either ends the same way, which is what this asserts (test_airflow3.py pins
+    # the refused success report on its own).
     offset = log_size(sandbox)
-    run_id, (index, _, _, tries) = _a_running_row_given_a_new_id(sandbox, tmp_path)
+    run_id, (index, _, _, tries), max_tries = _a_running_row_given_a_new_id(sandbox, tmp_path)
     tries_after, log = open_the_gate(sandbox, tmp_path, run_id, offset)
     _ran_again(log, tries_after, index, tries + 1, RESET)  # ran again as a new try
     assert "reported as ended, not failed" in log
+    # The retry the new try would have had, had the scheduler reset it (a real stale clear counts one short).
+    assert _max_tries(sandbox, run_id, index) == max_tries + 1
 
 
 def test_a_queued_row_of_another_executor_is_left_queued(sandbox: AirflowSandbox, tmp_path: Path) -> None:

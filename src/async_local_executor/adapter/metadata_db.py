@@ -159,27 +159,19 @@ def requeue_unreachable(keys: Collection[Any], job_id: int | str, scope: Executo
                 scheduled_dttm=datetime.now(timezone.utc),
             )
         )
-        # The stale clear set max_tries from the try it read, the one before this: one more keeps the
-        # retries the scheduler's own reset of a cleared running task (try_number + retries) would give.
-        running_to_none = (
+        # The stale clear set max_tries from the try it read, the one before this, and a clear since
+        # (running to restarting) leaves it: one more keeps the retries the scheduler's own reset of a
+        # cleared running task (try_number + retries) would give.
+        to_none = (
             update(table)
-            .where(same_try, ours, table.c.state == TaskInstanceState.RUNNING.value)
+            .where(same_try, ours, table.c.state.in_(started))
             .values(state=None, max_tries=table.c.max_tries + 1)
-        )
-        # Cleared once more since it ran (a fresh read): that clear set max_tries from this try.
-        restarting_to_none = (
-            update(table)
-            .where(same_try, ours, table.c.state == TaskInstanceState.RESTARTING.value)
-            .values(state=None)
         )
         with settings.engine.begin() as connection:
             if connection.execute(to_scheduled).rowcount:
                 done.scheduled.add(key)
                 continue
-            if (
-                connection.execute(running_to_none).rowcount
-                or connection.execute(restarting_to_none).rowcount
-            ):
+            if connection.execute(to_none).rowcount:
                 done.reset.add(key)
                 continue
             for (executor,) in connection.execute(select(table.c.executor).where(same_try)):

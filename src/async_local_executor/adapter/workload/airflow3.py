@@ -10,6 +10,7 @@ import contextlib
 import functools
 import json
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -143,7 +144,9 @@ def _run(read: tuple[Any, dict[str, Any]]) -> int:
             return _gone(exc)
         if not _refused:
             raise
-        # After the api-server disowned this try, whatever else failed can be reported to no one.
+        # After the api-server disowned this try, whatever else failed can be reported to no one; its
+        # traceback still goes to the workload's output (the scheduler log's DEBUG lines), for a bug.
+        traceback.print_exc()
     if _refused:
         # The supervisor took that answer as the end of the task (it killed it, or gave up reporting its
         # state) and returned as from any end: no state was recorded for this try. Exiting 0 would
