@@ -352,6 +352,64 @@ def held_to_what_was_left(text: str, overrun: Overrun, restarted: float) -> str:
     return found[1]
 
 
+SPENT_TIMEOUT = 20.0  # the limit of a task whose limit and grace period run out around a stop
+# Its grace period: long, so that the stop lands inside it on any host, and so that an adopter giving it a
+# whole one again could not be mistaken for one that kills it at once.
+SPENT_GRACE = 40.0
+
+
+def spent_config() -> dict[str, str]:
+    """The executor's options for a task whose limit runs out before a stop, and its grace after it."""
+    return {
+        "AIRFLOW__ASYNC_LOCAL_EXECUTOR__TASK_TIMEOUT": str(SPENT_TIMEOUT),
+        "AIRFLOW__ASYNC_LOCAL_EXECUTOR__TERMINATION_GRACE_PERIOD": str(SPENT_GRACE),
+    }
+
+
+def limit_ran_out(sandbox: AirflowSandbox, overrun: Overrun) -> float:
+    """Wait until the scheduler says the task's limit ran out (its SIGTERM sent, its grace period begun);
+    when that was seen (wall clock). The task goes on: Airflow 3's task answers SIGTERM with its
+    operator's ``on_kill`` and runs on, and this one waits for a gate nobody opens."""
+    line = f"overrun try 1 ran longer than its {SPENT_TIMEOUT:g}s timeout; terminating it"
+    log = sandbox.process_logs["scheduler"]
+    poll("its limit to run out", lambda: line in log.read_text(errors="replace"), guard=SPENT_TIMEOUT + 60)
+    seen = time.time()
+    assert alive(overrun.task), "ended by its SIGTERM: the grace period cannot be told from its end"
+    return seen
+
+
+def grace_spent_without_a_scheduler(overrun: Overrun, terminating: float) -> None:
+    """With no scheduler, time passes until the grace period begun at ``terminating`` is spent; the task
+    still runs (its custody countdown, ``handover_timeout``, is far longer)."""
+    poll(
+        "its grace period to be spent",
+        lambda: time.time() > terminating + SPENT_GRACE + 1,
+        guard=SPENT_GRACE + SLACK,
+    )
+    assert alive(overrun.task)
+    assert alive(overrun.workload)
+
+
+def killed_once_held(sandbox: AirflowSandbox, offset: int, overrun: Overrun) -> str:
+    """The scheduler whose log begins at ``offset`` kills the task as soon as it holds it, its grace
+    period spent; not a whole grace period later.
+
+    :returns: its log from ``offset`` on
+    """
+    poll("the new scheduler to hold it", lambda: "holding 1 running workload(s)" in since(sandbox, offset))
+    held = time.time()
+    poll(
+        "its processes to be killed",
+        lambda: not alive(overrun.workload) and not alive(overrun.task),
+        guard=SPENT_GRACE + SLACK,
+    )
+    took = time.time() - held
+    text = since(sandbox, offset)
+    assert took < SLACK, f"killed {took:.1f}s after its hold, its grace period long spent:\n{text[-5000:]}"
+    assert "overrun try 1 ran longer than its timeout, which ran out " in text, text
+    return text
+
+
 def adopted_twice_then_succeeds(
     sandbox: AirflowSandbox, folder: Path, major: Major, overrun: Overrun, limit: float, open_after: float
 ) -> int:

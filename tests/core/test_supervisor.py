@@ -10,6 +10,7 @@ and the kernel's exit storm.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import fcntl
 import logging
 import os
@@ -881,6 +882,55 @@ async def test_an_adopted_workload_holds_a_slot_times_out_and_reports_its_end_on
         "timed out after 5s: terminated (killed by SIGTERM)",
     )
     assert list(recorder.pids) == ["adopted", "new"]
+
+
+async def test_an_adopted_workload_whose_limit_ran_out_during_its_grace_gets_only_what_was_left_of_it() -> (
+    None
+):
+    # Its predecessor's limit ran out 3 s before the adoption, and its SIGTERM was ignored: the SIGKILL is
+    # due a grace period after the limit's end, 7 s from now, not a whole grace period after the adoption.
+    adopted_launcher = FakeLauncher(ignores=(signal.SIGTERM,))
+    async with faked(grace=10.0, ignores=(signal.SIGTERM,)) as (supervisor, _, recorder, clock):
+        predecessor = await adopted_launcher.launch(request("spent"))
+        took = taking_over(request("spent"), lambda: predecessor, 1.0, None)
+        supervisor.adopt(dataclasses.replace(took, timeout=-3.0))
+        await adopted_launcher.until(lambda: predecessor.signals == [signal.SIGTERM])
+        await clock.sleepers(1)  # what is left of the grace period
+        clock.advance(6.9)
+        assert clock.sleeping == 1  # a whole grace period, or none, would have woken by now or before
+        assert predecessor.signals == [signal.SIGTERM]
+        clock.advance(0.1)
+        await recorder.until(lambda: recorder.outcomes)
+    assert predecessor.signals == [signal.SIGTERM, signal.SIGKILL]
+    outcome = recorder.outcome("spent")
+    assert (outcome.kind, outcome.reason) == (
+        OutcomeKind.TERMINATED,
+        "timed out 3.0s before its adoption: terminated (killed by SIGKILL)",
+    )
+
+
+async def test_an_adopted_workload_whose_limit_and_grace_both_ran_out_is_killed_at_once() -> None:
+    adopted_launcher = FakeLauncher(ignores=(signal.SIGTERM,))
+    async with faked(grace=5.0, ignores=(signal.SIGTERM,)) as (supervisor, _, recorder, clock):
+        predecessor = await adopted_launcher.launch(request("long-gone"))
+        took = taking_over(request("long-gone"), lambda: predecessor, 1.0, None)
+        supervisor.adopt(dataclasses.replace(took, timeout=-12.0))
+        await recorder.until(lambda: recorder.outcomes)
+        assert clock.sleeping == 0  # no time given: the clock never moved
+    assert predecessor.signals == [signal.SIGTERM, signal.SIGKILL]
+    assert recorder.outcome("long-gone").reason == (
+        "timed out 12.0s before its adoption: terminated (killed by SIGKILL)"
+    )
+
+
+async def test_a_spent_limit_is_only_for_a_takeover_and_must_be_a_number() -> None:
+    took = taking_over(request("k"), lambda: None, 1.0, None)  # type: ignore[arg-type,return-value]
+    assert dataclasses.replace(took, timeout=-1.0).timeout == -1.0
+    for bad in (float("nan"), float("-inf")):
+        with pytest.raises(ValueError, match="timeout must be > 0"):
+            dataclasses.replace(took, timeout=bad)
+    with pytest.raises(ValueError, match="timeout must be > 0"):
+        request("k", timeout=-1.0)
 
 
 async def test_an_adopted_process_that_is_gone_ends_as_a_failed_launch() -> None:

@@ -4,7 +4,8 @@ With the defaults (``on_stop = handover``, ``handover_timeout = 300``), a stoppe
 seconds and a killed one leaves its tasks running; the next scheduler adopts them, so every task runs
 once, at try 1, and its end is reported. Without a successor, the tasks kill themselves once
 ``handover_timeout`` has passed. An adopted task's run-time limit counts from its launch, not from its
-adoption, also when its adopter crashes and the next scheduler adopts it again. A handed-over task whose
+adoption, also when its adopter crashes and the next scheduler adopts it again, and its grace period
+counts from the limit's end, also across a stop inside it. A handed-over task whose
 process is gone by the restart, or whose recorded pid another process runs now, is not adopted: the
 scheduler resets it and it runs again, and the other process is left alone. Each task records every
 execution it starts and ends (dags/handover.py, dags/handover_overrun.py), so the tests count executions
@@ -28,7 +29,15 @@ import pytest
 from harness.sandbox import AirflowSandbox
 from tests import handover_scenarios as scenarios
 from tests.core.helpers import alive
-from tests.e2e.helpers import QUICK_ORPHANS, bystander_at_recorded_pid, cmdline, first_tries, marks, since
+from tests.e2e.helpers import (
+    QUICK_ORPHANS,
+    bystander_at_recorded_pid,
+    cmdline,
+    first_tries,
+    marks,
+    poll,
+    since,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sandbox(parallelism=4, config=QUICK_ORPHANS)]
 AIRFLOW3 = scenarios.Major(
@@ -122,6 +131,27 @@ def test_an_adopted_task_times_out_when_what_was_left_of_its_limit_runs_out(
     text = since(sandbox, offset)
     scenarios.held_to_what_was_left(text, overrun, restarted)
     assert "workload handover_overrun.overrun try 1 failed: " in text, text
+    scenarios.failed_in_its_one_execution(sandbox, tmp_path, AIRFLOW3, overrun)
+
+
+@pytest.mark.sandbox(config=scenarios.spent_config())
+def test_a_task_stopped_during_its_grace_is_killed_at_its_adoption_once_the_grace_is_spent(
+    sandbox: AirflowSandbox, tmp_path: Path
+) -> None:
+    """Its limit runs out (SIGTERM, which it survives), the scheduler stops inside the grace period and
+    hands it over, and the next one starts after the grace period is spent: that one kills it as soon as
+    it holds it. Given a whole grace period again, it would run that much longer past its limit, and a
+    slow start on top (the restart chaos test saw one run to its end)."""
+    overrun = scenarios.overrun_running(sandbox, tmp_path, AIRFLOW3)
+    terminating = scenarios.limit_ran_out(sandbox, overrun)
+    scenarios.stop(sandbox, 1)
+    scenarios.grace_spent_without_a_scheduler(overrun, terminating)
+    offset = scenarios.restart(sandbox)
+    scenarios.killed_once_held(sandbox, offset, overrun)
+    poll(
+        "the run to end",
+        lambda: sandbox.run_state(AIRFLOW3.overrun_dag_id, overrun.run_id) in ("success", "failed"),
+    )
     scenarios.failed_in_its_one_execution(sandbox, tmp_path, AIRFLOW3, overrun)
 
 

@@ -95,8 +95,9 @@ class TaskRecord:
         return cls(key, ti_id, wall, boot + timeout if timeout is not None else None)
 
     def timeout_left(self, boot: float) -> float | None:
-        """What is left of its limit at ``boot`` (a run past its deadline gets the least limit there is)."""
-        return None if self.deadline is None else max(0.001, self.deadline - boot)
+        """What is left of its limit at ``boot``; 0 or less once it ran out (``-5``: 5 seconds ago, which
+        the supervisor takes off the grace period before its SIGKILL)."""
+        return None if self.deadline is None else self.deadline - boot
 
     def to_json(self) -> dict[str, object]:
         key = self.key

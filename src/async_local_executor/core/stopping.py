@@ -40,7 +40,8 @@ class TerminationPolicy:
 async def escalate(
     child: Child, exited: anyio.Event, policy: TerminationPolicy, clock: Clock, label: object
 ) -> None:
-    """Signal ``child``'s group, and SIGKILL it if ``exited`` is not set within the grace period.
+    """Signal ``child``'s group, and SIGKILL it if ``exited`` is not set within the grace period (at once
+    for a grace of 0).
 
     :param label: names the workload in the log
     """
@@ -62,6 +63,10 @@ class Deadline:
     """A workload's run-time limit: calls ``expire`` with the reason once ``limit`` seconds of ``clock``
     have passed, unless the workload has exited (``exited`` is set) or the deadline was cancelled.
 
+    ``limit`` may be spent already (0 or less: an adopted workload whose limit ran out ``-limit``
+    seconds before its adoption); ``expire`` is then called at once. :attr:`ends` is when the limit ran
+    out or runs out, on ``clock``'s monotonic time: the grace period before a SIGKILL counts from there.
+
     Cancelling works even before :meth:`run` first runs, so a workload that exits at once does not leave
     a timer behind to hold up shutdown.
 
@@ -78,6 +83,7 @@ class Deadline:
         label: object,
     ) -> None:
         self.limit = limit
+        self.ends = clock.monotonic() + limit
         self._clock = clock
         self._exited = exited
         self._expire = expire
@@ -86,12 +92,26 @@ class Deadline:
 
     async def run(self) -> None:
         with self._scope:
-            await self._clock.sleep(self.limit)
-            if not self._exited.is_set():
+            await self._clock.sleep(max(0.0, self.limit))
+            if self._exited.is_set():
+                return
+            if self.limit > 0:
                 log.warning(
                     "workload %s ran longer than its %gs timeout; terminating it", self._label, self.limit
                 )
                 self._expire(f"timed out after {self.limit:g}s")
+            else:
+                log.warning(
+                    "workload %s ran longer than its timeout, which ran out %.1fs before this executor took "
+                    "it over; terminating it within what is left of its grace period",
+                    self._label,
+                    -self.limit,
+                )
+                self._expire(f"timed out {-self.limit:.1f}s before its adoption")
+
+    def grace_left(self, grace: float) -> float:
+        """What is left of a ``grace`` period counted from the limit's end (0 once it is spent)."""
+        return max(0.0, min(grace, self.ends + grace - self._clock.monotonic()))
 
     def cancel(self) -> None:
         self._scope.cancel()

@@ -381,7 +381,8 @@ class Supervisor:
         elif (handover := self._release_one(workload)) is not None:  # release() began while it launched
             self._late_handovers.append(handover)
         elif request.timeout is not None:
-            # From now, for an adopted one too: its request carries what was left of its limit.
+            # From now, for an adopted one too: its request carries what was left of its limit (spent
+            # already, maybe: the Deadline then fires at once).
             assert self._tg is not None
             workload.deadline = Deadline(
                 request.timeout,
@@ -466,10 +467,15 @@ class Supervisor:
         label = workload.request.label or workload.request.key
         child, scope = workload.child, anyio.CancelScope()
         workload.escalation = scope
+        policy = self._policy
+        if workload.timed_out and workload.deadline is not None:
+            # Its SIGKILL is due a grace period after its limit's end, whoever supervised it then: a
+            # stop or a crash during the grace must not give it a whole one again at its adoption.
+            policy = dataclasses.replace(policy, grace=workload.deadline.grace_left(policy.grace))
 
         async def stop() -> None:
             with scope:  # cancelled when it is let go: its stop is its adopter's then
-                await escalate(child, workload.exited, self._policy, self._clock, label)
+                await escalate(child, workload.exited, policy, self._clock, label)
 
         self._tg.start_soon(stop)
 

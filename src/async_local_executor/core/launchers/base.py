@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -53,7 +54,10 @@ class LaunchRequest:
     :param stdin: bytes written to the child's stdin, which is then closed; secrets travel here
     :param env: the child's whole environment, or ``None`` to inherit ours
     :param label: a short human name for logs
-    :param timeout: seconds the process may run before it is terminated; ``None`` for no limit
+    :param timeout: seconds the process may run before it is terminated; ``None`` for no limit. For a
+        ``takeover``, what is left of the limit its launch set, which may be spent: ``-5`` says it ran
+        out 5 seconds ago, and the grace period before its SIGKILL is 5 seconds shorter (it is counted
+        from the limit's end, whoever supervised the process then)
     :param group: the admission group whose own limit (if the supervisor has one for it) also applies
     :param limits: memory, CPU and process limits of this workload's own, over the executor's (they need
         containment: a contained launcher enforces them, or refuses the launch)
@@ -88,8 +92,12 @@ class LaunchRequest:
     def __post_init__(self) -> None:
         if not self.argv:
             raise ValueError("argv must not be empty")
-        if self.timeout is not None and not self.timeout > 0:
-            raise ValueError(f"timeout must be > 0 or None, got {self.timeout}")
+        if self.timeout is not None and not (
+            self.timeout > 0 or (self.takeover is not None and math.isfinite(self.timeout))
+        ):
+            raise ValueError(
+                f"timeout must be > 0 or None (any finite number for a takeover), got {self.timeout}"
+            )
 
 
 class Child(Protocol):
