@@ -4,9 +4,12 @@ its credentials. The handovers themselves, driven through the executor, are test
 
 from __future__ import annotations
 
-import pytest
+import dataclasses
 
-from async_local_executor.adapter.adoption import owner_key
+import pytest
+from airflow.models.taskinstancekey import TaskInstanceKey
+
+from async_local_executor.adapter.adoption import TaskRecord, UnknownRecord, owner_key
 
 
 class Conf:
@@ -51,3 +54,18 @@ def test_teams_of_one_deployment_have_keys_of_their_own() -> None:
     keys = {owner_key(Conf(BASE), team) for team in (None, "team_a", "team_b")}
     assert len(keys) == 3
     assert "old" not in "".join(keys)
+
+
+def test_a_record_carries_its_deadline_and_whether_its_limit_s_stop_was_under_way() -> None:
+    key = TaskInstanceKey("dag", "task", "run", 2, -1)
+    launched = TaskRecord.at_launch(key, "ti-1", 20.0, wall=1000.0, boot=50.0)
+    assert (launched.deadline, launched.signalled) == (70.0, False)
+    assert launched.timeout_left(60.0) == 10.0
+    assert launched.timeout_left(75.0) == -5.0  # spent 5 s ago: the adopter's stop begins at once
+    stopped = dataclasses.replace(launched, signalled=True)
+    assert TaskRecord.from_json(stopped.to_json()) == stopped
+    line = launched.to_json()
+    del line["signalled"]  # a launch line written before a stop: never signalled
+    assert TaskRecord.from_json(line) == launched
+    with pytest.raises(UnknownRecord, match="signalled"):
+        TaskRecord.from_json({**line, "signalled": "yes"})

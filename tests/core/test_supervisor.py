@@ -793,7 +793,7 @@ async def test_release_stops_what_it_may_not_hand_over_and_what_is_being_stopped
         supervisor.stop("revoked", "revoked by the scheduler")
         with anyio.fail_after(GUARD):
             handovers = await supervisor.release(grace=0, which=lambda key: key != "callback")
-    assert [h.key for h in handovers] == ["task"]
+    assert [(h.key, h.stopping) for h in handovers] == [("task", False)]
     kinds = {o.key: o.kind for o in recorder.outcomes}
     assert kinds == {
         "callback": OutcomeKind.TERMINATED,
@@ -828,7 +828,7 @@ async def test_a_workload_being_stopped_for_its_timeout_when_release_begins_is_h
         tg.start_soon(release)
         await anyio.wait_all_tasks_blocked()
         clock.advance(30)  # the grace: what is still being stopped here gets SIGKILL
-    assert [h.key for h in handovers] == ["timed"]
+    assert [(h.key, h.stopping) for h in handovers] == [("timed", True)]
     timed = launcher.children["timed"]
     assert timed.released
     assert timed.running
@@ -892,12 +892,13 @@ async def test_an_adopted_workload_whose_limit_ran_out_during_its_grace_gets_onl
     adopted_launcher = FakeLauncher(ignores=(signal.SIGTERM,))
     async with faked(grace=10.0, ignores=(signal.SIGTERM,)) as (supervisor, _, recorder, clock):
         predecessor = await adopted_launcher.launch(request("spent"))
-        took = taking_over(request("spent"), lambda: predecessor, 1.0, None)
+        took = _signalled(taking_over(request("spent"), lambda: predecessor, 1.0, None))
         supervisor.adopt(dataclasses.replace(took, timeout=-3.0))
         await adopted_launcher.until(lambda: predecessor.signals == [signal.SIGTERM])
         await clock.sleepers(1)  # what is left of the grace period
         clock.advance(6.9)
-        assert clock.sleeping == 1  # a whole grace period, or none, would have woken by now or before
+        await anyio.wait_all_tasks_blocked()
+        assert clock.sleeping == 1  # not over yet: none would have woken at once
         assert predecessor.signals == [signal.SIGTERM]
         clock.advance(0.1)
         await recorder.until(lambda: recorder.outcomes)
@@ -913,7 +914,7 @@ async def test_an_adopted_workload_whose_limit_and_grace_both_ran_out_is_killed_
     adopted_launcher = FakeLauncher(ignores=(signal.SIGTERM,))
     async with faked(grace=5.0, ignores=(signal.SIGTERM,)) as (supervisor, _, recorder, clock):
         predecessor = await adopted_launcher.launch(request("long-gone"))
-        took = taking_over(request("long-gone"), lambda: predecessor, 1.0, None)
+        took = _signalled(taking_over(request("long-gone"), lambda: predecessor, 1.0, None))
         supervisor.adopt(dataclasses.replace(took, timeout=-12.0))
         await recorder.until(lambda: recorder.outcomes)
         assert clock.sleeping == 0  # no time given: the clock never moved
@@ -921,6 +922,34 @@ async def test_an_adopted_workload_whose_limit_and_grace_both_ran_out_is_killed_
     assert recorder.outcome("long-gone").reason == (
         "timed out 12.0s before its adoption: terminated (killed by SIGKILL)"
     )
+
+
+async def test_an_adopted_workload_whose_limit_ran_out_with_no_stop_under_way_gets_a_whole_grace() -> None:
+    # Its limit ran out while no scheduler ran, so nobody signalled it yet: it gets SIGTERM now and the
+    # whole grace period for its on_kill, as at any stop (its custody countdown bounded the time before).
+    adopted_launcher = FakeLauncher(ignores=(signal.SIGTERM,))
+    async with faked(grace=10.0, ignores=(signal.SIGTERM,)) as (supervisor, _, recorder, clock):
+        predecessor = await adopted_launcher.launch(request("unsignalled"))
+        took = taking_over(request("unsignalled"), lambda: predecessor, 1.0, None)
+        supervisor.adopt(dataclasses.replace(took, timeout=-30.0))
+        await adopted_launcher.until(lambda: predecessor.signals == [signal.SIGTERM])
+        await clock.sleepers(1)
+        clock.advance(9.9)
+        await anyio.wait_all_tasks_blocked()
+        assert clock.sleeping == 1  # a shortened grace would have woken by now
+        assert predecessor.signals == [signal.SIGTERM]
+        clock.advance(0.1)
+        await recorder.until(lambda: recorder.outcomes)
+    assert predecessor.signals == [signal.SIGTERM, signal.SIGKILL]
+    assert recorder.outcome("unsignalled").reason == (
+        "timed out 30.0s before its adoption: terminated (killed by SIGKILL)"
+    )
+
+
+def _signalled(request: LaunchRequest) -> LaunchRequest:
+    """A takeover whose predecessor let it go while stopping it for its limit."""
+    assert request.takeover is not None
+    return dataclasses.replace(request, takeover=dataclasses.replace(request.takeover, signalled=True))
 
 
 async def test_a_spent_limit_is_only_for_a_takeover_and_must_be_a_number() -> None:

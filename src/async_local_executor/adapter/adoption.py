@@ -25,6 +25,7 @@ and a stop's wait for custody (:func:`into_custody`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import logging
@@ -78,7 +79,8 @@ class TaskRecord:
 
     Made once, at the workload's launch, and carried unchanged through every handover, stop or crash:
     the launch journal holds it (a crash hands the workload over with it), a stop's handover line
-    repeats it, and the executor that adopts the workload records the same one in its own journal.
+    repeats it, and the executor that adopts the workload records the same one in its own journal. The
+    one change: a stop that lets it go while its limit's stop is under way sets :attr:`signalled`.
     """
 
     key: TaskInstanceKey
@@ -87,6 +89,9 @@ class TaskRecord:
     """Wall clock of the launch, for what operators see; never for a limit."""
     deadline: float | None
     """When its run-time limit runs out, on :func:`boot_clock`; None for no limit."""
+    signalled: bool = False
+    """Set at a stop that let it go while its limit's stop was under way (its SIGTERM sent as the
+    limit ran out): every later adopter gives it only what is left of the grace period."""
 
     @classmethod
     def at_launch(
@@ -111,6 +116,7 @@ class TaskRecord:
             "ti_id": self.ti_id,
             "launched": self.launched,
             "deadline": self.deadline,
+            "signalled": self.signalled,
         }
 
     @classmethod
@@ -135,8 +141,18 @@ class TaskRecord:
             raise UnknownRecord("ti_id must be a string or null")
         if not _seconds(launched) or (deadline is not None and not _seconds(deadline)):
             raise UnknownRecord("launched and deadline must be finite numbers of seconds")
+        signalled = info.get("signalled", False)  # absent from a launch line: set only at a stop
+        if type(signalled) is not bool:
+            raise UnknownRecord("signalled must be true or false")
         key = TaskInstanceKey(str(dag_id), str(task_id), str(run_id), try_number, map_index)
-        return cls(key, ti_id, float(launched), None if deadline is None else float(deadline))  # type: ignore[arg-type]
+        # _seconds() checked both are numbers.
+        return cls(
+            key,
+            ti_id,
+            float(launched),  # type: ignore[arg-type]
+            None if deadline is None else float(deadline),  # type: ignore[arg-type]
+            signalled,
+        )
 
 
 def _seconds(value: object) -> bool:
@@ -524,7 +540,7 @@ class Handovers:
                     argv=("adopted",),
                     label=label,
                     timeout=record.timeout_left(boot_clock()),
-                    takeover=Takeover(take, record.launched, one.cgroup),
+                    takeover=Takeover(take, record.launched, one.cgroup, record.signalled),
                 )
             )
             held.append(one)
@@ -607,6 +623,8 @@ class Handovers:
                     "workload %s has no launch record: handed over without its limit", submission.label
                 )
                 record = TaskRecord(key, submission.ti_id, released.launched, None)
+            if released.stopping:
+                record = dataclasses.replace(record, signalled=True)
             # The workload's own countdown, which its launch set: what its custody holds it to.
             timeout = self._custody_timeouts.get(key, place.handover_timeout)
             place.journal.handed_over(released.pid, record.to_json(), released.cgroup, timeout)

@@ -65,7 +65,8 @@ class Deadline:
 
     ``limit`` may be spent already (0 or less: an adopted workload whose limit ran out ``-limit``
     seconds before its adoption); ``expire`` is then called at once. :attr:`ends` is when the limit ran
-    out or runs out, on ``clock``'s monotonic time: the grace period before a SIGKILL counts from there.
+    out or runs out, on ``clock``'s monotonic time: the grace period of a stop begun there counts from
+    it (:meth:`grace_left`).
 
     Cancelling works even before :meth:`run` first runs, so a workload that exits at once does not leave
     a timer behind to hold up shutdown.
@@ -101,13 +102,14 @@ class Deadline:
                 )
                 self._expire(f"timed out after {self.limit:g}s")
             else:
+                spent = max(0.0, -self.limit)  # never "-0.0"
                 log.warning(
                     "workload %s ran longer than its timeout, which ran out %.1fs before this executor took "
-                    "it over; terminating it within what is left of its grace period",
+                    "it over; terminating it",
                     self._label,
-                    -self.limit,
+                    spent,
                 )
-                self._expire(f"timed out {-self.limit:.1f}s before its adoption")
+                self._expire(f"timed out {spent:.1f}s before its adoption")
 
     def grace_left(self, grace: float) -> float:
         """What is left of a ``grace`` period counted from the limit's end (0 once it is spent)."""

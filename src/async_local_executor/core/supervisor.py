@@ -70,6 +70,9 @@ class LetGo:
 
     :param cgroup: its cgroup2 directory, when it is contained
     :param launched: wall clock of its launch (or of its adoption's first launch), for display
+    :param stopping: it was being stopped for its run-time limit (the stop's signal went out as the
+        limit ran out): its adopter gives it only what is left of the grace period
+        (:attr:`~async_local_executor.core.launchers.base.Takeover.signalled`)
     """
 
     key: Hashable
@@ -77,6 +80,7 @@ class LetGo:
     label: str
     cgroup: str | None
     launched: float
+    stopping: bool = False
 
 
 class Supervisor:
@@ -242,7 +246,8 @@ class Supervisor:
         What has no process yet is dropped (its final event says so), as at a shutdown. A workload being
         stopped because its run-time limit ran out is let go too: the event of its end would come after
         the caller stops reading events (a scheduler reads none once it stops), so that end is its
-        adopter's to report, which stops it at once (its limit is long gone). A workload being stopped
+        adopter's to report, which stops it at once (its limit is long gone) within what is left of the
+        grace period (its :class:`LetGo` says ``stopping``). A workload being stopped
         for any other reason (revoked), or whose launch path cannot let a process go, is stopped to its
         end as at a shutdown, within ``grace`` seconds plus the termination policy's. Released workloads
         get no final event from here: their end is their adopter's to report.
@@ -282,6 +287,7 @@ class Supervisor:
             or not self._releasing(workload.request.key)
         ):
             return None
+        stopping = workload.lifecycle.phase is Phase.TERMINATING
         workload.lifecycle.advance(Step.RELEASE)
         if workload.deadline is not None:
             workload.deadline.cancel()
@@ -289,7 +295,12 @@ class Supervisor:
             workload.escalation.cancel()
         child.release()
         return LetGo(
-            workload.request.key, child.pid, workload.label, _cgroup_dir(workload, child), workload.launched
+            workload.request.key,
+            child.pid,
+            workload.label,
+            _cgroup_dir(workload, child),
+            workload.launched,
+            stopping,
         )
 
     def adopt(self, request: LaunchRequest) -> None:
@@ -468,9 +479,16 @@ class Supervisor:
         child, scope = workload.child, anyio.CancelScope()
         workload.escalation = scope
         policy = self._policy
-        if workload.timed_out and workload.deadline is not None:
-            # Its SIGKILL is due a grace period after its limit's end, whoever supervised it then: a
-            # stop or a crash during the grace must not give it a whole one again at its adoption.
+        takeover = workload.request.takeover
+        if (
+            workload.timed_out
+            and workload.deadline is not None
+            and takeover is not None
+            and takeover.signalled
+        ):
+            # Its predecessor's stop for the limit had begun, and its SIGKILL is due a grace period after
+            # the limit's end: a stop inside the grace must not give it a whole one again here, after
+            # however long this executor took to start.
             policy = dataclasses.replace(policy, grace=workload.deadline.grace_left(policy.grace))
 
         async def stop() -> None:
