@@ -356,7 +356,7 @@ def held_to_what_was_left(text: str, overrun: Overrun, restarted: float) -> str:
     return f"timed out {spent[1]}s before its adoption"
 
 
-SPENT_TIMEOUT = 20.0  # the limit of a task whose limit and grace period run out around a stop
+SPENT_TIMEOUT = 40.0  # the limit of a task whose limit and grace period run out around a stop
 # Its grace period: long, so that the stop lands inside it on any host, and so that an adopter giving it a
 # whole one again could not be mistaken for one that kills it at once (within SLACK).
 SPENT_GRACE = 25.0

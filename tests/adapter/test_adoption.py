@@ -56,16 +56,17 @@ def test_teams_of_one_deployment_have_keys_of_their_own() -> None:
     assert "old" not in "".join(keys)
 
 
-def test_a_record_carries_its_deadline_and_whether_its_limit_s_stop_was_under_way() -> None:
+def test_a_record_carries_its_deadline_and_when_its_sigkill_is_due_once_its_stop_began() -> None:
     key = TaskInstanceKey("dag", "task", "run", 2, -1)
     launched = TaskRecord.at_launch(key, "ti-1", 20.0, wall=1000.0, boot=50.0)
-    assert (launched.deadline, launched.signalled) == (70.0, False)
+    assert (launched.deadline, launched.kill_by) == (70.0, None)
     assert launched.timeout_left(60.0) == 10.0
     assert launched.timeout_left(75.0) == -5.0  # spent 5 s ago: the adopter's stop begins at once
-    stopped = dataclasses.replace(launched, signalled=True)
+    stopped = dataclasses.replace(launched, kill_by=78.0)
     assert TaskRecord.from_json(stopped.to_json()) == stopped
     line = launched.to_json()
-    del line["signalled"]  # a launch line written before a stop: never signalled
+    del line["kill_by"]  # a line written before the field
     assert TaskRecord.from_json(line) == launched
-    with pytest.raises(UnknownRecord, match="signalled"):
-        TaskRecord.from_json({**line, "signalled": "yes"})
+    for bad in ("soon", float("nan"), True):
+        with pytest.raises(UnknownRecord, match="kill_by"):
+            TaskRecord.from_json({**line, "kill_by": bad})

@@ -793,7 +793,7 @@ async def test_release_stops_what_it_may_not_hand_over_and_what_is_being_stopped
         supervisor.stop("revoked", "revoked by the scheduler")
         with anyio.fail_after(GUARD):
             handovers = await supervisor.release(grace=0, which=lambda key: key != "callback")
-    assert [(h.key, h.stopping) for h in handovers] == [("task", False)]
+    assert [(h.key, h.kill_in) for h in handovers] == [("task", None)]
     kinds = {o.key: o.kind for o in recorder.outcomes}
     assert kinds == {
         "callback": OutcomeKind.TERMINATED,
@@ -828,7 +828,7 @@ async def test_a_workload_being_stopped_for_its_timeout_when_release_begins_is_h
         tg.start_soon(release)
         await anyio.wait_all_tasks_blocked()
         clock.advance(30)  # the grace: what is still being stopped here gets SIGKILL
-    assert [(h.key, h.stopping) for h in handovers] == [("timed", True)]
+    assert [(h.key, h.kill_in) for h in handovers] == [("timed", 30.0)]  # its SIGKILL due 30 s on
     timed = launcher.children["timed"]
     assert timed.released
     assert timed.running
@@ -884,15 +884,13 @@ async def test_an_adopted_workload_holds_a_slot_times_out_and_reports_its_end_on
     assert list(recorder.pids) == ["adopted", "new"]
 
 
-async def test_an_adopted_workload_whose_limit_ran_out_during_its_grace_gets_only_what_was_left_of_it() -> (
-    None
-):
-    # Its predecessor's limit ran out 3 s before the adoption, and its SIGTERM was ignored: the SIGKILL is
-    # due a grace period after the limit's end, 7 s from now, not a whole grace period after the adoption.
+async def test_an_adopted_workload_let_go_during_its_limit_s_grace_gets_only_what_was_left_of_it() -> None:
+    # Its predecessor's stop for its limit had its SIGKILL due 7 s from now when it let it go, and the
+    # SIGTERM was ignored: the SIGKILL comes then, not a whole grace period after the adoption.
     adopted_launcher = FakeLauncher(ignores=(signal.SIGTERM,))
     async with faked(grace=10.0, ignores=(signal.SIGTERM,)) as (supervisor, _, recorder, clock):
         predecessor = await adopted_launcher.launch(request("spent"))
-        took = _signalled(taking_over(request("spent"), lambda: predecessor, 1.0, None))
+        took = _kill_in(taking_over(request("spent"), lambda: predecessor, 1.0, None), 7.0)
         supervisor.adopt(dataclasses.replace(took, timeout=-3.0))
         await adopted_launcher.until(lambda: predecessor.signals == [signal.SIGTERM])
         await clock.sleepers(1)  # what is left of the grace period
@@ -910,14 +908,13 @@ async def test_an_adopted_workload_whose_limit_ran_out_during_its_grace_gets_onl
     )
 
 
-async def test_an_adopted_workload_whose_limit_and_grace_both_ran_out_is_killed_at_once() -> None:
+async def test_an_adopted_workload_whose_sigkill_was_due_already_is_killed_at_once() -> None:
     adopted_launcher = FakeLauncher(ignores=(signal.SIGTERM,))
-    async with faked(grace=5.0, ignores=(signal.SIGTERM,)) as (supervisor, _, recorder, clock):
+    async with faked(grace=5.0, ignores=(signal.SIGTERM,)) as (supervisor, _, recorder, _clock):
         predecessor = await adopted_launcher.launch(request("long-gone"))
-        took = _signalled(taking_over(request("long-gone"), lambda: predecessor, 1.0, None))
+        took = _kill_in(taking_over(request("long-gone"), lambda: predecessor, 1.0, None), -7.0)
         supervisor.adopt(dataclasses.replace(took, timeout=-12.0))
-        await recorder.until(lambda: recorder.outcomes)
-        assert clock.sleeping == 0  # no time given: the clock never moved
+        await recorder.until(lambda: recorder.outcomes)  # the clock never moved
     assert predecessor.signals == [signal.SIGTERM, signal.SIGKILL]
     assert recorder.outcome("long-gone").reason == (
         "timed out 12.0s before its adoption: terminated (killed by SIGKILL)"
@@ -946,10 +943,42 @@ async def test_an_adopted_workload_whose_limit_ran_out_with_no_stop_under_way_ge
     )
 
 
-def _signalled(request: LaunchRequest) -> LaunchRequest:
-    """A takeover whose predecessor let it go while stopping it for its limit."""
+@pytest.mark.parametrize("adopted", [False, True], ids=["launched here", "adopted with a whole grace"])
+async def test_a_workload_let_go_during_its_limit_s_grace_says_how_much_of_it_was_left(adopted: bool) -> None:
+    # Its own limit's stop, or one an adoption began with a whole grace period: a stop 4 s into a 10 s
+    # grace passes on the 6 s left, never a whole grace again, nor the limit's end as if its SIGTERM
+    # had gone out then.
+    launcher = FakeLauncher(ignores=(signal.SIGTERM,))
+    recorder = Recorder()
+    clock = FakeClock()
+    policy = TerminationPolicy(grace=10.0)
+    supervisor = Supervisor(TakesOver(launcher), recorder, limit=None, clock=clock, policy=policy)
+    predecessors = FakeLauncher(ignores=(signal.SIGTERM,))  # stands for the processes another launched
+    running = await predecessors.launch(request("limited"))
+    async with anyio.create_task_group() as tg:
+        await tg.start(supervisor.serve)
+        if adopted:
+            took = taking_over(request("limited"), lambda: running, 1.0, None)
+            supervisor.adopt(dataclasses.replace(took, timeout=-30.0))
+            await predecessors.until(lambda: running.signals == [signal.SIGTERM])
+        else:
+            supervisor.submit(request("limited", timeout=5))
+            await launcher.until(lambda: "limited" in launcher.children)
+            await clock.sleepers(1)
+            clock.advance(5)
+            await launcher.until(lambda: launcher.children["limited"].signals == [signal.SIGTERM])
+        await clock.sleepers(1)  # the grace period runs
+        clock.advance(4)
+        await anyio.wait_all_tasks_blocked()
+        with anyio.fail_after(GUARD):
+            handovers = await supervisor.release(grace=0)
+    assert [(h.key, h.kill_in) for h in handovers] == [("limited", 6.0)]
+
+
+def _kill_in(request: LaunchRequest, seconds: float) -> LaunchRequest:
+    """A takeover whose predecessor let it go while stopping it for its limit, its SIGKILL due then."""
     assert request.takeover is not None
-    return dataclasses.replace(request, takeover=dataclasses.replace(request.takeover, signalled=True))
+    return dataclasses.replace(request, takeover=dataclasses.replace(request.takeover, kill_in=seconds))
 
 
 async def test_a_spent_limit_is_only_for_a_takeover_and_must_be_a_number() -> None:

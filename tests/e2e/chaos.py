@@ -168,10 +168,11 @@ SMALL: Final[Size] = Size(
     handover_timeout=15.0,
     limit=20.0,
     margin=6.0,
-    # Past what a handover allows a task over its limit: its grace period (5 s), a stop that lets it go
-    # within it and takes a few seconds more, then handover_timeout (15 s) without an owner. At 20 (the
-    # two summed, nothing left for the stop) such a task could reach its end just before its watchdog
-    # ended it.
+    # Past what a handover allows a task over its limit: its grace period (5 s), a stop inside it that
+    # takes a few seconds more, then handover_timeout (15 s) without an owner; or a crash inside it, whose
+    # adopter grants a whole grace again (5 s) after up to handover_timeout. At 20 (grace and
+    # handover_timeout summed, nothing left for the stop) such a task could reach its end just before
+    # its end was due.
     overrun=30.0,
     shortest=8.0,
     longest=25.0,

@@ -80,7 +80,7 @@ class TaskRecord:
     Made once, at the workload's launch, and carried unchanged through every handover, stop or crash:
     the launch journal holds it (a crash hands the workload over with it), a stop's handover line
     repeats it, and the executor that adopts the workload records the same one in its own journal. The
-    one change: a stop that lets it go while its limit's stop is under way sets :attr:`signalled`.
+    one change: a stop that lets it go while its limit's stop is under way sets :attr:`kill_by`.
     """
 
     key: TaskInstanceKey
@@ -89,9 +89,10 @@ class TaskRecord:
     """Wall clock of the launch, for what operators see; never for a limit."""
     deadline: float | None
     """When its run-time limit runs out, on :func:`boot_clock`; None for no limit."""
-    signalled: bool = False
-    """Set at a stop that let it go while its limit's stop was under way (its SIGTERM sent as the
-    limit ran out): every later adopter gives it only what is left of the grace period."""
+    kill_by: float | None = None
+    """When its SIGKILL is due, on :func:`boot_clock`: set at a stop that let it go while it was being
+    stopped for its limit (its SIGTERM sent, its grace period running), so that no later adopter grants
+    it a whole grace period again. None: no stop of it had begun."""
 
     @classmethod
     def at_launch(
@@ -100,8 +101,8 @@ class TaskRecord:
         return cls(key, ti_id, wall, boot + timeout if timeout is not None else None)
 
     def timeout_left(self, boot: float) -> float | None:
-        """What is left of its limit at ``boot``; 0 or less once it ran out (``-5``: 5 seconds ago, which
-        the supervisor takes off the grace period before its SIGKILL)."""
+        """What is left of its limit at ``boot``; 0 or less once it ran out (``-5``: 5 seconds ago: its
+        adopter's stop begins at once)."""
         return None if self.deadline is None else self.deadline - boot
 
     def to_json(self) -> dict[str, object]:
@@ -116,7 +117,7 @@ class TaskRecord:
             "ti_id": self.ti_id,
             "launched": self.launched,
             "deadline": self.deadline,
-            "signalled": self.signalled,
+            "kill_by": self.kill_by,
         }
 
     @classmethod
@@ -141,9 +142,9 @@ class TaskRecord:
             raise UnknownRecord("ti_id must be a string or null")
         if not _seconds(launched) or (deadline is not None and not _seconds(deadline)):
             raise UnknownRecord("launched and deadline must be finite numbers of seconds")
-        signalled = info.get("signalled", False)  # absent from a launch line: set only at a stop
-        if type(signalled) is not bool:
-            raise UnknownRecord("signalled must be true or false")
+        kill_by = info.get("kill_by")  # absent from a line this field is older than
+        if kill_by is not None and not _seconds(kill_by):
+            raise UnknownRecord("kill_by must be a finite number of seconds or null")
         key = TaskInstanceKey(str(dag_id), str(task_id), str(run_id), try_number, map_index)
         # _seconds() checked both are numbers.
         return cls(
@@ -151,7 +152,7 @@ class TaskRecord:
             ti_id,
             float(launched),  # type: ignore[arg-type]
             None if deadline is None else float(deadline),  # type: ignore[arg-type]
-            signalled,
+            None if kill_by is None else float(kill_by),  # type: ignore[arg-type]
         )
 
 
@@ -540,7 +541,12 @@ class Handovers:
                     argv=("adopted",),
                     label=label,
                     timeout=record.timeout_left(boot_clock()),
-                    takeover=Takeover(take, record.launched, one.cgroup, record.signalled),
+                    takeover=Takeover(
+                        take,
+                        record.launched,
+                        one.cgroup,
+                        None if record.kill_by is None else record.kill_by - boot_clock(),
+                    ),
                 )
             )
             held.append(one)
@@ -623,8 +629,8 @@ class Handovers:
                     "workload %s has no launch record: handed over without its limit", submission.label
                 )
                 record = TaskRecord(key, submission.ti_id, released.launched, None)
-            if released.stopping:
-                record = dataclasses.replace(record, signalled=True)
+            if released.kill_in is not None:  # being stopped for its limit: when its SIGKILL is due
+                record = dataclasses.replace(record, kill_by=boot_clock() + released.kill_in)
             # The workload's own countdown, which its launch set: what its custody holds it to.
             timeout = self._custody_timeouts.get(key, place.handover_timeout)
             place.journal.handed_over(released.pid, record.to_json(), released.cgroup, timeout)

@@ -58,9 +58,9 @@ OPTIONS: tuple[OptionDoc, ...] = (
         "float",
         "10",
         "30",
-        "Seconds between SIGTERM and SIGKILL when a workload's process group is terminated. For a task "
-        "handed over while it was being stopped for its task_timeout, counted from the limit's end: the "
-        "next scheduler gives it only what is left (none: SIGKILL at once).",
+        "Seconds between SIGTERM and SIGKILL when a workload's process group is terminated. A task "
+        "handed over while it was being stopped for its task_timeout gets only what was left of it then, "
+        "counted on since: the next scheduler does not grant it again (none left: SIGKILL at once).",
     ),
     OptionDoc("event_loop", "string", "auto", "uvloop", "auto (uvloop when installed), asyncio or uvloop."),
     OptionDoc(

@@ -64,9 +64,7 @@ class Deadline:
     have passed, unless the workload has exited (``exited`` is set) or the deadline was cancelled.
 
     ``limit`` may be spent already (0 or less: an adopted workload whose limit ran out ``-limit``
-    seconds before its adoption); ``expire`` is then called at once. :attr:`ends` is when the limit ran
-    out or runs out, on ``clock``'s monotonic time: the grace period of a stop begun there counts from
-    it (:meth:`grace_left`).
+    seconds before its adoption); ``expire`` is then called at once.
 
     Cancelling works even before :meth:`run` first runs, so a workload that exits at once does not leave
     a timer behind to hold up shutdown.
@@ -84,7 +82,6 @@ class Deadline:
         label: object,
     ) -> None:
         self.limit = limit
-        self.ends = clock.monotonic() + limit
         self._clock = clock
         self._exited = exited
         self._expire = expire
@@ -110,10 +107,6 @@ class Deadline:
                     spent,
                 )
                 self._expire(f"timed out {spent:.1f}s before its adoption")
-
-    def grace_left(self, grace: float) -> float:
-        """What is left of a ``grace`` period counted from the limit's end (0 once it is spent)."""
-        return max(0.0, min(grace, self.ends + grace - self._clock.monotonic()))
 
     def cancel(self) -> None:
         self._scope.cancel()

@@ -70,9 +70,9 @@ class LetGo:
 
     :param cgroup: its cgroup2 directory, when it is contained
     :param launched: wall clock of its launch (or of its adoption's first launch), for display
-    :param stopping: it was being stopped for its run-time limit (the stop's signal went out as the
-        limit ran out): its adopter gives it only what is left of the grace period
-        (:attr:`~async_local_executor.core.launchers.base.Takeover.signalled`)
+    :param kill_in: it was being stopped for its run-time limit: the seconds left until its SIGKILL was
+        due (what its adopter gives it, :attr:`~async_local_executor.core.launchers.base.Takeover.kill_in`);
+        None for a workload let go while it ran
     """
 
     key: Hashable
@@ -80,7 +80,7 @@ class LetGo:
     label: str
     cgroup: str | None
     launched: float
-    stopping: bool = False
+    kill_in: float | None = None
 
 
 class Supervisor:
@@ -247,7 +247,7 @@ class Supervisor:
         stopped because its run-time limit ran out is let go too: the event of its end would come after
         the caller stops reading events (a scheduler reads none once it stops), so that end is its
         adopter's to report, which stops it at once (its limit is long gone) within what is left of the
-        grace period (its :class:`LetGo` says ``stopping``). A workload being stopped
+        grace period (its :class:`LetGo` says how much, ``kill_in``). A workload being stopped
         for any other reason (revoked), or whose launch path cannot let a process go, is stopped to its
         end as at a shutdown, within ``grace`` seconds plus the termination policy's. Released workloads
         get no final event from here: their end is their adopter's to report.
@@ -287,7 +287,11 @@ class Supervisor:
             or not self._releasing(workload.request.key)
         ):
             return None
-        stopping = workload.lifecycle.phase is Phase.TERMINATING
+        kill_in = (
+            None
+            if workload.lifecycle.phase is not Phase.TERMINATING or workload.kill_at is None
+            else workload.kill_at - self._clock.monotonic()
+        )
         workload.lifecycle.advance(Step.RELEASE)
         if workload.deadline is not None:
             workload.deadline.cancel()
@@ -300,7 +304,7 @@ class Supervisor:
             workload.label,
             _cgroup_dir(workload, child),
             workload.launched,
-            stopping,
+            kill_in,
         )
 
     def adopt(self, request: LaunchRequest) -> None:
@@ -319,7 +323,10 @@ class Supervisor:
             raise ValueError("adopt() takes a request with a takeover")
         if self._tg is None:
             raise RuntimeError("supervisor is not serving")
-        self._accept(Workload(request, accepted=self._clock.time()), "adopted workload")
+        workload = Workload(request, accepted=self._clock.time())
+        if request.takeover.kill_in is not None:
+            workload.kill_at = self._clock.monotonic() + request.takeover.kill_in
+        self._accept(workload, "adopted workload")
 
     async def _supervise(self, serial: int, workload: Workload) -> None:
         try:
@@ -479,17 +486,14 @@ class Supervisor:
         child, scope = workload.child, anyio.CancelScope()
         workload.escalation = scope
         policy = self._policy
-        takeover = workload.request.takeover
-        if (
-            workload.timed_out
-            and workload.deadline is not None
-            and takeover is not None
-            and takeover.signalled
-        ):
-            # Its predecessor's stop for the limit had begun, and its SIGKILL is due a grace period after
-            # the limit's end: a stop inside the grace must not give it a whole one again here, after
-            # however long this executor took to start.
-            policy = dataclasses.replace(policy, grace=workload.deadline.grace_left(policy.grace))
+        if workload.timed_out:
+            # Its SIGKILL is due a grace period after this stop's SIGTERM, or when its predecessor's stop
+            # had it due (a handover inside the grace must not grant a whole one again, after however
+            # long this executor took to start); what is left of it goes with it if it is let go again.
+            now = self._clock.monotonic()
+            if workload.kill_at is None:
+                workload.kill_at = now + policy.grace
+            policy = dataclasses.replace(policy, grace=max(0.0, min(policy.grace, workload.kill_at - now)))
 
         async def stop() -> None:
             with scope:  # cancelled when it is let go: its stop is its adopter's then

@@ -23,6 +23,9 @@ class Workload:
     stop_reason: str | None = None  # set once we decide to stop it
     timed_out: bool = False  # stopped because its run-time limit ran out
     escalation: anyio.CancelScope | None = None  # its stop's signals, while they are being sent
+    # When its SIGKILL is due (the clock's monotonic time), once a stop for its run-time limit began here
+    # or before its handover; what is left of it travels with it if it is let go meanwhile.
+    kill_at: float | None = None
     exited: anyio.Event = field(default_factory=anyio.Event)  # set once its process's exit is known
     deadline: Deadline | None = None  # the timeout's timer, while one runs
     launched: float | None = None  # wall clock

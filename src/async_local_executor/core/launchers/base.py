@@ -37,15 +37,16 @@ class Takeover:
         when it no longer runs as recorded (gone, or its pid another's)
     :param launched: wall clock of its first launch, for the status report
     :param cgroup_dir: its cgroup2 directory, when it was contained
-    :param signalled: its predecessor was stopping it for its run-time limit when it let it go (the
-        stop's signal went out as the limit ran out): a spent limit then leaves it only what is left
-        of the grace period, counted from the limit's end. Otherwise it gets a whole one, as any stop
+    :param kill_in: its predecessor was stopping it for its run-time limit when it let it go: the
+        seconds from now until its SIGKILL was due then (0 or less: due already). Its stop here waits
+        no longer than that, so a handover inside the grace period does not grant a whole one again.
+        None: no stop of it had begun, and its stop gets a whole grace period, as any other
     """
 
     take: Callable[[], Child]
     launched: float
     cgroup_dir: str | None = None
-    signalled: bool = False
+    kill_in: float | None = None
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class LaunchRequest:
     :param label: a short human name for logs
     :param timeout: seconds the process may run before it is terminated; ``None`` for no limit. For a
         ``takeover``, what is left of the limit its launch set, which may be spent: ``-5`` says it ran
-        out 5 seconds ago (the stop begins at once; see :attr:`Takeover.signalled` for its grace period)
+        out 5 seconds ago (the stop begins at once; see :attr:`Takeover.kill_in` for its grace period)
     :param group: the admission group whose own limit (if the supervisor has one for it) also applies
     :param limits: memory, CPU and process limits of this workload's own, over the executor's (they need
         containment: a contained launcher enforces them, or refuses the launch)
