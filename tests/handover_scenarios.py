@@ -298,10 +298,18 @@ def overrun_running(sandbox: AirflowSandbox, folder: Path, major: Major) -> Over
 
 def without_a_scheduler(overrun: Overrun) -> None:
     """Time passes with no scheduler at all: it counts against the limit as any other time it runs."""
+    _no_scheduler_until(overrun.launched_by + WITHOUT_SCHEDULER, "the time without a scheduler to pass")
+
+
+def _no_scheduler_until(moment: float, what: str) -> None:
+    """Wait, with no scheduler running, until ``moment`` (wall clock): the test's own timing."""
+    poll(what, lambda: time.time() > moment, guard=max(0.0, moment - time.time()) + SLACK)
+
+
+def _overrun_ended(sandbox: AirflowSandbox, major: Major, overrun: Overrun) -> None:
     poll(
-        "the time without a scheduler to pass",
-        lambda: time.time() > overrun.launched_by + WITHOUT_SCHEDULER,
-        guard=WITHOUT_SCHEDULER + SLACK,
+        "the run to end",
+        lambda: sandbox.run_state(major.overrun_dag_id, overrun.run_id) in ("success", "failed"),
     )
 
 
@@ -324,10 +332,7 @@ def ended_by_its_limit_from_launch(
         ended - overrun.launched_by,
         adopted_by - overrun.launched_by,
     )
-    poll(
-        "the run to end",
-        lambda: sandbox.run_state(major.overrun_dag_id, overrun.run_id) in ("success", "failed"),
-    )
+    _overrun_ended(sandbox, major, overrun)
 
 
 def failed_in_its_one_execution(
@@ -385,18 +390,14 @@ def limit_ran_out(sandbox: AirflowSandbox, overrun: Overrun) -> float:
 def grace_spent_without_a_scheduler(overrun: Overrun, terminating: float) -> None:
     """With no scheduler, time passes until the grace period begun at ``terminating`` is spent; the task
     still runs (its custody countdown, ``handover_timeout``, is far longer)."""
-    poll(
-        "its grace period to be spent",
-        lambda: time.time() > terminating + SPENT_GRACE + 1,
-        guard=SPENT_GRACE + SLACK,
-    )
+    _no_scheduler_until(terminating + SPENT_GRACE + 1, "its grace period to be spent")
     assert alive(overrun.task)
     assert alive(overrun.workload)
 
 
-def killed_once_held(sandbox: AirflowSandbox, offset: int, overrun: Overrun) -> str:
+def killed_once_held(sandbox: AirflowSandbox, major: Major, offset: int, overrun: Overrun) -> str:
     """The scheduler whose log begins at ``offset`` kills the task as soon as it holds it, its grace
-    period spent; not a whole grace period later.
+    period spent; not a whole grace period later. Then the run ends.
 
     :returns: its log from ``offset`` on
     """
@@ -411,6 +412,7 @@ def killed_once_held(sandbox: AirflowSandbox, offset: int, overrun: Overrun) -> 
     text = since(sandbox, offset)
     assert took < SLACK, f"killed {took:.1f}s after its hold, its grace period long spent:\n{text[-5000:]}"
     assert "overrun try 1 ran longer than its timeout, which ran out " in text, text
+    _overrun_ended(sandbox, major, overrun)
     return text
 
 
@@ -442,10 +444,7 @@ def adopted_twice_then_succeeds(
     assert alive(overrun.task), since(sandbox, offset)
     assert alive(overrun.workload)
     (folder / "gate").touch()
-    poll(
-        "the run to end",
-        lambda: sandbox.run_state(major.overrun_dag_id, overrun.run_id) in ("success", "failed"),
-    )
+    _overrun_ended(sandbox, major, overrun)
     rows = sandbox.task_instances(major.overrun_dag_id, overrun.run_id)
     assert [(r.state, r.try_number) for r in rows] == [("success", 1)], rows
     return offset

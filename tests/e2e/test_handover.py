@@ -29,15 +29,7 @@ import pytest
 from harness.sandbox import AirflowSandbox
 from tests import handover_scenarios as scenarios
 from tests.core.helpers import alive
-from tests.e2e.helpers import (
-    QUICK_ORPHANS,
-    bystander_at_recorded_pid,
-    cmdline,
-    first_tries,
-    marks,
-    poll,
-    since,
-)
+from tests.e2e.helpers import QUICK_ORPHANS, bystander_at_recorded_pid, cmdline, first_tries, marks, since
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sandbox(parallelism=4, config=QUICK_ORPHANS)]
 AIRFLOW3 = scenarios.Major(
@@ -147,11 +139,7 @@ def test_a_task_stopped_during_its_grace_is_killed_at_its_adoption_once_the_grac
     scenarios.stop(sandbox, 1)
     scenarios.grace_spent_without_a_scheduler(overrun, terminating)
     offset = scenarios.restart(sandbox)
-    scenarios.killed_once_held(sandbox, offset, overrun)
-    poll(
-        "the run to end",
-        lambda: sandbox.run_state(AIRFLOW3.overrun_dag_id, overrun.run_id) in ("success", "failed"),
-    )
+    scenarios.killed_once_held(sandbox, AIRFLOW3, offset, overrun)
     scenarios.failed_in_its_one_execution(sandbox, tmp_path, AIRFLOW3, overrun)
 
 

@@ -105,6 +105,11 @@ class TaskRecord:
         adopter's stop begins at once)."""
         return None if self.deadline is None else self.deadline - boot
 
+    def kill_left(self, boot: float) -> float | None:
+        """Seconds from ``boot`` until its SIGKILL is due (0 or less: due already); None: no stop of it
+        had begun."""
+        return None if self.kill_by is None else self.kill_by - boot
+
     def to_json(self) -> dict[str, object]:
         key = self.key
         return {
@@ -535,18 +540,14 @@ class Handovers:
             self.holding.hold(Adoption(key, one.pid, label, held_at=self._clock.monotonic()))
             read = functools.partial(read_exit_once, place.custody, one.pid, one.start)
             take = taken_now(functools.partial(AdoptedChild.take, one.pid, one.start, read))
+            boot = boot_clock()
             runtime.adopt(
                 LaunchRequest(
                     key=ticket,
                     argv=("adopted",),
                     label=label,
-                    timeout=record.timeout_left(boot_clock()),
-                    takeover=Takeover(
-                        take,
-                        record.launched,
-                        one.cgroup,
-                        None if record.kill_by is None else record.kill_by - boot_clock(),
-                    ),
+                    timeout=record.timeout_left(boot),
+                    takeover=Takeover(take, record.launched, one.cgroup, record.kill_left(boot)),
                 )
             )
             held.append(one)

@@ -287,11 +287,8 @@ class Supervisor:
             or not self._releasing(workload.request.key)
         ):
             return None
-        kill_in = (
-            None
-            if workload.lifecycle.phase is not Phase.TERMINATING or workload.kill_at is None
-            else workload.kill_at - self._clock.monotonic()
-        )
+        # Set once a stop for its limit began (here, or before its handover): it goes with it.
+        kill_in = None if workload.kill_at is None else workload.kill_at - self._clock.monotonic()
         workload.lifecycle.advance(Step.RELEASE)
         if workload.deadline is not None:
             workload.deadline.cancel()
